@@ -1,0 +1,1 @@
+"""Prometheus recording/alerting rules and Alertmanager routing generated from the contract."""

@@ -1,0 +1,1 @@
+"""Central truegpu analyzer: ingest, scores, findings, reports."""

@@ -1,0 +1,1 @@
+"""Grafana dashboards generated from the metric contract."""

@@ -1,0 +1,402 @@
+"""The metric contract: every truegpu metric, its unit and labels, and where it comes from.
+
+Every other part of truegpu (exporter sources, simulator, analyzer, dashboards, alert
+rules) imports names from here instead of typing them, so a rename is one edit and a
+typo is an ImportError rather than a silently empty panel.
+
+Conventions (Prometheus naming): ratios are 0..1 and end in ``_ratio``; units are base
+units (bytes, seconds, hertz, watts, joules, celsius); counters end in ``_total``;
+identity that would make hot series unbounded (model, driver, PCI address, pod) lives
+in ``*_info`` series with value 1 and is joined in PromQL.
+
+Each metric also records how to obtain it from NVML (``nvml``, a readable recipe for the
+NVML source) and from NVIDIA dcgm-exporter (``dcgm``, machine-readable field mappings
+used both to read dcgm-exporter output and to emit that dialect from the simulator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+PREFIX = "truegpu_"
+
+# Label names -----------------------------------------------------------------------
+HOSTNAME = "hostname"
+GPU = "gpu"
+UUID = "uuid"
+GPU_INSTANCE = "gpu_instance"
+MIG_PROFILE = "mig_profile"
+#: Labels that identify one GPU on every per-GPU series.
+GPU_LABELS: tuple[str, ...] = (HOSTNAME, GPU, UUID)
+#: Extra labels a MIG instance adds to per-GPU series (absent on whole GPUs).
+MIG_LABELS: tuple[str, ...] = (GPU_INSTANCE, MIG_PROFILE)
+
+Scope = Literal["gpu", "node", "exporter"]
+MetricType = Literal["gauge", "counter"]
+#: How a dcgm-exporter field value becomes a contract value:
+#: value   -- multiply by ``scale``;
+#: rate    -- a per-second rate (times ``scale``) that must be integrated into a counter;
+#: bitmask -- the clock-event bitmask, decoded into one 0/1 series per reason;
+#: last    -- "value of the last event" gauge (DCGM_FI_DEV_XID_ERRORS): each change to
+#:            a non-zero value counts one event for that code.
+DcgmKind = Literal["value", "rate", "bitmask", "last"]
+
+
+@dataclass(frozen=True)
+class DcgmField:
+    """One dcgm-exporter field feeding a contract metric.
+
+    ``labels`` are the contract label values this field produces (e.g. the memory
+    temperature field sets ``sensor="memory"``). dcgm-exporter 1.x publishes the same
+    field in lower case (``dcgm_fi_dev_gpu_temp``); ``legacy_name`` gives that spelling.
+    """
+
+    field: str
+    scale: float = 1.0
+    labels: tuple[tuple[str, str], ...] = ()
+    kind: DcgmKind = "value"
+
+    @property
+    def legacy_name(self) -> str:
+        return self.field.lower()
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric family of the contract."""
+
+    name: str
+    type: MetricType
+    unit: str
+    help: str
+    labels: tuple[str, ...] = ()
+    scope: Scope = "gpu"
+    nvml: str = ""
+    dcgm: tuple[DcgmField, ...] = field(default=())
+
+    @property
+    def base_labels(self) -> tuple[str, ...]:
+        """Identity labels every sample of this family carries (before MIG labels)."""
+        return {"gpu": GPU_LABELS, "node": (HOSTNAME,), "exporter": ()}[self.scope]
+
+    @property
+    def all_labels(self) -> tuple[str, ...]:
+        return self.base_labels + self.labels
+
+    @property
+    def family_name(self) -> str:
+        """Name without the ``_total`` suffix, as OpenMetrics and prometheus_client want."""
+        return self.name.removesuffix("_total") if self.type == "counter" else self.name
+
+
+# Label values ----------------------------------------------------------------------
+#: NVML clocks-event (throttle) reasons: bit -> reason label. Same bits as
+#: nvmlClocksEventReason* and DCGM_FI_DEV_CLOCKS_EVENT_REASONS.
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x1: "idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+    0x100: "display_clock_setting",
+}
+#: Reasons that mean the GPU is losing capacity to heat or power.
+THERMAL_REASONS = ("sw_thermal", "hw_thermal", "hw_slowdown")
+POWER_REASONS = ("sw_power_cap", "hw_power_brake")
+
+TOPOLOGY_LINKS = ("nvlink", "pcie_switch", "host_bridge", "numa", "system")
+ECC_TYPES = ("correctable", "uncorrectable")
+ECC_SCOPES = ("volatile", "aggregate")
+NVLINK_ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
+DIRECTIONS = ("tx", "rx")
+
+MIB = 1024 * 1024
+MHZ = 1e6
+
+_PCT = 0.01
+
+# Utilization -------------------------------------------------------------------------
+GPU_UTILIZATION = Metric(
+    "truegpu_gpu_utilization_ratio", "gauge", "ratio",
+    "Fraction of the sample period during which at least one kernel was resident "
+    "(nvidia-smi 'GPU-Util'); says nothing about how busy the SMs were.",
+    nvml="nvmlDeviceGetUtilizationRates().gpu / 100",
+    dcgm=(DcgmField("DCGM_FI_DEV_GPU_UTIL", _PCT),),
+)
+MEMORY_UTILIZATION = Metric(
+    "truegpu_memory_utilization_ratio", "gauge", "ratio",
+    "Fraction of the sample period during which device memory was being read or written.",
+    nvml="nvmlDeviceGetUtilizationRates().memory / 100",
+    dcgm=(DcgmField("DCGM_FI_DEV_MEM_COPY_UTIL", _PCT),),
+)
+SM_ACTIVE = Metric(
+    "truegpu_sm_active_ratio", "gauge", "ratio",
+    "Fraction of time at least one warp was resident on an SM, averaged over all SMs.",
+    nvml="GPM NVML_GPM_METRIC_SM_UTIL / 100 (Hopper+)",
+    dcgm=(DcgmField("DCGM_FI_PROF_SM_ACTIVE"),),
+)
+SM_OCCUPANCY = Metric(
+    "truegpu_sm_occupancy_ratio", "gauge", "ratio",
+    "Resident warps relative to the maximum an SM can hold, averaged over all SMs.",
+    nvml="GPM NVML_GPM_METRIC_SM_OCCUPANCY / 100 (Hopper+)",
+    dcgm=(DcgmField("DCGM_FI_PROF_SM_OCCUPANCY"),),
+)
+TENSOR_ACTIVE = Metric(
+    "truegpu_tensor_active_ratio", "gauge", "ratio",
+    "Fraction of cycles any tensor-core pipe was active.",
+    nvml="GPM NVML_GPM_METRIC_ANY_TENSOR_UTIL / 100 (Hopper+)",
+    dcgm=(DcgmField("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),),
+)
+DRAM_ACTIVE = Metric(
+    "truegpu_dram_active_ratio", "gauge", "ratio",
+    "Fraction of cycles the device memory interface was sending or receiving data.",
+    nvml="GPM NVML_GPM_METRIC_DRAM_BW_UTIL / 100 (Hopper+)",
+    dcgm=(DcgmField("DCGM_FI_PROF_DRAM_ACTIVE"),),
+)
+GRAPHICS_ENGINE_ACTIVE = Metric(
+    "truegpu_graphics_engine_active_ratio", "gauge", "ratio",
+    "Fraction of time the graphics/compute engine was active.",
+    nvml="GPM NVML_GPM_METRIC_GRAPHICS_UTIL / 100 (Hopper+)",
+    dcgm=(DcgmField("DCGM_FI_PROF_GR_ENGINE_ACTIVE"),),
+)
+
+# Memory --------------------------------------------------------------------------------
+MEMORY_USED = Metric(
+    "truegpu_memory_used_bytes", "gauge", "bytes",
+    "Device memory in use.",
+    nvml="nvmlDeviceGetMemoryInfo_v2().used",
+    dcgm=(DcgmField("DCGM_FI_DEV_FB_USED", MIB),),
+)
+MEMORY_TOTAL = Metric(
+    "truegpu_memory_total_bytes", "gauge", "bytes",
+    "Device memory installed (dcgm-exporter: FB_TOTAL, or FB_USED+FB_FREE+FB_RESERVED).",
+    nvml="nvmlDeviceGetMemoryInfo_v2().total",
+    dcgm=(DcgmField("DCGM_FI_DEV_FB_TOTAL", MIB),),
+)
+
+# Power and heat --------------------------------------------------------------------------
+POWER = Metric(
+    "truegpu_power_watts", "gauge", "watts",
+    "Power draw.",
+    nvml="nvmlDeviceGetPowerUsage() / 1000 (mW)",
+    dcgm=(DcgmField("DCGM_FI_DEV_POWER_USAGE"),),
+)
+POWER_LIMIT = Metric(
+    "truegpu_power_limit_watts", "gauge", "watts",
+    "Enforced power limit.",
+    nvml="nvmlDeviceGetEnforcedPowerLimit() / 1000 (mW)",
+    dcgm=(DcgmField("DCGM_FI_DEV_POWER_MGMT_LIMIT"),),
+)
+ENERGY = Metric(
+    "truegpu_energy_joules_total", "counter", "joules",
+    "Energy consumed since the driver was loaded.",
+    nvml="nvmlDeviceGetTotalEnergyConsumption() / 1000 (mJ)",
+    dcgm=(DcgmField("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 1e-3),),
+)
+TEMPERATURE = Metric(
+    "truegpu_temperature_celsius", "gauge", "celsius",
+    "Temperature of the GPU die (sensor=gpu) or of the HBM stacks (sensor=memory).",
+    labels=("sensor",),
+    nvml="nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU); memory: field NVML_FI_DEV_MEMORY_TEMP",
+    dcgm=(
+        DcgmField("DCGM_FI_DEV_GPU_TEMP", labels=(("sensor", "gpu"),)),
+        DcgmField("DCGM_FI_DEV_MEMORY_TEMP", labels=(("sensor", "memory"),)),
+    ),
+)
+
+# Clocks --------------------------------------------------------------------------------
+SM_CLOCK = Metric(
+    "truegpu_sm_clock_hertz", "gauge", "hertz",
+    "Current SM clock.",
+    nvml="nvmlDeviceGetClockInfo(NVML_CLOCK_SM) * 1e6 (MHz)",
+    dcgm=(DcgmField("DCGM_FI_DEV_SM_CLOCK", MHZ),),
+)
+SM_CLOCK_MAX = Metric(
+    "truegpu_sm_clock_max_hertz", "gauge", "hertz",
+    "Maximum SM clock the GPU can run at; SM clock / this is the capacity not lost to throttling.",
+    nvml="nvmlDeviceGetMaxClockInfo(NVML_CLOCK_SM) * 1e6 (MHz)",
+    dcgm=(DcgmField("DCGM_FI_DEV_MAX_SM_CLOCK", MHZ),),
+)
+MEMORY_CLOCK = Metric(
+    "truegpu_memory_clock_hertz", "gauge", "hertz",
+    "Current memory clock.",
+    nvml="nvmlDeviceGetClockInfo(NVML_CLOCK_MEM) * 1e6 (MHz)",
+    dcgm=(DcgmField("DCGM_FI_DEV_MEM_CLOCK", MHZ),),
+)
+CLOCK_EVENT_ACTIVE = Metric(
+    "truegpu_clock_event_active", "gauge", "",
+    "1 while the clock-event (throttle) reason is active, else 0; one series per reason.",
+    labels=("reason",),
+    nvml="nvmlDeviceGetCurrentClocksEventReasons() bitmask, see CLOCK_EVENT_REASONS",
+    dcgm=(
+        DcgmField("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", kind="bitmask"),
+        DcgmField("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", kind="bitmask"),
+    ),
+)
+
+# Interconnect ----------------------------------------------------------------------------
+NVLINK_BYTES = Metric(
+    "truegpu_nvlink_bytes_total", "counter", "bytes",
+    "NVLink data transferred, all links. direction=tx|rx; a source that only knows the "
+    "sum (dcgm-exporter NVLINK_BANDWIDTH_TOTAL) publishes direction=total instead.",
+    labels=("direction",),
+    nvml="field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX (KiB) or GPM NVLINK_TOTAL_TX/RX_PER_SEC",
+    dcgm=(
+        DcgmField("DCGM_FI_PROF_NVLINK_TX_BYTES", labels=(("direction", "tx"),), kind="rate"),
+        DcgmField("DCGM_FI_PROF_NVLINK_RX_BYTES", labels=(("direction", "rx"),), kind="rate"),
+        # Declared a counter but really a TX+RX rate in ~MiB/s that goes up and down.
+        DcgmField("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", MIB, (("direction", "total"),), "rate"),
+    ),
+)
+PCIE_BYTES = Metric(
+    "truegpu_pcie_bytes_total", "counter", "bytes",
+    "PCIe data transferred. direction=tx|rx.",
+    labels=("direction",),
+    nvml="nvmlDeviceGetPcieThroughput(TX/RX) KB/s integrated, or GPM PCIE_TX/RX_PER_SEC",
+    dcgm=(
+        DcgmField("DCGM_FI_PROF_PCIE_TX_BYTES", labels=(("direction", "tx"),), kind="rate"),
+        DcgmField("DCGM_FI_PROF_PCIE_RX_BYTES", labels=(("direction", "rx"),), kind="rate"),
+    ),
+)
+PCIE_LINK_GENERATION = Metric(
+    "truegpu_pcie_link_generation", "gauge", "",
+    "PCIe link generation, state=current|max; current below max is a degraded link "
+    "(or an idle GPU saving power).",
+    labels=("state",),
+    nvml="nvmlDeviceGetCurrPcieLinkGeneration / nvmlDeviceGetMaxPcieLinkGeneration",
+    dcgm=(
+        DcgmField("DCGM_FI_DEV_PCIE_LINK_GEN", labels=(("state", "current"),)),
+        DcgmField("DCGM_FI_DEV_PCIE_MAX_LINK_GEN", labels=(("state", "max"),)),
+    ),
+)
+PCIE_LINK_WIDTH = Metric(
+    "truegpu_pcie_link_width", "gauge", "",
+    "PCIe link width in lanes, state=current|max.",
+    labels=("state",),
+    nvml="nvmlDeviceGetCurrPcieLinkWidth / nvmlDeviceGetMaxPcieLinkWidth",
+    dcgm=(
+        DcgmField("DCGM_FI_DEV_PCIE_LINK_WIDTH", labels=(("state", "current"),)),
+        DcgmField("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", labels=(("state", "max"),)),
+    ),
+)
+PCIE_REPLAYS = Metric(
+    "truegpu_pcie_replays_total", "counter", "",
+    "PCIe link-level replays (retries); growth means a marginal link.",
+    nvml="nvmlDeviceGetPcieReplayCounter()",
+    dcgm=(DcgmField("DCGM_FI_DEV_PCIE_REPLAY_COUNTER"),),
+)
+
+# Errors --------------------------------------------------------------------------------
+XID_ERRORS = Metric(
+    "truegpu_xid_errors_total", "counter", "",
+    "XID error events by XID code.",
+    labels=("xid",),
+    nvml="nvmlEventSet with nvmlEventTypeXidCriticalError, counted per eventData",
+    dcgm=(DcgmField("DCGM_FI_DEV_XID_ERRORS", kind="last"),),
+)
+ECC_ERRORS = Metric(
+    "truegpu_ecc_errors_total", "counter", "",
+    "ECC errors, type=correctable|uncorrectable, scope=volatile (since driver load)|"
+    "aggregate (lifetime).",
+    labels=("type", "scope"),
+    nvml="nvmlDeviceGetTotalEccErrors(CORRECTED|UNCORRECTED, VOLATILE_ECC|AGGREGATE_ECC)",
+    dcgm=(
+        DcgmField("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", labels=(("type", "correctable"), ("scope", "volatile"))),
+        DcgmField("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", labels=(("type", "uncorrectable"), ("scope", "volatile"))),
+        DcgmField("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", labels=(("type", "correctable"), ("scope", "aggregate"))),
+        DcgmField("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", labels=(("type", "uncorrectable"), ("scope", "aggregate"))),
+    ),
+)
+REMAPPED_ROWS = Metric(
+    "truegpu_remapped_rows_total", "counter", "",
+    "HBM rows remapped to spares, type=correctable|uncorrectable.",
+    labels=("type",),
+    nvml="nvmlDeviceGetRemappedRows() corrRows / uncRows",
+    dcgm=(
+        DcgmField("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", labels=(("type", "correctable"),)),
+        DcgmField("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", labels=(("type", "uncorrectable"),)),
+    ),
+)
+ROW_REMAP_PENDING = Metric(
+    "truegpu_row_remap_pending", "gauge", "",
+    "1 when a row remap is pending and the GPU needs a reset to apply it.",
+    nvml="nvmlDeviceGetRemappedRows() isPending",
+    dcgm=(DcgmField("DCGM_FI_DEV_ROW_REMAP_PENDING"),),
+)
+ROW_REMAP_FAILURE = Metric(
+    "truegpu_row_remap_failure", "gauge", "",
+    "1 when row remapping failed (no spare rows left): the GPU should be replaced.",
+    nvml="nvmlDeviceGetRemappedRows() failureOccurred",
+    dcgm=(DcgmField("DCGM_FI_DEV_ROW_REMAP_FAILURE"),),
+)
+NVLINK_ERRORS = Metric(
+    "truegpu_nvlink_errors_total", "counter", "",
+    "NVLink errors summed over links, type=crc_flit|crc_data|replay|recovery.",
+    labels=("type",),
+    nvml="nvmlDeviceGetNvLinkErrorCounter(link, NVML_NVLINK_ERROR_DL_*) summed over links",
+    dcgm=(
+        DcgmField("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", labels=(("type", "crc_flit"),)),
+        DcgmField("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", labels=(("type", "crc_data"),)),
+        DcgmField("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", labels=(("type", "replay"),)),
+        DcgmField("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", labels=(("type", "recovery"),)),
+    ),
+)
+NVLINK_LINKS = Metric(
+    "truegpu_nvlink_links", "gauge", "",
+    "Number of NVLink links in each state, state=up|down.",
+    labels=("state",),
+    nvml="nvmlDeviceGetNvLinkState(link) over NVML_NVLINK_MAX_LINKS",
+)
+
+# Identity ------------------------------------------------------------------------------
+GPU_INFO = Metric(
+    "truegpu_gpu_info", "gauge", "",
+    "Static identity of a GPU (value 1); join on hostname, gpu, uuid.",
+    labels=("model", "driver_version", "pci_bus_id", "numa_node"),
+    nvml="nvmlDeviceGetName, nvmlSystemGetDriverVersion, nvmlDeviceGetPciInfo, NUMA from sysfs",
+    dcgm=(),
+)
+GPU_TOPOLOGY_INFO = Metric(
+    "truegpu_gpu_topology_info", "gauge", "",
+    "Closest link between two GPUs of a node (value 1), link=" + "|".join(TOPOLOGY_LINKS) + ".",
+    labels=("peer_gpu", "link"),
+    nvml="nvmlDeviceGetTopologyCommonAncestor and NVLink remote PCI info",
+)
+GPU_ALLOCATION_INFO = Metric(
+    "truegpu_gpu_allocation_info", "gauge", "",
+    "Who holds the GPU (value 1); absent while the GPU is unallocated.",
+    labels=("namespace", "pod", "container", "job"),
+    nvml="running compute processes joined with the kubelet pod-resources API / Slurm",
+)
+NODE_INFO = Metric(
+    "truegpu_node_info", "gauge", "",
+    "Where a node sits (value 1): site (data centre or zone) and rack.",
+    labels=("site", "rack"),
+    scope="node",
+)
+
+# Exporter self-metrics -----------------------------------------------------------------
+SOURCE_UP = Metric(
+    "truegpu_exporter_source_up", "gauge", "",
+    "1 when the source's last collection succeeded for every GPU, else 0.",
+    labels=("source",), scope="exporter",
+)
+COLLECT_DURATION = Metric(
+    "truegpu_exporter_collect_duration_seconds", "gauge", "seconds",
+    "Time the source's last collection took.",
+    labels=("source",), scope="exporter",
+)
+EXPORTER_ERRORS = Metric(
+    "truegpu_exporter_errors_total", "counter", "",
+    "Collection errors by source and kind (gpu_lost, not_supported, timeout, source_failed, ...).",
+    labels=("source", "kind"), scope="exporter",
+)
+
+METRICS: tuple[Metric, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Metric))
+BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+#: Families the exporter itself produces about its sources; a source never emits these.
+SELF_METRICS: tuple[Metric, ...] = (SOURCE_UP, COLLECT_DURATION, EXPORTER_ERRORS)

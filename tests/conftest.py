@@ -1,0 +1,50 @@
+"""Shared test helpers: real binaries and loopback ports.
+
+Real parts are never skipped: when promtool/prometheus/alertmanager are missing the
+test fails with the command that installs them (``make test`` does it on a fresh box).
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Debian names the Alertmanager binary prometheus-alertmanager.
+_BINARIES = {
+    "promtool": ("promtool",),
+    "prometheus": ("prometheus",),
+    "alertmanager": ("prometheus-alertmanager", "alertmanager"),
+    "amtool": ("amtool",),
+}
+
+
+def find_binary(name: str) -> str:
+    for candidate in _BINARIES.get(name, (name,)):
+        path = shutil.which(candidate)
+        if path:
+            return path
+    pytest.fail(
+        f"{name} is not installed; run `make test` (installs Debian's prometheus and "
+        "prometheus-alertmanager) or `apt-get install prometheus prometheus-alertmanager`",
+        pytrace=False,
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    return find_binary("promtool")
+
+
+@pytest.fixture(scope="session")
+def prometheus_bin() -> str:
+    return find_binary("prometheus")

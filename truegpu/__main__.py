@@ -1,0 +1,5 @@
+import sys
+
+from truegpu.cli import main
+
+sys.exit(main())
