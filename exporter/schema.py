@@ -396,7 +396,45 @@ EXPORTER_ERRORS = Metric(
     labels=("source", "kind"), scope="exporter",
 )
 
+SOURCE_STALE = Metric(
+    "truegpu_exporter_source_stale", "gauge", "",
+    "1 while the exporter serves a source's last good values because a collection overran its deadline.",
+    labels=("source",), scope="exporter",
+)
+SOURCE_LAST_SUCCESS = Metric(
+    "truegpu_exporter_source_last_success_timestamp_seconds", "gauge", "seconds",
+    "Unix time of the source's last complete collection.",
+    labels=("source",), scope="exporter",
+)
+GPM_SUPPORTED = Metric(
+    "truegpu_gpm_supported", "gauge", "",
+    "1 when NVML GPM profiling (SM activity, occupancy, tensor, DRAM) works on this GPU, 0 when it "
+    "does not (pre-Hopper, vGPU): then those families are absent, not zero.",
+    nvml="nvmlGpmQueryDeviceSupport().isSupportedDevice",
+)
+
 METRICS: tuple[Metric, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Metric))
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 #: Families the exporter itself produces about its sources; a source never emits these.
-SELF_METRICS: tuple[Metric, ...] = (SOURCE_UP, COLLECT_DURATION, EXPORTER_ERRORS)
+SELF_METRICS: tuple[Metric, ...] = (
+    SOURCE_UP, COLLECT_DURATION, EXPORTER_ERRORS, SOURCE_STALE, SOURCE_LAST_SUCCESS,
+)
+#: dcgm-exporter field name (current upper-case and 1.x lower-case spelling) -> where it goes.
+DCGM_BY_FIELD: dict[str, tuple[Metric, DcgmField]] = {
+    name: (m, f) for m in METRICS for f in m.dcgm for name in (f.field, f.legacy_name)
+}
+
+# dcgm-exporter sentinels -----------------------------------------------------------------
+#: DCGM prints "blank" values (no data, not found, not supported, not permissioned) as magic
+#: numbers just above each type's blank constant (dcgm_structs.h DCGM_*_BLANK .. +3). The
+#: int64 ones all round to 2**63 once parsed as float. They mean "unknown", never a value.
+DCGM_SENTINEL_RANGES: tuple[tuple[float, float], ...] = (
+    (float(0x7FFFFFF0), float(0x7FFFFFF3)),  # DCGM_INT32_BLANK .. NOT_PERMISSIONED
+    (140737488355328.0, 140737488355331.0),  # DCGM_FP64_BLANK .. NOT_PERMISSIONED
+    (float(0x7FFFFFFFFFFFFFF0), float("inf")),  # DCGM_INT64_BLANK and up
+)
+
+
+def is_dcgm_sentinel(value: float) -> bool:
+    """True when a dcgm-exporter value is one of DCGM's blank/not-supported markers."""
+    return any(lo <= value <= hi for lo, hi in DCGM_SENTINEL_RANGES)
