@@ -62,9 +62,13 @@ class DcgmField:
         return self.field.lower()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Metric:
-    """One metric family of the contract."""
+    """One metric family of the contract.
+
+    Compared and hashed by identity: every Metric is a module-level singleton here, and
+    sources key their samples by Metric on hot paths where hashing all fields would cost.
+    """
 
     name: str
     type: MetricType
@@ -357,7 +361,8 @@ GPU_INFO = Metric(
     "truegpu_gpu_info", "gauge", "",
     "Static identity of a GPU (value 1); join on hostname, gpu, uuid.",
     labels=("model", "driver_version", "pci_bus_id", "numa_node"),
-    nvml="nvmlDeviceGetName, nvmlSystemGetDriverVersion, nvmlDeviceGetPciInfo, NUMA from sysfs",
+    nvml="nvmlDeviceGetName, nvmlSystemGetDriverVersion, nvmlDeviceGetPciInfo, "
+    "nvmlDeviceGetNumaNodeId (sysfs fallback)",
     dcgm=(),
 )
 GPU_TOPOLOGY_INFO = Metric(
@@ -409,7 +414,7 @@ SOURCE_LAST_SUCCESS = Metric(
 GPM_SUPPORTED = Metric(
     "truegpu_gpm_supported", "gauge", "",
     "1 when NVML GPM profiling (SM activity, occupancy, tensor, DRAM) works on this GPU, 0 when it "
-    "does not (pre-Hopper, vGPU): then those families are absent, not zero.",
+    "does not (pre-Hopper, vGPU): then NVML cannot provide those families (dcgm-exporter may).",
     nvml="nvmlGpmQueryDeviceSupport().isSupportedDevice",
 )
 

@@ -1,0 +1,387 @@
+"""Scenario files: a YAML description of a simulated cluster, validated on load.
+
+A scenario says how big the cluster is (topology), what runs on it (workloads, plus an
+optional ``fill`` that spreads a workload mix over the nodes nobody named), and which
+problems are injected (faults). Times are relative to the scenario start and accept
+``90``, ``"45s"``, ``"30m"``, ``"1h30m"``. Every error names the file and the key so a
+typo in a fixture is a one-line fix, not a stack trace.
+
+Top-level keys::
+
+    name, description, seed, duration, start (ISO-8601, default 2026-01-05T00:00:00Z)
+    topology: {sites: [dc1, dc2] | 2, racks_per_site, nodes_per_rack, gpus_per_node, model: H100 | [H100, L40S]}
+    workloads: [{name, kind, namespace, container, nodes | gpus | instances, mig_profile,
+                 sites, model, start, end, load}]
+    fill: {training, inference, unallocated (fractions of the remaining free nodes), gang_nodes, namespace}
+    faults: [{kind, target: {job, rank | node_rank} | {hostname, gpu} | {rack, nodes}, start, end, ...params}]
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: fixtures/scenarios of the repository (the package is installed editable from it).
+SCENARIO_DIR: Path = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios"
+
+DEFAULT_START = "2026-01-05T00:00:00Z"
+
+WORKLOAD_KINDS = ("training", "inference", "memory_bound", "idle_allocated")
+FAULT_KINDS = (
+    "thermal_straggler", "power_cap", "input_starved", "pcie_downgrade", "nvlink_errors", "xid", "rack_cooling",
+)
+XID_CODES = (48, 63, 64, 79, 94, 95)
+MIG_PROFILES = {"1g.10gb": 7, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1}
+GPU_MODELS = ("H100", "A100", "L40S")
+FILL_KINDS = ("training", "inference", "unallocated")
+
+#: Parameters each fault kind accepts (besides kind/target/start/end) with their defaults.
+FAULT_PARAMS: dict[str, dict[str, float]] = {
+    "thermal_straggler": {"extra_celsius": 40.0},
+    "power_cap": {"limit_watts": 250.0},
+    "input_starved": {"starve": 0.8},
+    "pcie_downgrade": {"gen": 3.0, "width": 8.0, "replays_per_second": 0.2},
+    "nvlink_errors": {"crc_per_second": 2.0, "links_down": 0.0},
+    "xid": {"code": 79.0, "events": 1.0},
+    "rack_cooling": {"ramp_celsius": 45.0, "ramp_seconds": 3600.0, "nodes": 0.0},
+}
+
+
+class ScenarioError(ValueError):
+    """A scenario file (or override) that does not describe a usable cluster."""
+
+
+@dataclass(frozen=True)
+class TopologySpec:
+    sites: tuple[str, ...] = ("dc1",)
+    racks_per_site: int = 1
+    nodes_per_rack: int = 2
+    gpus_per_node: int = 8
+    #: GPU model per rack, cycled over the racks in order.
+    models: tuple[str, ...] = ("H100",)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    name: str
+    kind: str
+    namespace: str = "default"
+    container: str = ""
+    nodes: int = 0
+    gpus: int = 0
+    instances: int = 0
+    mig_profile: str = ""
+    sites: tuple[str, ...] = ()
+    model: str = ""
+    start: float = 0.0
+    end: float | None = None
+    #: Mean inference load 0..1 (inference only).
+    load: float = 0.4
+
+
+@dataclass(frozen=True)
+class FillSpec:
+    fractions: dict[str, float] = field(default_factory=dict)
+    gang_nodes: int = 2
+    namespace: str = "research"
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    kind: str
+    target: dict[str, Any]
+    start: float
+    end: float | None
+    params: dict[str, float]
+    where: str = ""  # "faults[3]", for error messages
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    duration: float
+    seed: int
+    start: float
+    topology: TopologySpec
+    workloads: tuple[WorkloadSpec, ...] = ()
+    fill: FillSpec | None = None
+    faults: tuple[FaultSpec, ...] = ()
+    path: str = ""
+
+
+# Parsing helpers ----------------------------------------------------------------------
+_DUR = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``90``, ``"90"``, ``"45s"``, ``"30m"``, ``"2h"`` or ``"1h30m"``."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        m = _DUR.match(value)
+        if m and any(m.groups()):
+            h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+            return h * 3600 + mi * 60 + s
+    raise ValueError(f"not a duration: {value!r} (use seconds or e.g. '90s', '30m', '1h30m')")
+
+
+def parse_time(value: Any) -> float:
+    """Unix seconds from a number or an ISO-8601 string (``Z`` allowed)."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a time: {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if isinstance(value, str):
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    raise ValueError(f"not a time: {value!r}")
+
+
+class _Ctx:
+    """Carries the file name into every error message."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def err(self, key: str, msg: str) -> ScenarioError:
+        return ScenarioError(f"{self.path}: {key}: {msg}")
+
+    def mapping(self, value: Any, key: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.err(key, f"expected a mapping, got {type(value).__name__}")
+        unknown = sorted(set(value) - set(allowed))
+        if unknown:
+            raise self.err(f"{key}.{unknown[0]}" if key else unknown[0],
+                           f"unknown key (allowed: {', '.join(allowed)})")
+        return value
+
+    def int_(self, value: Any, key: str, minimum: int = 0) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.err(key, f"expected an integer >= {minimum}, got {value!r}")
+        return value
+
+    def num(self, value: Any, key: str, lo: float = float("-inf"), hi: float = float("inf")) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+            raise self.err(key, f"expected a number in [{lo}, {hi}], got {value!r}")
+        return float(value)
+
+    def str_(self, value: Any, key: str, choices: tuple[str, ...] | None = None) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.err(key, f"expected a non-empty string, got {value!r}")
+        if choices is not None and value not in choices:
+            raise self.err(key, f"unknown value {value!r} (expected one of: {', '.join(choices)})")
+        return value
+
+    def dur(self, value: Any, key: str) -> float:
+        try:
+            d = parse_duration(value)
+        except ValueError as e:
+            raise self.err(key, str(e)) from None
+        if d < 0:
+            raise self.err(key, "must not be negative")
+        return d
+
+    def str_list(self, value: Any, key: str, choices: tuple[str, ...] | None = None) -> tuple[str, ...]:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not value:
+            raise self.err(key, f"expected a string or a non-empty list of strings, got {value!r}")
+        return tuple(self.str_(v, f"{key}[{i}]", choices) for i, v in enumerate(value))
+
+
+def _topology(ctx: _Ctx, raw: Any) -> TopologySpec:
+    raw = ctx.mapping(raw, "topology", ("sites", "racks_per_site", "nodes_per_rack", "gpus_per_node", "model"))
+    sites: tuple[str, ...] = ("dc1",)
+    if "sites" in raw:
+        v = raw["sites"]
+        if isinstance(v, int) and not isinstance(v, bool):
+            sites = tuple(f"dc{i + 1}" for i in range(ctx.int_(v, "topology.sites", 1)))
+        else:
+            sites = ctx.str_list(v, "topology.sites")
+            if len(set(sites)) != len(sites):
+                raise ctx.err("topology.sites", "site names must be unique")
+    gpus = ctx.int_(raw.get("gpus_per_node", 8), "topology.gpus_per_node", 1)
+    if gpus > 8:
+        raise ctx.err("topology.gpus_per_node", "at most 8 GPUs per node")
+    return TopologySpec(
+        sites=sites,
+        racks_per_site=ctx.int_(raw.get("racks_per_site", 1), "topology.racks_per_site", 1),
+        nodes_per_rack=ctx.int_(raw.get("nodes_per_rack", 2), "topology.nodes_per_rack", 1),
+        gpus_per_node=gpus,
+        models=ctx.str_list(raw.get("model", "H100"), "topology.model", GPU_MODELS),
+    )
+
+
+_WL_KEYS = ("name", "kind", "namespace", "container", "nodes", "gpus", "instances", "mig_profile", "sites",
+            "model", "start", "end", "load")
+
+
+def _workload(ctx: _Ctx, raw: Any, i: int, topo: TopologySpec) -> WorkloadSpec:
+    key = f"workloads[{i}]"
+    raw = ctx.mapping(raw, key, _WL_KEYS)
+    for req in ("name", "kind"):
+        if req not in raw:
+            raise ctx.err(f"{key}.{req}", "required")
+    kind = ctx.str_(raw["kind"], f"{key}.kind", WORKLOAD_KINDS)
+    wl = WorkloadSpec(
+        name=ctx.str_(raw["name"], f"{key}.name"),
+        kind=kind,
+        namespace=ctx.str_(raw.get("namespace", "default"), f"{key}.namespace"),
+        container=ctx.str_(raw["container"], f"{key}.container") if "container" in raw else "",
+        nodes=ctx.int_(raw.get("nodes", 0), f"{key}.nodes"),
+        gpus=ctx.int_(raw.get("gpus", 0), f"{key}.gpus"),
+        instances=ctx.int_(raw.get("instances", 0), f"{key}.instances"),
+        mig_profile=ctx.str_(raw["mig_profile"], f"{key}.mig_profile", tuple(MIG_PROFILES))
+        if "mig_profile" in raw else "",
+        sites=ctx.str_list(raw["sites"], f"{key}.sites", topo.sites) if "sites" in raw else (),
+        model=ctx.str_(raw["model"], f"{key}.model", GPU_MODELS) if "model" in raw else "",
+        start=ctx.dur(raw.get("start", 0), f"{key}.start"),
+        end=ctx.dur(raw["end"], f"{key}.end") if raw.get("end") is not None else None,
+        load=ctx.num(raw.get("load", 0.4), f"{key}.load", 0.0, 1.0),
+    )
+    sizes = [k for k in ("nodes", "gpus", "instances") if getattr(wl, k)]
+    if len(sizes) != 1:
+        raise ctx.err(key, "give exactly one of nodes, gpus, instances (> 0)")
+    if (wl.instances > 0) != bool(wl.mig_profile):
+        raise ctx.err(f"{key}.instances", "instances and mig_profile go together (MIG slices)")
+    if wl.end is not None and wl.end <= wl.start:
+        raise ctx.err(f"{key}.end", "must be after start")
+    return wl
+
+
+def _fill(ctx: _Ctx, raw: Any) -> FillSpec | None:
+    if raw is None:
+        return None
+    raw = ctx.mapping(raw, "fill", (*FILL_KINDS, "gang_nodes", "namespace"))
+    fr = {k: ctx.num(raw[k], f"fill.{k}", 0.0, 1.0) for k in FILL_KINDS if k in raw}
+    if sum(fr.values()) > 1.0 + 1e-9:
+        raise ctx.err("fill", "fractions add up to more than 1")
+    return FillSpec(fr, ctx.int_(raw.get("gang_nodes", 2), "fill.gang_nodes", 1),
+                    ctx.str_(raw.get("namespace", "research"), "fill.namespace"))
+
+
+_TARGET_KEYS = ("job", "rank", "node_rank", "hostname", "gpu", "rack")
+
+
+def _fault(ctx: _Ctx, raw: Any, i: int) -> FaultSpec:
+    key = f"faults[{i}]"
+    if not isinstance(raw, dict):
+        raise ctx.err(key, "expected a mapping")
+    if "kind" not in raw:
+        raise ctx.err(f"{key}.kind", "required")
+    kind = ctx.str_(raw["kind"], f"{key}.kind", FAULT_KINDS)
+    defaults = FAULT_PARAMS[kind]
+    raw = ctx.mapping(raw, key, ("kind", "target", "start", "end", *defaults))
+    if "target" not in raw:
+        raise ctx.err(f"{key}.target", "required")
+    target = ctx.mapping(raw["target"], f"{key}.target", _TARGET_KEYS)
+    if not target:
+        raise ctx.err(f"{key}.target", "empty target")
+    params = {k: ctx.num(raw.get(k, d), f"{key}.{k}", 0.0) for k, d in defaults.items()}
+    if kind == "xid" and int(params["code"]) not in XID_CODES:
+        raise ctx.err(f"{key}.code", f"unsupported XID {params['code']:g} (supported: {XID_CODES})")
+    start = ctx.dur(raw.get("start", 0), f"{key}.start")
+    end = ctx.dur(raw["end"], f"{key}.end") if raw.get("end") is not None else None
+    if end is not None and end <= start:
+        raise ctx.err(f"{key}.end", "must be after start")
+    return FaultSpec(kind, dict(target), start, end, params, key)
+
+
+_TOP_KEYS = ("name", "description", "seed", "duration", "start", "topology", "workloads", "fill", "faults")
+_OVERRIDES = ("duration", "seed", "start", "sites", "racks", "racks_per_site", "nodes_per_rack", "gpus_per_node",
+              "model")
+
+
+def parse_scenario(data: Any, path: str = "<scenario>", **overrides: Any) -> Scenario:
+    """Validate a parsed YAML document (and overrides) into a Scenario."""
+    ctx = _Ctx(path)
+    data = ctx.mapping(data, "", _TOP_KEYS)
+    for req in ("name", "duration"):
+        if req not in data:
+            raise ctx.err(req, "required")
+    for k in overrides:
+        if k not in _OVERRIDES:
+            raise ScenarioError(f"{path}: override {k!r}: unknown (allowed: {', '.join(_OVERRIDES)})")
+    topo = _topology(ctx, data.get("topology"))
+    o = {k: v for k, v in overrides.items() if v is not None}
+    if "racks" in o:
+        o["racks_per_site"] = o.pop("racks")
+    if "sites" in o:
+        v = o.pop("sites")
+        sites = tuple(f"dc{i + 1}" for i in range(int(v))) if isinstance(v, int) else tuple(v)
+        topo = replace(topo, sites=sites)
+    for k in ("racks_per_site", "nodes_per_rack", "gpus_per_node"):
+        if k in o:
+            topo = replace(topo, **{k: ctx.int_(o.pop(k), f"override {k}", 1)})
+    if "model" in o:
+        topo = replace(topo, models=ctx.str_list(o.pop("model"), "override model", GPU_MODELS))
+    duration = ctx.dur(o.get("duration", data["duration"]), "duration")
+    if duration <= 0:
+        raise ctx.err("duration", "must be > 0")
+    try:
+        start = parse_time(o.get("start", data.get("start", DEFAULT_START)))
+    except ValueError as e:
+        raise ctx.err("start", str(e)) from None
+    workloads = data.get("workloads") or []
+    faults = data.get("faults") or []
+    if not isinstance(workloads, list):
+        raise ctx.err("workloads", "expected a list")
+    if not isinstance(faults, list):
+        raise ctx.err("faults", "expected a list")
+    wls = tuple(_workload(ctx, w, i, topo) for i, w in enumerate(workloads))
+    names = [w.name for w in wls]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise ctx.err("workloads", f"duplicate workload name {dup!r}")
+    return Scenario(
+        name=ctx.str_(data["name"], "name"),
+        description=str(data.get("description", "")).strip(),
+        duration=duration,
+        seed=ctx.int_(o.get("seed", data.get("seed", 0)), "seed"),
+        start=start,
+        topology=topo,
+        workloads=wls,
+        fill=_fill(ctx, data.get("fill")),
+        faults=tuple(_fault(ctx, f, i) for i, f in enumerate(faults)),
+        path=path,
+    )
+
+
+def list_scenarios() -> list[str]:
+    """Names of the bundled scenarios (fixtures/scenarios/*.yaml), sorted."""
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
+
+
+def scenario_path(name_or_path: str) -> Path:
+    """A bundled scenario name or a path to a YAML file -> the file."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.is_file():
+            raise ScenarioError(f"{name_or_path}: no such scenario file")
+        return p
+    candidate = SCENARIO_DIR / f"{name_or_path}.yaml"
+    if not candidate.is_file():
+        raise ScenarioError(f"unknown scenario {name_or_path!r}; known: {', '.join(list_scenarios())}")
+    return candidate
+
+
+def load_scenario(name_or_path: str, **overrides: Any) -> Scenario:
+    """Load and validate a scenario; overrides (duration=, seed=, start=, sites=, racks=,
+    nodes_per_rack=, gpus_per_node=, model=) rescale it, e.g. for benchmarks."""
+    path = scenario_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"{path}: invalid YAML: {e}") from None
+    return parse_scenario(data, str(path), **overrides)
