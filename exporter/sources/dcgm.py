@@ -1,0 +1,501 @@
+"""The ``dcgm`` source: scrape a node-local NVIDIA dcgm-exporter and map it onto the contract.
+
+Many clusters already run dcgm-exporter (GPU operator); this source lets truegpu reuse it
+instead of opening NVML a second time. It reads all three label dialects (current
+``hostname``, older ``Hostname``, 1.x lower-case ``dcgm_fi_*``/``uuid``/``pod_name``),
+converts units with the contract's DcgmField.scale, turns per-second rates into counters,
+decodes the clock-event bitmask, counts XIDs, and moves pod labels off the hot series into
+truegpu_gpu_allocation_info. Anything DCGM cannot tell (sentinels, NaN, fields not
+enabled) is left out, never reported as 0. Nothing here raises out of collect().
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import re
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+import requests
+from urllib3.exceptions import ReadTimeoutError
+
+from exporter.schema import (
+    CLOCK_EVENT_ACTIVE,
+    CLOCK_EVENT_REASONS,
+    DCGM_BY_FIELD,
+    DCGM_SENTINEL_RANGES,
+    GPU,
+    GPU_ALLOCATION_INFO,
+    GPU_INFO,
+    GPU_INSTANCE,
+    HOSTNAME,
+    MEMORY_TOTAL,
+    MEMORY_USED,
+    MIB,
+    MIG_PROFILE,
+    UUID,
+    XID_ERRORS,
+    Metric,
+    is_dcgm_sentinel,
+)
+from exporter.sources import promtext
+from exporter.sources.base import Labels, Reading, Source, SourceError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL: Final = "http://127.0.0.1:9400/metrics"
+
+# Error kinds (bounded: they become the ``kind`` label of truegpu_exporter_errors_total).
+UNREACHABLE: Final = "unreachable"
+TIMEOUT: Final = "timeout"
+HTTP_ERROR: Final = "http_error"
+PARSE_ERROR: Final = "parse_error"
+#: Some lines of an otherwise good body were skipped (the source stays up).
+BAD_LINE: Final = "bad_line"
+#: A mapped DCGM field without gpu/UUID labels, or an XID count without an xid label.
+BAD_SAMPLE: Final = "bad_sample"
+INTERNAL_ERROR: Final = "internal_error"
+
+# dcgm-exporter fields and labels that are not contract mappings of their own.
+FB_FREE: Final = "DCGM_FI_DEV_FB_FREE"
+FB_RESERVED: Final = "DCGM_FI_DEV_FB_RESERVED"
+#: dcgm-exporter's own XID counter: XIDs seen within its sliding window, labelled by xid.
+XID_COUNT: Final = "DCGM_EXP_XID_ERRORS_COUNT"
+_HOST_LABELS = ("hostname", "Hostname")
+_UUID_LABELS = ("UUID", "uuid")
+_DRIVER_LABELS = ("DCGM_FI_DRIVER_VERSION", "dcgm_fi_driver_version")
+_GI_LABELS = ("GPU_I_ID", "gpu_i_id")
+_PROFILE_LABELS = ("GPU_I_PROFILE", "gpu_i_profile")
+
+#: Training-operator pod suffixes (Kubeflow PyTorchJob/TFJob/MPIJob...): ``<job>-worker-3``,
+#: ``<job>-master-0``, ``<job>-launcher`` or ``<job>-launcher-x7k2p``.
+_POD_SUFFIX = re.compile(r"-(?:worker|master|chief|ps|evaluator|launcher)(?:-\d+)?(?:-[a-z0-9]{5})?$")
+
+_SENTINEL_MIN = min(lo for lo, _ in DCGM_SENTINEL_RANGES)
+
+# How one field is handled.
+_VALUE, _USED, _MEM, _RATE, _BITMASK, _LAST, _XID_COUNT = range(7)
+
+
+def job_from_pod(pod: str) -> str:
+    """The job a pod belongs to: the pod name without training-operator replica suffixes."""
+    job = _POD_SUFFIX.sub("", pod)
+    return job or pod
+
+
+class ScrapeError(Exception):
+    """Fetching the endpoint failed; ``kind`` is one of the error kinds above."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    how: int
+    metric: Metric | None = None
+    extra: tuple[tuple[str, str], ...] = ()
+    scale: float = 1.0
+    part: str = ""  # memory part for _MEM
+
+
+def _field_table() -> dict[str, _Field]:
+    """Every dcgm-exporter field name (both spellings) this source understands -> how to map it."""
+    how_of = {"value": _VALUE, "rate": _RATE, "bitmask": _BITMASK, "last": _LAST}
+    table: dict[str, _Field] = {}
+    for name, (metric, f) in DCGM_BY_FIELD.items():
+        table[name] = _Field(how_of[f.kind], metric, f.labels, f.scale)
+    # Memory total is FB_TOTAL or FB_USED + FB_FREE + FB_RESERVED, so the parts are gathered per GPU.
+    parts = {MEMORY_TOTAL.dcgm[0].field: "total", FB_FREE: "free", FB_RESERVED: "reserved"}
+    for name, part in parts.items():
+        table[name] = table[name.lower()] = _Field(_MEM, part=part)
+    for name in (MEMORY_USED.dcgm[0].field, MEMORY_USED.dcgm[0].legacy_name):
+        table[name] = _Field(_USED, MEMORY_USED, scale=MEMORY_USED.dcgm[0].scale, part="used")
+    table[XID_COUNT] = table[XID_COUNT.lower()] = _Field(_XID_COUNT, XID_ERRORS)
+    return table
+
+
+_FIELDS: Final = _field_table()
+
+
+@dataclass(frozen=True, slots=True)
+class _Ident:
+    """Who a sample is about, derived once per distinct label block."""
+
+    key: tuple[str, ...]  # hostname, gpu, uuid, gpu_instance, mig_profile
+    gpu_key: tuple[str, str, str]  # hostname, gpu, uuid
+    labels: Labels  # contract identity labels (+ MIG labels on MIG instances); never mutated
+    info: tuple[str, str, str]  # model, driver_version, pci_bus_id
+    alloc: tuple[str, str, str, str] | None  # namespace, pod, container, job
+
+
+def _first(labels: dict[str, str], names: tuple[str, ...]) -> str:
+    for n in names:
+        v = labels.get(n)
+        if v:
+            return v
+    return ""
+
+
+class DcgmSource(Source):
+    """Scrapes dcgm-exporter's /metrics and publishes contract samples.
+
+    ``timeout`` bounds one HTTP attempt; failed attempts (connection refused, timeout, 5xx)
+    are retried up to ``retries`` times with exponential ``backoff`` while the whole fetch
+    stays within ``budget`` seconds. ``hostname`` is used when samples carry no host label
+    (1.x exporters), or always with ``force_hostname`` (in Kubernetes dcgm-exporter's
+    Hostname is often its own pod name). Rates are integrated over the time between
+    scrapes, but never across a gap longer than ``max_gap`` seconds. ``clock`` (monotonic
+    seconds) exists so tests can drive the integration deterministically.
+    """
+
+    name = "dcgm"
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        timeout: float = 2.0,
+        retries: int = 2,
+        backoff: float = 0.1,
+        budget: float = 5.0,
+        hostname: str | None = None,
+        force_hostname: bool = False,
+        max_gap: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+        session: requests.Session | None = None,
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"dcgm-exporter URL must be http(s)://..., got {url!r}")
+        for what, v in (("timeout", timeout), ("budget", budget), ("max_gap", max_gap)):
+            if not v > 0:
+                raise ValueError(f"{what} must be > 0, got {v!r}")
+        if retries < 0 or backoff < 0:
+            raise ValueError(f"retries and backoff must be >= 0, got {retries!r}, {backoff!r}")
+        self.url = url
+        self.timeout = float(timeout)
+        self.retries = int(retries)
+        self.backoff = float(backoff)
+        self.budget = float(budget)
+        self.hostname = hostname or socket.gethostname()
+        self.force_hostname = force_hostname
+        self.max_gap = float(max_gap)
+        self._clock = clock
+        if session is None:
+            session = requests.Session()
+            # Node-local endpoint: an HTTP(S)_PROXY from the environment must not capture it.
+            session.trust_env = False
+        self._session = session
+        self._idents: dict[str, _Ident | None] = {}
+        #: rate series -> [counter, last rate, last time]
+        self._rates: dict[tuple[tuple[str, ...], str, tuple[tuple[str, str], ...]], list[float]] = {}
+        self._xid_last: dict[tuple[str, ...], int] = {}
+        self._xid_window: dict[tuple[tuple[str, ...], str], float] = {}
+        self._xid_counts: dict[tuple[str, ...], dict[str, float]] = {}
+        #: DCGM fields seen but not in the contract (logged once each).
+        self.ignored_fields: set[str] = set()
+
+    # -- HTTP ---------------------------------------------------------------------------
+    def fetch(self) -> str:
+        """GET the endpoint with retries inside the budget; ScrapeError naming the URL when it fails."""
+        deadline = time.monotonic() + self.budget
+        attempt = 0
+        while True:
+            attempt += 1
+            per_try = max(min(self.timeout, deadline - time.monotonic()), 0.001)
+            try:
+                resp = self._session.get(self.url, timeout=per_try, headers={"Accept": "text/plain"})
+                if resp.status_code == 200:
+                    return resp.content.decode("utf-8", "replace")
+                snippet = resp.text[:200].strip().replace("\n", " ")
+                err = ScrapeError(HTTP_ERROR, f"GET {self.url} returned HTTP {resp.status_code} {resp.reason}"
+                                  + (f": {snippet}" if snippet else ""))
+                retry = resp.status_code >= 500 or resp.status_code == 429
+            except requests.Timeout:
+                err, retry = ScrapeError(TIMEOUT, f"GET {self.url} timed out after {per_try:.3g}s"), True
+            except requests.RequestException as exc:
+                if _is_read_timeout(exc):
+                    err = ScrapeError(TIMEOUT, f"GET {self.url} timed out reading the body after {per_try:.3g}s")
+                else:
+                    err = ScrapeError(UNREACHABLE, f"GET {self.url} failed: {_short(exc)}")
+                retry = True
+            pause = self.backoff * 2 ** (attempt - 1)
+            if not retry or attempt > self.retries or time.monotonic() + pause >= deadline:
+                if attempt > 1:
+                    err.message += f" (after {attempt} attempts)"
+                raise err
+            time.sleep(pause)
+
+    # -- Source -------------------------------------------------------------------------
+    def collect(self) -> Reading:
+        reading = Reading()
+        try:
+            text = self.fetch()
+        except ScrapeError as exc:
+            reading.fail(exc.kind, exc.message)
+            return reading
+        try:
+            self.convert(text, reading)
+        except Exception as exc:  # a bug here must cost this scrape, not the exporter
+            log.exception("dcgm: converting the output of %s failed", self.url)
+            reading = Reading()
+            reading.fail(INTERNAL_ERROR, f"converting the output of {self.url} failed: {exc!r}")
+        return reading
+
+    def close(self) -> None:
+        self._session.close()
+
+    # -- mapping ------------------------------------------------------------------------
+    def convert(self, text: str, reading: Reading | None = None) -> Reading:
+        """Parse one dcgm-exporter body and add its contract samples to ``reading``.
+
+        State (rate counters, XID counts) advances, so call it once per scrape.
+        """
+        if reading is None:
+            reading = Reading()
+        parsed = promtext.parse(text)
+        if not parsed.samples:
+            reading.fail(PARSE_ERROR, f"no samples in the response of {self.url}" + _bad_summary(parsed.bad))
+            return reading
+        if parsed.bad:
+            reading.errors.append(SourceError(BAD_LINE, f"{self.url}: skipped {len(parsed.bad)} bad line(s)"
+                                              + _bad_summary(parsed.bad)))
+        now = self._clock()
+        add = reading.add
+        fields = _FIELDS
+        idents = self._idents
+        if len(idents) > 65536:  # label churn (pods come and go): keep the cache bounded
+            idents.clear()
+        seen: dict[tuple[str, ...], _Ident] = {}
+        mem: dict[tuple[str, ...], dict[str, float]] = {}
+        bitmask_done: set[tuple[str, ...]] = set()
+        rates_done: set[object] = set()
+        xid_counted: set[tuple[str, ...]] = set()  # GPUs whose XIDs came from DCGM_EXP_XID_ERRORS_COUNT
+        last_xid: dict[tuple[str, ...], int] = {}
+        allocs: dict[tuple[tuple[str, ...], tuple[str, str, str, str]], None] = {}  # ordered set
+        no_identity: list[int] = []
+        dcgm_samples = 0
+        for sample in parsed.samples:
+            spec = fields.get(sample.name)
+            if spec is None:
+                if sample.name[:5] in ("DCGM_", "dcgm_"):
+                    dcgm_samples += 1
+                    if sample.name not in self.ignored_fields:
+                        self.ignored_fields.add(sample.name)
+                        log.debug("dcgm: ignoring field %s (not in the contract)", sample.name)
+                continue
+            dcgm_samples += 1
+            value = sample.value
+            if value != value or value in (math.inf, -math.inf):
+                continue  # unknown
+            if value >= _SENTINEL_MIN and is_dcgm_sentinel(value):
+                continue  # DCGM's "blank"/not supported: unknown
+            ident = idents.get(sample.raw_labels, False)
+            if ident is False:
+                ident = idents[sample.raw_labels] = self._ident(sample.labels)
+            if ident is None:
+                no_identity.append(sample.line)
+                continue
+            key = ident.key
+            if key not in seen:
+                seen[key] = ident
+            if ident.alloc is not None:
+                allocs[key, ident.alloc] = None
+            how = spec.how
+            if how == _VALUE:
+                labels = dict(ident.labels)
+                if spec.extra:
+                    labels.update(spec.extra)
+                add(spec.metric, labels, value * spec.scale)
+            elif how == _USED:
+                add(MEMORY_USED, dict(ident.labels), value * spec.scale)
+                mem.setdefault(key, {})["used"] = value
+            elif how == _MEM:
+                mem.setdefault(key, {})[spec.part] = value
+            elif how == _RATE:
+                rkey = (key, spec.metric.name, spec.extra)
+                if rkey in rates_done:
+                    continue
+                rates_done.add(rkey)
+                labels = dict(ident.labels)
+                labels.update(spec.extra)
+                add(spec.metric, labels, self._integrate(rkey, max(value * spec.scale, 0.0), now))
+            elif how == _BITMASK:
+                if key in bitmask_done:
+                    continue  # both the current name and its deprecated alias are present
+                bitmask_done.add(key)
+                mask = int(value)
+                for bit, reason in CLOCK_EVENT_REASONS.items():
+                    labels = dict(ident.labels)
+                    labels["reason"] = reason
+                    add(CLOCK_EVENT_ACTIVE, labels, 1.0 if mask & bit else 0.0)
+            elif how == _LAST:
+                last_xid[key] = int(value)
+            else:  # _XID_COUNT
+                xid = sample.labels.get("xid", "")
+                if not xid:
+                    no_identity.append(sample.line)
+                    continue
+                xid_counted.add(key)
+                wkey = (key, xid)
+                prev = self._xid_window.get(wkey, 0.0)
+                self._xid_window[wkey] = value
+                if value > prev:
+                    counts = self._xid_counts.setdefault(key, {})
+                    counts[xid] = counts.get(xid, 0.0) + (value - prev)
+
+        if dcgm_samples == 0:
+            reading.fail(PARSE_ERROR, f"no DCGM fields in the response of {self.url} (is it a dcgm-exporter?)")
+            return reading
+        if no_identity:
+            lines = ", ".join(map(str, no_identity[:10])) + (" ..." if len(no_identity) > 10 else "")
+            reading.errors.append(SourceError(
+                BAD_SAMPLE, f"{self.url}: {len(no_identity)} DCGM sample(s) without gpu/UUID (or xid) labels "
+                            f"skipped, line(s) {lines}"))
+
+        self._count_last_xids(last_xid, xid_counted)
+        for key, parts in mem.items():
+            total = parts.get("total")
+            if total is None and "used" in parts and "free" in parts:
+                # Drivers before FB_RESERVED existed counted reserved memory inside "used".
+                total = parts["used"] + parts["free"] + parts.get("reserved", 0.0)
+            if total is not None:
+                add(MEMORY_TOTAL, dict(seen[key].labels), total * MIB)
+        infos: set[tuple[str, str, str]] = set()
+        for key, ident in seen.items():
+            for xid, n in self._xid_counts.get(key, {}).items():
+                labels = dict(ident.labels)
+                labels["xid"] = xid
+                add(XID_ERRORS, labels, n)
+            if ident.gpu_key not in infos:
+                infos.add(ident.gpu_key)
+                host, gpu, uuid = ident.gpu_key
+                model, driver, pci = ident.info
+                add(GPU_INFO, {HOSTNAME: host, GPU: gpu, UUID: uuid, "model": model, "driver_version": driver,
+                               "pci_bus_id": pci, "numa_node": ""}, 1.0)
+        # One series per (GPU, holder): time-sliced GPUs carry one label block per pod.
+        for key, (ns, pod, container, job) in allocs:
+            labels = dict(seen[key].labels)
+            labels.update(namespace=ns, pod=pod, container=container, job=job)
+            add(GPU_ALLOCATION_INFO, labels, 1.0)
+        return reading
+
+    def _ident(self, labels: dict[str, str]) -> _Ident | None:
+        gpu = labels.get("gpu", "")
+        uuid = _first(labels, _UUID_LABELS)
+        if not gpu and not uuid:
+            return None
+        host = self.hostname if self.force_hostname else (_first(labels, _HOST_LABELS) or self.hostname)
+        gi = _first(labels, _GI_LABELS)
+        profile = _first(labels, _PROFILE_LABELS)
+        ident_labels = {HOSTNAME: host, GPU: gpu, UUID: uuid}
+        if gi or profile:
+            ident_labels[GPU_INSTANCE] = gi
+            ident_labels[MIG_PROFILE] = profile
+        pod = labels.get("pod") or labels.get("pod_name") or ""
+        hpc_job = labels.get("hpc_job") or ""
+        alloc = None
+        if pod or hpc_job:
+            alloc = (
+                labels.get("namespace") or labels.get("pod_namespace") or "",
+                pod,
+                labels.get("container") or labels.get("container_name") or "",
+                hpc_job or job_from_pod(pod),
+            )
+        return _Ident(
+            key=(host, gpu, uuid, gi, profile),
+            gpu_key=(host, gpu, uuid),
+            labels=ident_labels,
+            info=(labels.get("modelName", ""), _first(labels, _DRIVER_LABELS), labels.get("pci_bus_id", "")),
+            alloc=alloc,
+        )
+
+    def _integrate(self, rkey: tuple, rate: float, now: float) -> float:
+        """Counter for a rate series: trapezoid of the rates between scrapes; starts at 0, never decreases."""
+        state = self._rates.get(rkey)
+        if state is None:
+            self._rates[rkey] = [0.0, rate, now]
+            return 0.0
+        total, last_rate, last_t = state
+        dt = now - last_t
+        if 0 < dt <= self.max_gap:
+            total += (last_rate + rate) / 2 * dt
+        state[0], state[1], state[2] = total, rate, now
+        return total
+
+    def _count_last_xids(self, last_xid: dict[tuple[str, ...], int], skip: set[tuple[str, ...]]) -> None:
+        """DCGM_FI_DEV_XID_ERRORS holds the last XID: each change to a new non-zero value is one event.
+
+        An XID already showing at the first scrape counts once, so a GPU that failed before
+        the exporter started is not invisible. GPUs whose XIDs dcgm-exporter counts itself
+        (DCGM_EXP_XID_ERRORS_COUNT) are not counted twice.
+        """
+        for key, xid in last_xid.items():
+            prev = self._xid_last.get(key)
+            self._xid_last[key] = xid
+            if xid != 0 and xid != prev and key not in skip:
+                counts = self._xid_counts.setdefault(key, {})
+                counts[str(xid)] = counts.get(str(xid), 0.0) + 1.0
+
+
+def _bad_summary(bad: list[promtext.BadLine], limit: int = 5) -> str:
+    if not bad:
+        return ""
+    shown = "; ".join(f"line {b.line}: {b.reason}" for b in bad[:limit])
+    return f" ({shown}{'; ...' if len(bad) > limit else ''})"
+
+
+def _is_read_timeout(exc: BaseException) -> bool:
+    """requests wraps a timeout while streaming the body in a ConnectionError; find it in the chain."""
+    cur: BaseException | None = exc
+    for _ in range(8):
+        if cur is None:
+            return False
+        if isinstance(cur, ReadTimeoutError | TimeoutError):
+            return True
+        cur = cur.args[0] if cur.args and isinstance(cur.args[0], BaseException) else cur.__cause__
+    return False
+
+
+_ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")]+")
+
+
+def _short(exc: BaseException) -> str:
+    """The useful part of a requests/urllib3 error ('[Errno 111] Connection refused')."""
+    text = str(exc)
+    m = _ERRNO.search(text)
+    return m.group(0).strip() if m else text[:200]
+
+
+# -- command line (for the source registry) ------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``dcgm`` source's options on the ``truegpu exporter`` parser."""
+    group = parser.add_argument_group("dcgm source")
+    group.add_argument("--dcgm-url", default=DEFAULT_URL, help=f"dcgm-exporter metrics URL (default {DEFAULT_URL})")
+    group.add_argument("--dcgm-timeout", type=float, default=2.0, help="seconds per HTTP attempt (default 2)")
+    group.add_argument("--dcgm-retries", type=int, default=2, help="retries after a failed attempt (default 2)")
+    group.add_argument("--dcgm-budget", type=float, default=5.0,
+                       help="total seconds for one fetch including retries (default 5)")
+    group.add_argument("--dcgm-hostname", default=None,
+                       help="hostname for samples without a Hostname label (default: this host's name)")
+    group.add_argument("--dcgm-force-hostname", action="store_true",
+                       help="use --dcgm-hostname even when samples carry a Hostname label")
+
+
+def from_args(args: argparse.Namespace) -> DcgmSource:
+    """Build the source from parsed ``add_arguments`` options (ValueError when they are unusable)."""
+    return DcgmSource(
+        getattr(args, "dcgm_url", DEFAULT_URL),
+        timeout=getattr(args, "dcgm_timeout", 2.0),
+        retries=getattr(args, "dcgm_retries", 2),
+        budget=getattr(args, "dcgm_budget", 5.0),
+        hostname=getattr(args, "dcgm_hostname", None),
+        force_hostname=getattr(args, "dcgm_force_hostname", False),
+    )
