@@ -147,7 +147,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     stats = write_history(metrics_path, cluster, start, end, args.step, dialect=args.dialect, dcgm_options=opts)
     took = time.perf_counter() - t0
 
-    truth = [_truth_record(r) for r in cluster.ground_truth()]
+    truth = [_truth_record(r, end) for r in cluster.ground_truth() if r["start"] < end]
     (outdir / "ground_truth.json").write_text(json.dumps(truth, indent=2) + "\n")
     meta = {
         "name": scenario.name,
@@ -173,11 +173,19 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     return 0
 
 
-def _truth_record(r: dict) -> dict:
+def _truth_record(r: dict, window_end: float) -> dict:
+    """A ground-truth record as seen from the written window.
+
+    A problem still going on when the window ends gets ``end`` null, exactly as the
+    findings contract reports an open episode, so findings and truth compare like for like.
+    """
     rec = dict(r)
     for k in ("start", "end"):
         v = rec.get(k)
         rec[k] = None if v is None or (isinstance(v, float) and not math.isfinite(v)) else float(v)
+    if rec["end"] is not None and rec["end"] >= window_end:
+        rec["end"] = None
+    for k in ("start", "end"):
         rec[k + "_iso"] = None if rec[k] is None else iso(rec[k])
     return rec
 
