@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.metrics_core import Metric as PromMetric
@@ -23,12 +23,15 @@ from exporter.schema import (
     BY_NAME,
     COLLECT_DURATION,
     EXPORTER_ERRORS,
+    GPU_INFO,
+    GPU_INSTANCE,
     METRICS,
     MIG_LABELS,
     SELF_METRICS,
     SOURCE_LAST_SUCCESS,
     SOURCE_STALE,
     SOURCE_UP,
+    UUID,
     Metric,
 )
 from exporter.sources.base import Reading, Source
@@ -53,10 +56,15 @@ class _Family:
     help: str
     unit: str
     keys: frozenset[str]
-    #: Label names in canonical order: the identity of a series (dedupe key).
+    #: Label names the samples must carry (canonical order).
     names: tuple[str, ...]
     mig_keys: frozenset[str] | None
     mig_names: tuple[str, ...]
+    #: Labels naming "the same series" across sources (dedupe key): a GPU's uuid (fleet-unique,
+    #: unlike a hostname that dcgm-exporter may spell differently) plus the family's own labels;
+    #: for gpu_info only the uuid, since two sources may disagree on its descriptive labels.
+    same: tuple[str, ...]
+    mig_same: tuple[str, ...]
 
     @classmethod
     def of(cls, metric: Metric) -> _Family:
@@ -65,6 +73,11 @@ class _Family:
         # prometheus_client appends the unit to a name that lacks it; the contract name wins.
         unit = metric.unit if metric.unit and family_name.endswith("_" + metric.unit) else ""
         mig = metric.scope == "gpu"
+        if mig:
+            same = (UUID,) if metric is GPU_INFO else (UUID, *metric.labels)
+            mig_same = (*same, GPU_INSTANCE)
+        else:
+            same = mig_same = metric.all_labels
         return cls(
             metric=metric,
             family_name=family_name,
@@ -76,6 +89,8 @@ class _Family:
             names=metric.all_labels,
             mig_keys=frozenset(metric.all_labels + MIG_LABELS) if mig else None,
             mig_names=metric.all_labels + MIG_LABELS if mig else (),
+            same=same,
+            mig_same=mig_same,
         )
 
     def new(self) -> PromMetric:
@@ -97,14 +112,26 @@ def _family_for(metric: object) -> _Family | None:
 class TruegpuCollector:
     """Collects every source on each scrape into fresh, validated, de-duplicated families.
 
-    ``sources`` are in precedence order: when two sources emit the same series (same
-    family and label set) the earlier one wins and the later sample is dropped silently.
+    When two sources emit the same series (same family, same GPU uuid and family labels)
+    one wins and the other's sample is dropped silently. ``sources`` are in precedence
+    order; ``precedence`` overrides it per family (``{"truegpu_sm_active_ratio": ["dcgm",
+    "nvml"]}``): sources it names come first, in its order, the rest keep theirs.
     """
 
-    def __init__(self, sources: Sequence[Source]) -> None:
+    def __init__(self, sources: Sequence[Source], precedence: Mapping[str, Sequence[str]] | None = None) -> None:
         names = [s.name for s in sources]
         if len(set(names)) != len(names):
             raise ValueError(f"source names must be unique, got {names}")
+        for family, order in (precedence or {}).items():
+            if family not in BY_NAME:
+                raise ValueError(f"precedence names unknown family {family!r}")
+            unknown = [n for n in order if n not in names]
+            if unknown:
+                raise ValueError(f"precedence for {family} names sources not configured: {', '.join(unknown)}")
+        #: (family name, source) -> sort rank; unnamed pairs rank by source position (>= 0).
+        self._rank: dict[tuple[str, str], int] = {
+            (family, src): i - len(order) for family, order in (precedence or {}).items() for i, src in enumerate(order)
+        }
         self.sources: tuple[Source, ...] = tuple(sources)
         # Cumulative across scrapes; (source, kind) -> count. source_failed starts at 0 so that
         # increase() sees the first failure.
@@ -142,7 +169,8 @@ class TruegpuCollector:
         up: list[tuple[str, float]] = []
         durations: list[tuple[str, float]] = []
         stale: list[tuple[str, float]] = []
-        for source in self.sources:
+        contributions: list[tuple[int, str, object, list]] = []
+        for pos, source in enumerate(self.sources):
             name = source.name
             start = time.perf_counter()
             try:
@@ -169,18 +197,33 @@ class TruegpuCollector:
             if reading.up and not hasattr(source, "last_success"):
                 self._last_success[name] = time.time()
             up.append((name, 1.0 if reading.up else 0.0))
+            self.last[name] = (bool(reading.up), 0)
             try:
                 for err in reading.errors:
                     kind = str(err.kind)
                     self._count(name, kind)
                     self._log_once((name, "error", kind, str(err.gpu)), "source %s: %s%s: %s",
                                    name, kind, f" on gpu {err.gpu}" if err.gpu else "", err.message)
-                served = self._add_reading(name, reading, families, seen)
+                contributions += [
+                    (self._rank.get((getattr(metric, "name", ""), name), pos), name, metric, samples)
+                    for metric, samples in reading.samples.items()
+                ]
             except Exception:  # a Reading whose fields are not what base.py declares
-                served = 0
                 self._count(name, BAD_SAMPLE)
                 self._log_once((name, "malformed"), "source %s returned a malformed Reading", name, exc_info=True)
-            self.last[name] = (bool(reading.up), served)
+
+        served: dict[str, int] = {}
+        bad: dict[str, int] = {}
+        contributions.sort(key=lambda c: c[0])  # stable: equal ranks keep source order
+        for _rank, name, metric, samples in contributions:
+            n_served, n_bad = self._add_samples(name, metric, samples, families, seen)
+            served[name] = served.get(name, 0) + n_served
+            bad[name] = bad.get(name, 0) + n_bad
+        for name, n in bad.items():
+            if n:
+                self._count(name, BAD_SAMPLE, n)
+        for name, n in served.items():
+            self.last[name] = (self.last[name][0], n)
 
         out = [f for f in families.values() if f.samples]  # a family whose every sample was dropped is absent
         out.append(self._self_family(SOURCE_UP, up))
@@ -208,67 +251,66 @@ class TruegpuCollector:
         if isinstance(last, int | float) and last > 0:
             self._last_success[source.name] = float(last)
 
-    def _add_reading(
-        self, source: str, reading: Reading, families: dict[str, PromMetric], seen: dict[str, set[tuple[str, ...]]]
-    ) -> int:
-        """Validate and add one reading's samples; returns how many series it contributed."""
+    def _add_samples(
+        self, source: str, metric: object, samples: list, families: dict[str, PromMetric],
+        seen: dict[str, set[tuple[str, ...]]],
+    ) -> tuple[int, int]:
+        """Validate and add one source's samples of one family; returns (series served, samples dropped)."""
         bad = served = 0
-        for metric, samples in reading.samples.items():
-            try:
-                fam = _family_for(metric)
-                if fam is None:
-                    name = getattr(metric, "name", None)
-                    why = ("is a self-metric" if name in _SELF else
-                           "is not the schema's Metric of that name" if name in BY_NAME else "is not in the contract")
-                    bad += len(samples)
-                    self._log_once((source, "family", repr(getattr(metric, "name", metric))),
-                                   "source %s: dropped %d samples of %r: it %s", source, len(samples),
-                                   getattr(metric, "name", metric), why)
-                    continue
-                prom = families.get(fam.family_name)
-                if prom is None:
-                    prom = families[fam.family_name] = fam.new()
-                    keys_seen: set[tuple[str, ...]] = set()
-                    seen[fam.family_name] = keys_seen
-                else:
-                    keys_seen = seen[fam.family_name]
-                append = prom.samples.append
-                sample_name = fam.sample_name
-                keys, names, mig_keys, mig_names = fam.keys, fam.names, fam.mig_keys, fam.mig_names
-                for labels, value in samples:
-                    try:
-                        lk = labels.keys()
-                        if lk == keys:
-                            key = tuple(map(labels.__getitem__, names))
-                        elif lk == mig_keys:
-                            key = tuple(map(labels.__getitem__, mig_names))
-                        else:
-                            bad += 1
-                            self._log_bad(source, fam, labels, value, f"label names {sorted(lk)} != {sorted(keys)}")
-                            continue
-                        "".join(key)  # TypeError unless every label value is a str
-                        if value - value != 0:  # NaN and +-Inf; TypeError for non-numbers
-                            bad += 1
-                            self._log_bad(source, fam, labels, value, "value is not finite")
-                            continue
-                    except (TypeError, AttributeError):
+        try:
+            fam = _family_for(metric)
+            if fam is None:
+                name = getattr(metric, "name", None)
+                why = ("is a self-metric" if name in _SELF else
+                       "is not the schema's Metric of that name" if name in BY_NAME else "is not in the contract")
+                self._log_once((source, "family", repr(getattr(metric, "name", metric))),
+                               "source %s: dropped %d samples of %r: it %s", source, len(samples),
+                               getattr(metric, "name", metric), why)
+                return 0, len(samples)
+            prom = families.get(fam.family_name)
+            if prom is None:
+                prom = families[fam.family_name] = fam.new()
+                keys_seen: set[tuple[str, ...]] = set()
+                seen[fam.family_name] = keys_seen
+            else:
+                keys_seen = seen[fam.family_name]
+            append = prom.samples.append
+            sample_name = fam.sample_name
+            keys, mig_keys, same, mig_same = fam.keys, fam.mig_keys, fam.same, fam.mig_same
+            for labels, value in samples:
+                try:
+                    lk = labels.keys()
+                    if lk == keys:
+                        key_names = same
+                    elif lk == mig_keys:
+                        key_names = mig_same
+                    else:
                         bad += 1
-                        self._log_bad(source, fam, labels, value, "label values must be str and the value a number")
+                        self._log_bad(source, fam, labels, value, f"label names {sorted(lk)} != {sorted(keys)}")
                         continue
-                    if key in keys_seen:
-                        continue  # an earlier source (or this one) already served this series
-                    keys_seen.add(key)
-                    served += 1
-                    append(_new_sample(Sample, (sample_name, labels, value, None, None, None)))
-            except Exception:
-                # Not (labels, value) pairs: keep what validated, drop the rest of this family.
-                bad += 1
-                self._log_once((source, "malformed", repr(getattr(metric, "name", metric))),
-                               "source %s: malformed samples for %r", source, getattr(metric, "name", metric),
-                               exc_info=True)
-        if bad:
-            self._count(source, BAD_SAMPLE, bad)
-        return served
+                    get = labels.__getitem__
+                    "".join(labels.values())  # TypeError unless every label value is a str
+                    if value - value != 0:  # NaN and +-Inf; TypeError for non-numbers
+                        bad += 1
+                        self._log_bad(source, fam, labels, value, "value is not finite")
+                        continue
+                except (TypeError, AttributeError):
+                    bad += 1
+                    self._log_bad(source, fam, labels, value, "label values must be str and the value a number")
+                    continue
+                key = tuple(map(get, key_names))
+                if key in keys_seen:
+                    continue  # a source ranked earlier (or this one) already served this series
+                keys_seen.add(key)
+                served += 1
+                append(_new_sample(Sample, (sample_name, labels, value, None, None, None)))
+        except Exception:
+            # Not (labels, value) pairs: keep what validated, drop the rest of this family.
+            bad += 1
+            self._log_once((source, "malformed", repr(getattr(metric, "name", metric))),
+                           "source %s: malformed samples for %r", source, getattr(metric, "name", metric),
+                           exc_info=True)
+        return served, bad
 
     def _self_family(self, metric: Metric, values: list[tuple[str, float]]) -> PromMetric:
         fam = _SELF[metric.name]
@@ -293,13 +335,15 @@ class TruegpuCollector:
         log.log(level, msg, *args, exc_info=exc_info)
 
 
-def build_registry(sources: Sequence[Source]) -> tuple[CollectorRegistry, TruegpuCollector]:
+def build_registry(
+    sources: Sequence[Source], precedence: Mapping[str, Sequence[str]] | None = None
+) -> tuple[CollectorRegistry, TruegpuCollector]:
     """A registry holding only the truegpu collector.
 
     The default process/platform collectors are left out: they describe the exporter's
     Python process, not the GPUs, and would add series to every node for no GPU insight.
     """
     registry = CollectorRegistry(auto_describe=False)
-    collector = TruegpuCollector(sources)
+    collector = TruegpuCollector(sources, precedence)
     registry.register(collector)
     return registry, collector

@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from exporter import __version__
-from exporter.sources import SourceConfigError, add_source_arguments, describe_source, known_sources, source_name
+from exporter.sources import (
+    DEFAULT_DEADLINE,
+    SourceConfigError,
+    add_source_arguments,
+    describe_source,
+    known_sources,
+    source_name,
+)
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
@@ -69,8 +76,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--listen", type=parse_listen, default=parse_listen(DEFAULT_LISTEN), metavar="[HOST]:PORT",
         help=f"address to serve on: :PORT, HOST:PORT or [IPV6]:PORT (default {DEFAULT_LISTEN})",
     )
+    p.add_argument(
+        "--deadline", type=float, default=DEFAULT_DEADLINE, metavar="SECONDS",
+        help="longest a real source (nvml, dcgm) may take per scrape before its last good values are "
+        f"served, marked by truegpu_exporter_source_stale (default {DEFAULT_DEADLINE:g})",
+    )
+    p.add_argument(
+        "--precedence", action="append", type=parse_precedence, default=[], metavar="FAMILY=SRC[,SRC...]",
+        help="which source serves a family when several provide it, e.g. "
+        "truegpu_sm_active_ratio=dcgm,nvml (repeatable; default: the order of --source)",
+    )
     add_source_arguments(p)
     p.set_defaults(func=run)
+
+
+def parse_precedence(value: str) -> tuple[str, tuple[str, ...]]:
+    """``FAMILY=SRC[,SRC...]`` -> (family, sources); the names are checked once the sources are known."""
+    family, sep, order = value.partition("=")
+    sources = tuple(s.strip() for s in order.split(",") if s.strip())
+    if not sep or not family.strip() or not sources:
+        raise argparse.ArgumentTypeError(f"--precedence {value!r}: expected FAMILY=SOURCE[,SOURCE...]")
+    return family.strip(), sources
 
 
 # HTTP -----------------------------------------------------------------------------------
@@ -179,7 +205,12 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
             s.close()
         return _error(f"source {name}: {exc}")
 
-    registry, collector = build_registry(sources)
+    try:
+        registry, collector = build_registry(sources, dict(getattr(args, "precedence", ())))
+    except ValueError as exc:
+        for s in sources:
+            s.close()
+        return _error(f"--precedence: {exc}")
     host, port = args.listen
     try:
         server = make_server(host, port, make_app(registry, collector))

@@ -259,6 +259,46 @@ def test_two_sources_same_series_first_wins_no_duplicates(promtool):
     promtool_check(promtool, text)
 
 
+def test_per_family_precedence_and_same_gpu_under_another_hostname(promtool):
+    """NVML and DCGM together: a GPU is the same GPU by uuid even when dcgm-exporter names its
+    host differently, and the configured family precedence decides who serves it."""
+
+    def nvml() -> Reading:
+        r = Reading()
+        r.add(S.SM_ACTIVE, gpu_labels(0), 0.30)
+        r.add(S.POWER, gpu_labels(0), 300.0)
+        r.add(S.GPU_INFO, {**gpu_labels(0), "model": "H100", "driver_version": "550", "pci_bus_id": "x",
+                           "numa_node": "0"}, 1.0)
+        return r
+
+    def dcgm() -> Reading:
+        r = Reading()
+        other = {**gpu_labels(0), S.HOSTNAME: "dcgm-exporter-pod-x7k2p"}
+        r.add(S.SM_ACTIVE, other, 0.60)
+        r.add(S.POWER, other, 310.0)
+        r.add(S.GPU_INFO, {**other, "model": "H100", "driver_version": "550", "pci_bus_id": "x", "numa_node": ""},
+              1.0)
+        return r
+
+    registry, _ = build_registry(
+        [StaticSource("nvml", nvml), StaticSource("dcgm", dcgm)], precedence={S.SM_ACTIVE.name: ["dcgm"]}
+    )
+    fams = scrape(registry)
+    assert [s.value for s in fams[S.SM_ACTIVE.name].samples] == [0.60]  # dcgm preferred for SM activity
+    assert [s.value for s in fams[S.POWER.name].samples] == [300.0]  # source order elsewhere
+    info = fams[S.GPU_INFO.name].samples
+    assert len(info) == 1 and info[0].labels["numa_node"] == "0"  # one identity per GPU, no duplicates
+    promtool_check(promtool, generate_latest(registry))
+
+
+def test_precedence_naming_unknown_family_or_source_is_rejected():
+    src = [StaticSource("nvml", Reading)]
+    with pytest.raises(ValueError, match="unknown family"):
+        build_registry(src, precedence={"truegpu_nope": ["nvml"]})
+    with pytest.raises(ValueError, match="not configured: dcgm"):
+        build_registry(src, precedence={S.SM_ACTIVE.name: ["dcgm", "nvml"]})
+
+
 def test_duplicate_within_one_source_served_once():
     def make() -> Reading:
         r = Reading()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 from collections.abc import Iterator
@@ -46,9 +45,7 @@ from exporter.sources.dcgm import (
     TIMEOUT,
     UNREACHABLE,
     DcgmSource,
-    add_arguments,
     from_args,
-    job_from_pod,
 )
 from tests.conftest import ROOT, free_port
 
@@ -493,15 +490,6 @@ def test_force_hostname_overrides_label(endpoint: Endpoint) -> None:
 
 
 # -- small parts --------------------------------------------------------------------------
-@pytest.mark.parametrize(("pod", "job"), [
-    ("llama-worker-3", "llama"), ("llama-master-0", "llama"), ("mpi-bench-launcher", "mpi-bench"),
-    ("mpi-bench-launcher-x7k2p", "mpi-bench"), ("tf-job-chief-0", "tf-job"), ("tf-job-ps-1", "tf-job"),
-    ("jupyter-alice", "jupyter-alice"), ("worker-0", "worker-0"), ("a-workers-0", "a-workers-0"),
-])
-def test_job_from_pod(pod: str, job: str) -> None:
-    assert job_from_pod(pod) == job
-
-
 def test_promtext_parser() -> None:
     text = (
         '# HELP a_metric with "quotes"\n# TYPE a_metric counter\n'
@@ -524,10 +512,10 @@ def test_promtext_parser() -> None:
 
 
 def test_cli_options_build_the_source() -> None:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args(["--dcgm-url", "http://10.0.0.5:9400/metrics", "--dcgm-timeout", "0.5",
-                              "--dcgm-hostname", "n7", "--dcgm-force-hostname"])
+    from truegpu.cli import build_parser
+
+    args = build_parser().parse_args(["exporter", "--source", "dcgm", "--dcgm-url", "http://10.0.0.5:9400/metrics",
+                                      "--dcgm-timeout", "0.5", "--dcgm-hostname", "n7", "--dcgm-force-hostname"])
     src = from_args(args)
     assert (src.url, src.timeout, src.hostname, src.force_hostname) == ("http://10.0.0.5:9400/metrics", 0.5, "n7", True)
     with pytest.raises(ValueError, match="http"):

@@ -191,6 +191,11 @@ def test_lost_gpu_is_omitted_and_counted(promtool):
         (["--source", "simulated"], "--scenario"),
         (["--source", "simulated", "--scenario", "no-such-scenario"], "no-such-scenario"),
         (["--source", "simulated", "--source", "simulated", "--scenario", "healthy-fleet"], "given twice"),
+        (["--source", "simulated", "--scenario", "healthy-fleet", "--precedence", "truegpu_power_watts"],
+         "expected FAMILY=SOURCE"),
+        (["--source", "simulated", "--scenario", "healthy-fleet", "--precedence", "truegpu_power_watts=dcgm"],
+         "not configured: dcgm"),
+        (["--source", "dcgm", "--deadline", "0"], "--deadline must be > 0"),
     ],
 )
 def test_bad_command_lines_fail_clearly(args, needle):
@@ -293,3 +298,29 @@ def test_registered_source_served_on_each_listen_form(monkeypatch, host):
     # one warm-up collection at start, then this scrape: fresh values every scrape
     assert sample_value(fams, S.POWER, hostname="h", gpu="0", uuid="GPU-0") == 2.0
     assert sample_value(fams, S.SOURCE_UP, source="counting") == 1.0
+
+
+# real sources, real subprocess ------------------------------------------------------------------
+def test_nvml_without_a_driver_and_dcgm_together(promtool):
+    """This machine has no NVIDIA driver: the nvml source reports itself down and the exporter
+    keeps serving the dcgm-exporter data, with the configured family precedence and no duplicates."""
+    from tests.test_dcgm_source import FIXTURES, Endpoint
+
+    endpoint = Endpoint()
+    endpoint.serve(FIXTURES / "h100_mig_pods.txt")
+    try:
+        with exporter("--source", "nvml", "--source", "dcgm", "--dcgm-url", endpoint.url,
+                      "--precedence", "truegpu_sm_active_ratio=dcgm,nvml") as exp:
+            status, _, body = exp.get("/metrics")
+            assert status == 200
+            fams = families(body)
+            assert sample_value(fams, S.SOURCE_UP, source="nvml") == 0.0
+            assert sample_value(fams, S.SOURCE_UP, source="dcgm") == 1.0
+            assert sample_value(fams, S.EXPORTER_ERRORS, source="nvml", kind="nvml_unavailable") >= 1
+            assert sample_value(fams, S.SOURCE_STALE, source="dcgm") == 0.0
+            sm = fams[S.SM_ACTIVE.family_name].samples
+            assert sm and len({(x.labels[S.UUID], x.labels.get(S.GPU_INSTANCE)) for x in sm}) == len(sm)
+            promtool_check(promtool, body)
+            assert "NVML unavailable" in exp.output()
+    finally:
+        endpoint.close()

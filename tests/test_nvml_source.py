@@ -18,6 +18,7 @@ from tests.fakes.fake_pynvml import (
     VirtualClock,
     a100_pcie_pair,
     h100_node,
+    h100_sxm,
     mig_h100,
 )
 
@@ -430,3 +431,35 @@ def test_nvlink_errors_summed_over_links_from_fields_or_per_link_calls(node) -> 
         assert links[(gpu, "up")] == 17 and links[(gpu, "down")] == 1
     assert fake.gpus[0].call_counts["nvmlDeviceGetNvLinkErrorCounter"] == 0
     assert fake.gpus[1].call_counts["nvmlDeviceGetNvLinkErrorCounter"] == 4 * 18
+
+
+def test_slurm_attribution_publishes_allocation_for_whole_gpus_and_mig_instances(tmp_path) -> None:
+    from exporter.attribution import SlurmAttributor
+
+    (tmp_path / "0").write_text("4242\n")  # whole GPU 0
+    (tmp_path / "1.5").write_text("777\n")  # MIG instance 5 of GPU 1
+    _fake, source, _clock = make([h100_sxm(0), mig_h100(1)], attributor=SlurmAttributor(tmp_path))
+    try:
+        reading = source.collect()
+    finally:
+        source.close()
+    held = {
+        (labels[schema.GPU], labels.get(schema.GPU_INSTANCE)): labels["job"]
+        for labels, value in reading.samples[schema.GPU_ALLOCATION_INFO]
+        if value == 1.0
+    }
+    assert held == {("0", None): "4242", ("1", "5"): "777"}  # free devices have no series
+    assert reading.up
+
+
+def test_attribution_failure_is_counted_but_keeps_the_source_up(tmp_path) -> None:
+    from exporter.attribution import SlurmAttributor
+
+    _fake, source, _clock = make(h100_node(2), attributor=SlurmAttributor(tmp_path / "missing"))
+    try:
+        reading = source.collect()
+    finally:
+        source.close()
+    assert reading.up and schema.GPU_ALLOCATION_INFO not in reading.samples
+    assert [e.kind for e in reading.errors] == ["slurm_dir_missing"]
+    assert series(reading, schema.GPU_UTILIZATION)  # telemetry unaffected

@@ -61,7 +61,8 @@ def test_simulate_in_process(tmp_path, capsys):
 
     truth = json.loads((out / "ground_truth.json").read_text())
     window_end = start + 1800.0
-    expected = [r for r in Cluster(load_scenario(SCENARIO), seed=11, start=start).ground_truth() if r["start"] < window_end]
+    cluster = Cluster(load_scenario(SCENARIO), seed=11, start=start)
+    expected = [r for r in cluster.ground_truth() if r["start"] < window_end]
     assert len(truth) == len(expected) > 0
     for got, want in zip(truth, expected, strict=True):
         for key, value in want.items():

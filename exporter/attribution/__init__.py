@@ -1,12 +1,9 @@
 """GPU attribution: who holds each GPU (Kubernetes pod, Slurm job), for truegpu_gpu_allocation_info.
 
-Usage from a source, once per collection::
-
-    for error in attributor.refresh():        # cached for ttl seconds; never raises
-        reading.errors.append(SourceError(getattr(error, "kind", "attribution"), str(error)))
-    holder = attributor.lookup(uuid, gpu, gpu_instance, mig_uuid)
-    if holder:
-        reading.add(GPU_ALLOCATION_INFO, {**gpu_labels, **holder.labels()}, 1)
+A source calls :func:`attribute` once per collection with the GPUs (and MIG instances)
+it saw; that refreshes the attributor (cached for ttl seconds, never raises), counts its
+errors without marking the source down, and adds truegpu_gpu_allocation_info for every
+held device.
 
 Importing this package is cheap: grpc is only imported when a KubernetesAttributor
 first refreshes.
@@ -14,12 +11,17 @@ first refreshes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from exporter.attribution.base import Allocation, AttributionError, Attributor, CachedAttributor, CompositeAttributor
 from exporter.attribution.jobs import KNOWN_JOB_LABELS, derive_job
 from exporter.attribution.kubernetes import DEFAULT_SOCKET, KubernetesAttributor
 from exporter.attribution.slurm import SlurmAttributor
+from exporter.schema import GPU_ALLOCATION_INFO
+from exporter.sources.base import Labels, Reading, SourceError
+
+#: One device to attribute: (its series labels, GPU uuid, GPU index, gpu_instance, MIG uuid).
+Device = tuple[Labels, str, str, str | None, str | None]
 
 __all__ = [
     "DEFAULT_SOCKET",
@@ -31,6 +33,7 @@ __all__ = [
     "CompositeAttributor",
     "KubernetesAttributor",
     "SlurmAttributor",
+    "attribute",
     "build_attributor",
     "derive_job",
 ]
@@ -54,3 +57,13 @@ def build_attributor(
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else CompositeAttributor(parts)
+
+
+def attribute(reading: Reading, attributor: Attributor, devices: Iterable[Device]) -> None:
+    """Add who holds each device to ``reading``; attribution trouble is counted, not fatal."""
+    for error in attributor.refresh():
+        reading.errors.append(SourceError(getattr(error, "kind", "attribution"), str(error)))
+    for labels, uuid, gpu, gpu_instance, mig_uuid in devices:
+        holder = attributor.lookup(uuid, gpu, gpu_instance, mig_uuid)
+        if holder is not None:
+            reading.add(GPU_ALLOCATION_INFO, {**labels, **holder.labels()}, 1.0)

@@ -2,8 +2,9 @@
 
 Source modules are imported only when their source is asked for, so ``truegpu exporter
 --source simulated`` never loads pynvml and the NVML source never loads the simulator.
-A new source plugs in with one ``SourceSpec`` in ``SOURCES`` (and its CLI options in its
-``add_arguments``); nothing else in the exporter changes.
+A new source plugs in with one ``SourceSpec`` in ``SOURCES`` plus its CLI options here (so
+building the parser imports no source module) and a ``from_args`` factory in its module;
+nothing else in the exporter changes.
 """
 
 from __future__ import annotations
@@ -65,11 +66,70 @@ def _simulated(args: argparse.Namespace) -> Source:
     return SimulatedSource(args.scenario, hostnames=args.nodes, speed=args.speed, start=start, seed=args.seed)
 
 
+def _with_deadline(module: str) -> Callable[[argparse.Namespace], Source]:
+    """Factory for a real source: built by ``module.from_args`` and wrapped so a slow device or
+    endpoint never holds a scrape past ``--deadline`` (the last good values are served, marked)."""
+
+    def factory(args: argparse.Namespace) -> Source:
+        from importlib import import_module
+
+        from exporter.sources.deadline import DeadlineSource
+
+        deadline = getattr(args, "deadline", DEFAULT_DEADLINE)
+        if deadline <= 0:
+            raise SourceConfigError("--deadline must be > 0")
+        return DeadlineSource(import_module(module).from_args(args), deadline)
+
+    return factory
+
+
+def _nvml_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``nvml`` source's options (and who-holds-the-GPU attribution) on ``truegpu exporter``."""
+    group = parser.add_argument_group("nvml source")
+    group.add_argument("--nvml-hostname", default=None, help="hostname label for NVML series (default: this host's)")
+    group.add_argument("--gpm-interval", type=float, default=0.1,
+                       help=f"seconds between the two GPM samples of a collection (>= {0.1})")
+    group.add_argument("--no-xid-events", dest="xid_events", action="store_false",
+                       help="do not watch NVML XID events (truegpu_xid_errors_total then absent)")
+    group.add_argument("--kubelet-socket", default=None, metavar="PATH",
+                       help="kubelet pod-resources socket for pod attribution "
+                       "(e.g. /var/lib/kubelet/pod-resources/kubelet.sock; default: off)")
+    group.add_argument("--slurm-job-dir", default=None, metavar="DIR",
+                       help="Slurm job-mapping directory (files named by GPU index, each holding a job id)")
+    group.add_argument("--attribution-ttl", type=float, default=10.0,
+                       help="seconds between re-reads of the kubelet / job directory (default 10)")
+
+
+def _dcgm_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``dcgm`` source's options on the ``truegpu exporter`` parser."""
+    group = parser.add_argument_group("dcgm source")
+    group.add_argument("--dcgm-url", default=DEFAULT_DCGM_URL,
+                       help=f"dcgm-exporter metrics URL (default {DEFAULT_DCGM_URL})")
+    group.add_argument("--dcgm-timeout", type=float, default=2.0, help="seconds per HTTP attempt (default 2)")
+    group.add_argument("--dcgm-retries", type=int, default=2, help="retries after a failed attempt (default 2)")
+    group.add_argument("--dcgm-budget", type=float, default=5.0,
+                       help="total seconds for one fetch including retries (default 5)")
+    group.add_argument("--dcgm-hostname", default=None,
+                       help="hostname for samples without a Hostname label (default: this host's name)")
+    group.add_argument("--dcgm-force-hostname", action="store_true",
+                       help="use --dcgm-hostname even when samples carry a Hostname label")
+
+
+DEFAULT_DCGM_URL = "http://127.0.0.1:9400/metrics"
+#: Seconds a real source may take before the scrape is served its last good values.
+DEFAULT_DEADLINE = 5.0
+
 SOURCES: dict[str, SourceSpec] = {
     spec.name: spec
     for spec in (
         SourceSpec("simulated", "deterministic cluster simulator driven by a scenario", _simulated,
                    _simulated_arguments, ("scenario", "nodes", "speed", "seed", "start")),
+        SourceSpec("nvml", "NVIDIA driver via NVML (GPM profiling on Hopper+, XID events, MIG, topology)",
+                   _with_deadline("exporter.sources.nvml"), _nvml_arguments,
+                   ("gpm_interval", "kubelet_socket", "slurm_job_dir", "deadline")),
+        SourceSpec("dcgm", "scrape a node-local NVIDIA dcgm-exporter",
+                   _with_deadline("exporter.sources.dcgm"), _dcgm_arguments,
+                   ("dcgm_url", "deadline")),
     )
 }
 

@@ -24,6 +24,7 @@ from typing import Final
 import requests
 from urllib3.exceptions import ReadTimeoutError
 
+from exporter.attribution.jobs import derive_job
 from exporter.schema import (
     CLOCK_EVENT_ACTIVE,
     CLOCK_EVENT_REASONS,
@@ -43,12 +44,12 @@ from exporter.schema import (
     Metric,
     is_dcgm_sentinel,
 )
-from exporter.sources import promtext
+from exporter.sources import DEFAULT_DCGM_URL, promtext
 from exporter.sources.base import Labels, Reading, Source, SourceError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_URL: Final = "http://127.0.0.1:9400/metrics"
+DEFAULT_URL: Final = DEFAULT_DCGM_URL
 
 # Error kinds (bounded: they become the ``kind`` label of truegpu_exporter_errors_total).
 UNREACHABLE: Final = "unreachable"
@@ -72,20 +73,10 @@ _DRIVER_LABELS = ("DCGM_FI_DRIVER_VERSION", "dcgm_fi_driver_version")
 _GI_LABELS = ("GPU_I_ID", "gpu_i_id")
 _PROFILE_LABELS = ("GPU_I_PROFILE", "gpu_i_profile")
 
-#: Training-operator pod suffixes (Kubeflow PyTorchJob/TFJob/MPIJob...): ``<job>-worker-3``,
-#: ``<job>-master-0``, ``<job>-launcher`` or ``<job>-launcher-x7k2p``.
-_POD_SUFFIX = re.compile(r"-(?:worker|master|chief|ps|evaluator|launcher)(?:-\d+)?(?:-[a-z0-9]{5})?$")
-
 _SENTINEL_MIN = min(lo for lo, _ in DCGM_SENTINEL_RANGES)
 
 # How one field is handled.
 _VALUE, _USED, _MEM, _RATE, _BITMASK, _LAST, _XID_COUNT = range(7)
-
-
-def job_from_pod(pod: str) -> str:
-    """The job a pod belongs to: the pod name without training-operator replica suffixes."""
-    job = _POD_SUFFIX.sub("", pod)
-    return job or pod
 
 
 class ScrapeError(Exception):
@@ -407,7 +398,7 @@ class DcgmSource(Source):
                 labels.get("namespace") or labels.get("pod_namespace") or "",
                 pod,
                 labels.get("container") or labels.get("container_name") or "",
-                hpc_job or job_from_pod(pod),
+                hpc_job or derive_job(pod),
             )
         return _Ident(
             key=(host, gpu, uuid, gi, profile),
@@ -475,20 +466,6 @@ def _short(exc: BaseException) -> str:
 
 
 # -- command line (for the source registry) ------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``dcgm`` source's options on the ``truegpu exporter`` parser."""
-    group = parser.add_argument_group("dcgm source")
-    group.add_argument("--dcgm-url", default=DEFAULT_URL, help=f"dcgm-exporter metrics URL (default {DEFAULT_URL})")
-    group.add_argument("--dcgm-timeout", type=float, default=2.0, help="seconds per HTTP attempt (default 2)")
-    group.add_argument("--dcgm-retries", type=int, default=2, help="retries after a failed attempt (default 2)")
-    group.add_argument("--dcgm-budget", type=float, default=5.0,
-                       help="total seconds for one fetch including retries (default 5)")
-    group.add_argument("--dcgm-hostname", default=None,
-                       help="hostname for samples without a Hostname label (default: this host's name)")
-    group.add_argument("--dcgm-force-hostname", action="store_true",
-                       help="use --dcgm-hostname even when samples carry a Hostname label")
-
-
 def from_args(args: argparse.Namespace) -> DcgmSource:
     """Build the source from parsed ``add_arguments`` options (ValueError when they are unusable)."""
     return DcgmSource(

@@ -14,6 +14,7 @@ back-to-back sample streams (nvml_gpm).
 
 from __future__ import annotations
 
+import argparse
 import logging
 import socket
 import time
@@ -24,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from exporter import schema
+from exporter.attribution import Attributor, Device, attribute
 from exporter.schema import Metric
 from exporter.sources.base import Labels, Reading, Source
 from exporter.sources.nvml_events import EventWatcher
@@ -94,6 +96,7 @@ class _Mig:
     profile: str
     handle: object
     labels: Labels
+    uuid: str = ""
     gpm: GpmStream | None = None
 
 
@@ -139,6 +142,7 @@ class NvmlSource(Source):
         sysfs_root: str | Path = "/sys",
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        attributor: Attributor | None = None,
     ) -> None:
         if gpm_interval < MIN_GPM_INTERVAL:
             raise ValueError(f"gpm_interval must be >= {MIN_GPM_INTERVAL} s (GPM needs samples 100 ms apart)")
@@ -152,6 +156,7 @@ class NvmlSource(Source):
         self._sysfs = Path(sysfs_root)
         self._clock = clock
         self._sleep = sleep
+        self._attributor = attributor
         self._gpus: list[_Gpu] | None = None
         self._topology: list[tuple[Labels, float]] = []
         self._watcher: EventWatcher | None = None
@@ -338,7 +343,11 @@ class NvmlSource(Source):
             gi = nv.nvmlDeviceGetGpuInstanceId(mh)
             profile = _mig_profile(_text(nv.nvmlDeviceGetName(mh)))
             labels = {**gpu.labels, schema.GPU_INSTANCE: str(gi), schema.MIG_PROFILE: profile}
-            mig = _Mig(gi, profile, mh, labels)
+            try:
+                mig_uuid = _text(nv.nvmlDeviceGetUUID(mh))
+            except nv.NVMLError:
+                mig_uuid = ""  # attribution then falls back to the parent UUID + instance id
+            mig = _Mig(gi, profile, mh, labels, mig_uuid)
             if gpu.gpm_supported:
                 mig.gpm = GpmStream(nv, h, gi, rates=False)
             migs.append(mig)
@@ -426,10 +435,13 @@ class NvmlSource(Source):
                     reading.add(schema.XID_ERRORS, {**gpu.labels, "xid": str(xid)}, float(count))
         for metric, samples in buckets.values():
             reading.samples.setdefault(metric, []).extend(samples)
-        live_indexes = {g.index for g in self._gpus if g.ready and g.index not in lost}
+        live = [g for g in self._gpus if g.ready and g.index not in lost]
+        live_indexes = {g.index for g in live}
         for labels, value in self._topology:
             if int(labels[schema.GPU]) in live_indexes and int(labels["peer_gpu"]) in live_indexes:
                 reading.add(schema.GPU_TOPOLOGY_INFO, labels, value)
+        if self._attributor is not None:
+            attribute(reading, self._attributor, _devices(live))
         return reading
 
     def _prepare_gpm(self, gpus: list[_Gpu], lost: dict[int, str]) -> None:
@@ -719,6 +731,17 @@ class NvmlSource(Source):
         self._shutdown()
 
 
+def _devices(gpus: list[_Gpu]) -> list[Device]:
+    """What attribution looks up: each MIG instance of a MIG-mode GPU, else the whole GPU."""
+    out: list[Device] = []
+    for g in gpus:
+        if g.migs:
+            out += [(m.labels, g.uuid, str(g.index), str(m.gpu_instance), m.uuid or None) for m in g.migs]
+        else:
+            out.append((g.labels, g.uuid, str(g.index), None, None))
+    return out
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -757,3 +780,19 @@ def _field_value(nv: ModuleType, v: Any) -> float:
     if vt == nv.NVML_VALUE_TYPE_UNSIGNED_SHORT:
         return float(v.value.usVal)
     return float(v.value.ullVal)
+
+
+def from_args(args: argparse.Namespace) -> NvmlSource:
+    """Build the source from parsed ``add_arguments`` options (ValueError when they are unusable)."""
+    from exporter.attribution import build_attributor
+
+    attributor = build_attributor(
+        getattr(args, "kubelet_socket", None), getattr(args, "slurm_job_dir", None),
+        ttl=getattr(args, "attribution_ttl", 10.0),
+    )
+    return NvmlSource(
+        hostname=getattr(args, "nvml_hostname", None),
+        gpm_interval=getattr(args, "gpm_interval", MIN_GPM_INTERVAL),
+        events=getattr(args, "xid_events", True),
+        attributor=attributor,
+    )
