@@ -1,0 +1,41 @@
+"""Ingest: OpenMetrics history files and Prometheus-compatible HTTP APIs -> one long frame.
+
+Both readers return ``(frame, IngestReport)``. The frame has one row per sample:
+``metric`` (category, the name as written in the input), ``timestamp`` (float64 unix
+seconds), ``value`` (float64; DCGM sentinel values become NaN) and one categorical
+column per label name seen (NaN where a series lacks that label). Turning these into
+canonical signals is the normalize step's job; a MetricFilter keeps only the families
+it needs so memory stays low.
+"""
+
+from analyzer.ingest._common import (
+    FRAME_COLUMNS,
+    BadLine,
+    IngestReport,
+    MetricFilter,
+    metric_filter,
+)
+from analyzer.ingest.openmetrics import read_openmetrics
+from analyzer.ingest.prometheus import (
+    PrometheusClient,
+    PrometheusError,
+    aggregate_query,
+    promql_string,
+    query_prometheus,
+    selector,
+)
+
+__all__ = [
+    "FRAME_COLUMNS",
+    "BadLine",
+    "IngestReport",
+    "MetricFilter",
+    "PrometheusClient",
+    "PrometheusError",
+    "aggregate_query",
+    "metric_filter",
+    "promql_string",
+    "query_prometheus",
+    "read_openmetrics",
+    "selector",
+]

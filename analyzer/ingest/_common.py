@@ -1,0 +1,221 @@
+"""What both readers share: the report, the metric filter and the long-frame builder.
+
+The builder keeps one row per distinct series (metric + labels) and, per sample, only
+the series id, timestamp and value as numpy arrays; label columns are materialised once
+at the end as categoricals (codes indexed by series id), so memory stays ~17 bytes per
+sample plus a few bytes per label column whatever the number of labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from exporter import schema
+
+#: Fixed columns of the long frame; label columns follow.
+FRAME_COLUMNS: tuple[str, ...] = ("metric", "timestamp", "value")
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """One input line (or response) that could not be read, with where and why."""
+
+    source: str
+    line_number: int
+    reason: str
+    text: str
+
+
+@dataclass
+class IngestReport:
+    """What an ingest read, skipped and changed, so nothing is lost silently."""
+
+    samples: int = 0
+    series: int = 0
+    files: list[str] = field(default_factory=list)
+    bad_lines: list[BadLine] = field(default_factory=list)
+    bad_line_count: int = 0
+    #: metric name -> DCGM sentinel values turned into NaN.
+    sentinels: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    #: ``# TYPE`` declarations seen in files (family name -> type).
+    metric_types: dict[str, str] = field(default_factory=dict)
+    #: Samples dropped on purpose because the metric filter did not select them.
+    filtered_samples: int = 0
+    #: OpenMetrics exemplars seen (and ignored: they are not samples).
+    exemplars_ignored: int = 0
+    #: Requested metrics (exact names) that produced no sample at all.
+    missing: list[str] = field(default_factory=list)
+    #: Prometheus: metric name -> the PromQL that fetched it.
+    queries: dict[str, str] = field(default_factory=dict)
+    max_examples: int = 20
+
+    def add_bad(self, source: str, line_number: int, reason: str, text: str | bytes) -> None:
+        """Count a bad line; keep the first ``max_examples`` as examples."""
+        self.bad_line_count += 1
+        if len(self.bad_lines) < self.max_examples:
+            if isinstance(text, bytes):
+                text = text.decode("utf-8", "backslashreplace")
+            self.bad_lines.append(BadLine(source, line_number, reason, text[:200]))
+
+    @property
+    def sentinel_count(self) -> int:
+        return sum(self.sentinels.values())
+
+    def summary(self) -> str:
+        """One line for logs and the CLI."""
+        parts = [f"{self.samples} samples", f"{self.series} series"]
+        if self.files:
+            parts.append(f"{len(self.files)} files")
+        if self.bad_line_count:
+            parts.append(f"{self.bad_line_count} bad lines")
+        if self.sentinels:
+            parts.append(f"{self.sentinel_count} DCGM sentinel values -> NaN")
+        if self.filtered_samples:
+            parts.append(f"{self.filtered_samples} samples filtered out")
+        if self.missing:
+            parts.append(f"missing: {', '.join(self.missing)}")
+        if self.warnings:
+            parts.append(f"{len(self.warnings)} warnings")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class MetricFilter:
+    """Which metric names to keep: exact ``names`` and/or name ``prefixes`` (empty = nothing).
+
+    Names are matched as written in the input (``DCGM_FI_DEV_GPU_UTIL`` and
+    ``dcgm_fi_dev_gpu_util`` are different names; counters carry ``_total``).
+    """
+
+    names: frozenset[str] = frozenset()
+    prefixes: tuple[str, ...] = ()
+
+    def matches(self, name: str) -> bool:
+        return name in self.names or (bool(self.prefixes) and name.startswith(self.prefixes))
+
+    @classmethod
+    def for_metrics(cls, metrics: Iterable[schema.Metric], dcgm: bool = True) -> MetricFilter:
+        """The contract families ``metrics`` plus, with ``dcgm``, every dcgm-exporter field
+        (both spellings) that feeds them: what the normalize step needs to read them."""
+        metrics = tuple(metrics)
+        names = {m.name for m in metrics}
+        if dcgm:
+            wanted = {m.name for m in metrics}
+            names |= {field_name for field_name, (m, _f) in schema.DCGM_BY_FIELD.items() if m.name in wanted}
+        return cls(frozenset(names))
+
+
+def metric_filter(names: Iterable[str] = (), prefixes: Iterable[str] = ()) -> MetricFilter:
+    """Build a MetricFilter from exact names and name prefixes."""
+    return MetricFilter(frozenset(names), tuple(prefixes))
+
+
+def is_dcgm_name(name: str) -> bool:
+    """DCGM sentinels only mean "blank" in dcgm-exporter series, never in truegpu's own."""
+    return name in schema.DCGM_BY_FIELD or name[:8].lower() == "dcgm_fi_"
+
+
+def sentinel_mask(values: np.ndarray) -> np.ndarray:
+    """Vectorised ``schema.is_dcgm_sentinel`` (same ranges, from the contract)."""
+    mask = np.zeros(values.shape, dtype=bool)
+    for lo, hi in schema.DCGM_SENTINEL_RANGES:
+        mask |= (values >= lo) & (values <= hi)
+    return mask
+
+
+class FrameBuilder:
+    """Accumulates samples by series id and builds the long frame once at the end."""
+
+    def __init__(self, report: IngestReport, sentinels: bool = True) -> None:
+        self.report = report
+        self.sentinels = sentinels
+        self._ids: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+        self._metric: list[str] = []
+        self._labels: list[tuple[tuple[str, str], ...]] = []
+        self._dcgm: list[bool] = []
+        self._dcgm_arr = np.zeros(0, dtype=bool)
+        self._sids: list[np.ndarray] = []
+        self._ts: list[np.ndarray] = []
+        self._vals: list[np.ndarray] = []
+
+    def series_id(self, metric: str, labels: Iterable[tuple[str, str]]) -> int:
+        """Id of the series ``metric{labels}`` (label order and empty values don't matter)."""
+        labels = tuple(labels)
+        key = (metric, tuple(sorted((k, v) for k, v in labels if v != "")))
+        sid = self._ids.get(key)
+        if sid is None:
+            sid = self._ids[key] = len(self._metric)
+            self._metric.append(metric)
+            self._labels.append(tuple((k, v) for k, v in labels if v != ""))
+            self._dcgm.append(is_dcgm_name(metric))
+        return sid
+
+    def metric_of(self, sid: int) -> str:
+        return self._metric[sid]
+
+    def add(self, sids: np.ndarray, timestamps: np.ndarray, values: np.ndarray) -> None:
+        """Append samples (arrays of equal length); DCGM sentinels become NaN and are counted."""
+        if not len(sids):
+            return
+        values = np.asarray(values, dtype=np.float64)
+        if self.sentinels:
+            mask = sentinel_mask(values)
+            if mask.any():
+                if len(self._dcgm_arr) != len(self._dcgm):
+                    self._dcgm_arr = np.array(self._dcgm, dtype=bool)
+                mask &= self._dcgm_arr[sids]
+                if mask.any():
+                    values = values.copy()
+                    values[mask] = np.nan
+                    hit, counts = np.unique(sids[mask], return_counts=True)
+                    for sid, count in zip(hit.tolist(), counts.tolist(), strict=True):
+                        name = self._metric[sid]
+                        self.report.sentinels[name] = self.report.sentinels.get(name, 0) + count
+        self._sids.append(np.asarray(sids, dtype=np.int64))
+        self._ts.append(np.asarray(timestamps, dtype=np.float64))
+        self._vals.append(values)
+
+    def build(self) -> pd.DataFrame:
+        """The long frame: metric, timestamp, value, then one categorical column per label."""
+        sids = np.concatenate(self._sids) if self._sids else np.zeros(0, dtype=np.int64)
+        ts = np.concatenate(self._ts) if self._ts else np.zeros(0)
+        vals = np.concatenate(self._vals) if self._vals else np.zeros(0)
+        self._sids, self._ts, self._vals = [], [], []
+        used = np.unique(sids)
+        self.report.samples += len(sids)
+        self.report.series += len(used)
+
+        label_names: dict[str, None] = {}
+        used_labels: list[dict[str, str]] = [{} for _ in self._labels]
+        for sid in used.tolist():
+            used_labels[sid] = dict(self._labels[sid])
+            for k in used_labels[sid]:
+                label_names.setdefault(k, None)
+        metric_names: list[str | None] = [None] * len(self._metric)
+        for sid in used.tolist():
+            metric_names[sid] = self._metric[sid]
+        columns: dict[str, object] = {
+            "metric": _categorical(metric_names, sids),
+            "timestamp": ts,
+            "value": vals,
+        }
+        for name in label_names:
+            per_series = [lab.get(name) for lab in used_labels]
+            column = name
+            if column in columns:
+                column = "exported_" + name
+                self.report.warnings.append(f"label {name!r} collides with a frame column; renamed to {column!r}")
+            columns[column] = _categorical(per_series, sids)
+        return pd.DataFrame(columns)
+
+
+def _categorical(per_series: list[str | None], sids: np.ndarray) -> pd.Categorical:
+    """Per-sample categorical from per-series values, without touching per-sample strings."""
+    series_cat = pd.Categorical(per_series)
+    codes = np.asarray(series_cat.codes)[sids] if len(per_series) else np.zeros(0, dtype=np.int8)
+    return pd.Categorical.from_codes(codes, categories=series_cat.categories)

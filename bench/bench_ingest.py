@@ -1,0 +1,102 @@
+"""Benchmark: OpenMetrics history ingest speed, plain and gzip.
+
+Generates a history file the way the simulator writes one (exporter.simulator.history
+writer, contract metric names, hostname/gpu/uuid labels, shortest-repr float values)
+and prints one ``name value`` line per measurement:
+
+    ingest_openmetrics_samples_per_second <N>        (plain text)
+    ingest_openmetrics_gzip_samples_per_second <N>   (same file, gzip)
+
+Usage: python bench/bench_ingest.py [--gpus 200] [--metrics 10] [--points 720] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from analyzer.ingest import read_openmetrics  # noqa: E402
+from exporter import schema  # noqa: E402
+from exporter.simulator.history import write_openmetrics  # noqa: E402
+
+METRICS = (
+    schema.GPU_UTILIZATION, schema.SM_ACTIVE, schema.SM_OCCUPANCY, schema.TENSOR_ACTIVE, schema.DRAM_ACTIVE,
+    schema.MEMORY_USED, schema.POWER, schema.SM_CLOCK, schema.ENERGY, schema.PCIE_REPLAYS,
+    schema.MEMORY_UTILIZATION, schema.GRAPHICS_ENGINE_ACTIVE,
+)  # fmt: skip
+
+
+def write_file(path: Path, gpus: int, n_metrics: int, points: int) -> int:
+    """Write ``n_metrics`` families x ``gpus`` series x ``points`` samples; return the sample count."""
+    rng = np.random.default_rng(7)
+    times = 1_700_000_000.0 + 15.0 * np.arange(points)
+    labels = [
+        {schema.HOSTNAME: f"gpu-node-{g // 8:04d}.cluster.local", schema.GPU: str(g % 8),
+         schema.UUID: f"GPU-{g:08x}-1c2d-4e5f-8a9b-{g * 7919:012x}"}
+        for g in range(gpus)
+    ]  # fmt: skip
+
+    def series():
+        for metric in METRICS[:n_metrics]:
+            for lab in labels:
+                values = rng.random(points)
+                if metric.type == "counter":
+                    values = np.cumsum(values * 100.0)
+                yield metric, lab, values
+
+    with open(path, "w", encoding="utf-8") as out:
+        stats = write_openmetrics(out, series(), times)
+    return stats.samples
+
+
+def measure(path: Path, repeat: int) -> tuple[float, int]:
+    """Best-of-``repeat`` samples per second for reading ``path``."""
+    best = float("inf")
+    samples = 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        frame, report = read_openmetrics(path)
+        best = min(best, time.perf_counter() - t0)
+        samples = len(frame)
+        assert report.bad_line_count == 0, report.bad_lines
+        del frame
+    return samples / best, samples
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=200)
+    ap.add_argument("--metrics", type=int, default=10)
+    ap.add_argument("--points", type=int, default=720)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = Path(tmp) / "history.om"
+        expected = write_file(plain, args.gpus, args.metrics, args.points)
+        gz = Path(tmp) / "history.om.gz"
+        with open(plain, "rb") as src, gzip.open(gz, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst)
+        rate, samples = measure(plain, args.repeat)
+        assert samples == expected, (samples, expected)
+        print(f"ingest_openmetrics_samples {samples}")
+        print(f"ingest_openmetrics_file_bytes {plain.stat().st_size}")
+        print(f"ingest_openmetrics_samples_per_second {rate:.0f}")
+        rate_gz, samples_gz = measure(gz, args.repeat)
+        assert samples_gz == expected
+        print(f"ingest_openmetrics_gzip_samples_per_second {rate_gz:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
