@@ -1,0 +1,82 @@
+"""The tidy frame every score and detector reads: time x device x canonical signals.
+
+One row per (device, timestamp) where a device is a whole GPU or a MIG instance. Columns:
+
+- ``timestamp``: float64 unix seconds, on a regular grid of ``step`` seconds (the row is
+  the interval ``[timestamp, timestamp + step)``);
+- identity (categoricals): hostname, gpu (index as str), uuid, gpu_instance and
+  mig_profile ("" for whole GPUs), model; placement: site, rack ("" when unknown);
+- ``gpu_share``: float64, the fraction of a physical GPU the device is (1 for a whole GPU,
+  3/7 for a 3g MIG slice): GPU-hours and costs are weighted by it. Device-level signals
+  (power, temperature, clocks, errors) on MIG instance rows repeat the parent GPU's values:
+  sum them per physical GPU (uuid), never per row;
+- allocation (categoricals, NaN while unallocated): namespace, pod, container, job;
+- one float64 column per signal in analyzer.signals.NAMES that the input provides, NaN
+  where unknown. A signal the input never provides is absent from the frame and named in
+  ``Fleet.missing`` with the reason, so "unknown" is never confused with 0.
+
+Rows are sorted by (hostname, gpu, gpu_instance, timestamp).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from analyzer.signals import ALLOCATION_COLUMNS, DEVICE_COLUMNS, NAMES, PLACEMENT_COLUMNS
+
+#: XID events: one row per (device, timestamp, xid) with the number of events in that step.
+EVENT_COLUMNS: tuple[str, ...] = ("timestamp", "hostname", "gpu", "uuid", "xid", "count")
+#: Pairwise GPU links within a node (from truegpu_gpu_topology_info).
+TOPOLOGY_COLUMNS: tuple[str, ...] = ("hostname", "gpu", "peer_gpu", "link")
+
+
+@dataclass
+class Fleet:
+    """Normalized telemetry of a fleet over a window, whatever the input dialect was."""
+
+    frame: pd.DataFrame
+    step: float
+    start: float
+    end: float
+    #: XID events (EVENT_COLUMNS).
+    events: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(EVENT_COLUMNS)))
+    #: GPU-to-GPU links (TOPOLOGY_COLUMNS); empty when the input has no topology info.
+    topology: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(TOPOLOGY_COLUMNS)))
+    #: "truegpu" or "dcgm" (or "mixed").
+    dialect: str = "truegpu"
+    #: signal name -> why it is unknown (e.g. "DCGM_FI_PROF_SM_ACTIVE not collected: enable it in
+    #: dcgm-exporter's counters CSV"); reported once, never treated as 0.
+    missing: dict[str, str] = field(default_factory=dict)
+    #: Anything else the user should know about the input (bad lines, sentinels, gaps).
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def signals(self) -> tuple[str, ...]:
+        """Signals present in the frame."""
+        return tuple(n for n in NAMES if n in self.frame.columns)
+
+    def has(self, signal: str) -> bool:
+        return signal in self.frame.columns and bool(self.frame[signal].notna().any())
+
+
+#: A100/H100-class GPUs split into 7 compute slices; a MIG profile "Ng.XXgb" holds N of them.
+MIG_COMPUTE_SLICES = 7
+_MIG_SLICES = re.compile(r"^(\d+)g\.")
+
+
+def gpu_share(mig_profile: str) -> float:
+    """Fraction of a physical GPU a device is: 1 for a whole GPU, N/7 for an Ng MIG profile."""
+    m = _MIG_SLICES.match(mig_profile or "")
+    return min(int(m.group(1)) / MIG_COMPUTE_SLICES, 1.0) if m else 1.0
+
+
+def empty_frame() -> pd.DataFrame:
+    """A frame with the fixed columns and no rows (what an input with no GPU data gives)."""
+    cols = {"timestamp": pd.Series(dtype="float64")}
+    for c in DEVICE_COLUMNS + PLACEMENT_COLUMNS + ALLOCATION_COLUMNS:
+        cols[c] = pd.Series(dtype="category")
+    cols["gpu_share"] = pd.Series(dtype="float64")
+    return pd.DataFrame(cols)
