@@ -27,14 +27,15 @@ import time
 import urllib.request
 from pathlib import Path
 
-import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client import generate_latest
 
 from exporter import schema as S
 from exporter.collector import build_registry
 from exporter.sources.base import Reading, Source
 from exporter.sources.simulated import SimulatedSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scrape_compare import bare_registry, median_us, series_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,47 +65,6 @@ def one_node_reading(scenario: str, seed: int) -> tuple[str, Reading]:
     node = source.collect()
     source.close()
     return host, node
-
-
-def bare_registry(reading: Reading, source: str) -> CollectorRegistry:
-    """A plain registry with one Gauge/Counter per family holding the reading's series (plus self-metrics)."""
-    prometheus_client.disable_created_metrics()  # we do not serve _created either
-    reg = CollectorRegistry(auto_describe=False)
-    families: dict[S.Metric, list[tuple[dict[str, str], float]]] = {m: list(v) for m, v in reading.samples.items()}
-    families[S.SOURCE_UP] = [({"source": source}, 1.0)]
-    families[S.COLLECT_DURATION] = [({"source": source}, 0.001)]
-    families[S.SOURCE_LAST_SUCCESS] = [({"source": source}, time.time())]
-    families[S.EXPORTER_ERRORS] = [({"source": source, "kind": "source_failed"}, 0.0)]
-    for metric, samples in families.items():
-        names = sorted({k for labels, _ in samples for k in labels})
-        if metric.type == "counter":
-            c = Counter(metric.family_name, metric.help, names, registry=reg)
-            for labels, value in samples:
-                c.labels(**{n: labels.get(n, "") for n in names}).inc(value)
-        else:
-            g = Gauge(metric.family_name, metric.help, names, registry=reg)
-            for labels, value in samples:
-                g.labels(**{n: labels.get(n, "") for n in names}).set(value)
-    return reg
-
-
-def series_of(body: bytes) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
-    return {
-        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if v != "")))
-        for fam in text_string_to_metric_families(body.decode())
-        for s in fam.samples
-    }
-
-
-def median_us(registry: CollectorRegistry, runs: int) -> float:
-    for _ in range(50):
-        generate_latest(registry)
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter_ns()
-        generate_latest(registry)
-        times.append(time.perf_counter_ns() - t0)
-    return statistics.median(times) / 1000
 
 
 def free_port() -> int:

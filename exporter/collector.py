@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.metrics_core import Metric as PromMetric
@@ -118,7 +118,14 @@ class TruegpuCollector:
     "nvml"]}``): sources it names come first, in its order, the rest keep theirs.
     """
 
-    def __init__(self, sources: Sequence[Source], precedence: Mapping[str, Sequence[str]] | None = None) -> None:
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        precedence: Mapping[str, Sequence[str]] | None = None,
+        *,
+        max_age: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         names = [s.name for s in sources]
         if len(set(names)) != len(names):
             raise ValueError(f"source names must be unique, got {names}")
@@ -143,6 +150,12 @@ class TruegpuCollector:
         self._last_success: dict[str, float] = {}
         # Sources are not required to be thread-safe; concurrent scrapes take turns.
         self._lock = threading.Lock()
+        #: Scrapes within ``max_age`` seconds of the last collection are served that collection:
+        #: two Prometheus replicas (or a dashboard) scraping together cost one NVML/DCGM round,
+        #: and GPM never has to wait out its 100 ms between samples for the second scrape.
+        self.max_age = float(max_age)
+        self._clock = clock
+        self._cached: tuple[float, list[PromMetric]] | None = None
 
     # prometheus_client calls describe() at register time; an empty answer keeps it from
     # calling collect() (and so every source) just to learn the names.
@@ -151,7 +164,12 @@ class TruegpuCollector:
 
     def collect(self) -> Iterator[PromMetric]:
         with self._lock:
-            return iter(self._collect())
+            if self._cached is not None and self._clock() - self._cached[0] < self.max_age:
+                return iter(self._cached[1])
+            families = self._collect()
+            if self.max_age > 0:
+                self._cached = (self._clock(), families)
+            return iter(families)
 
     def close(self) -> None:
         """Close every source; one failing close does not keep the others open."""
@@ -336,7 +354,7 @@ class TruegpuCollector:
 
 
 def build_registry(
-    sources: Sequence[Source], precedence: Mapping[str, Sequence[str]] | None = None
+    sources: Sequence[Source], precedence: Mapping[str, Sequence[str]] | None = None, *, max_age: float = 0.0
 ) -> tuple[CollectorRegistry, TruegpuCollector]:
     """A registry holding only the truegpu collector.
 
@@ -344,6 +362,6 @@ def build_registry(
     Python process, not the GPUs, and would add series to every node for no GPU insight.
     """
     registry = CollectorRegistry(auto_describe=False)
-    collector = TruegpuCollector(sources, precedence)
+    collector = TruegpuCollector(sources, precedence, max_age=max_age)
     registry.register(collector)
     return registry, collector

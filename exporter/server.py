@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9835
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"
+#: One collection serves every scrape within a second: far below any sane scrape interval,
+#: long enough that concurrent scrapers never trigger back-to-back NVML/GPM rounds.
+DEFAULT_MAX_AGE = 1.0
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -82,6 +85,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"served, marked by truegpu_exporter_source_stale (default {DEFAULT_DEADLINE:g})",
     )
     p.add_argument(
+        "--max-age", type=float, default=DEFAULT_MAX_AGE, metavar="SECONDS",
+        help="scrapes within this many seconds of the last collection share it (HA Prometheus pairs, "
+        f"dashboards); 0 collects on every scrape (default {DEFAULT_MAX_AGE:g})",
+    )
+    p.add_argument(
         "--precedence", action="append", type=parse_precedence, default=[], metavar="FAMILY=SRC[,SRC...]",
         help="which source serves a family when several provide it, e.g. "
         "truegpu_sm_active_ratio=dcgm,nvml (repeatable; default: the order of --source)",
@@ -110,6 +118,10 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's default backlog of 5 drops the SYNs of a burst of concurrent scrapers,
+    # which then retry after a full second; a node may have several Prometheus replicas,
+    # federation and ad-hoc curls hitting it at once.
+    request_queue_size = 128
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind resolves the FQDN of the bind address, which can hang on a
@@ -206,11 +218,14 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         return _error(f"source {name}: {exc}")
 
     try:
-        registry, collector = build_registry(sources, dict(getattr(args, "precedence", ())))
+        max_age = getattr(args, "max_age", DEFAULT_MAX_AGE)
+        if max_age < 0:
+            raise ValueError("--max-age must be >= 0")
+        registry, collector = build_registry(sources, dict(getattr(args, "precedence", ())), max_age=max_age)
     except ValueError as exc:
         for s in sources:
             s.close()
-        return _error(f"--precedence: {exc}")
+        return _error(str(exc))
     host, port = args.listen
     try:
         server = make_server(host, port, make_app(registry, collector))

@@ -13,13 +13,13 @@ import subprocess
 from collections.abc import Callable
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import schema as S
-from exporter.collector import BAD_SAMPLE, SOURCE_FAILED, build_registry
+from exporter.collector import BAD_SAMPLE, SOURCE_FAILED, TruegpuCollector, build_registry
 from exporter.sources.base import Reading, Source
 
 HOST = "node-a"
@@ -297,6 +297,26 @@ def test_precedence_naming_unknown_family_or_source_is_rejected():
         build_registry(src, precedence={"truegpu_nope": ["nvml"]})
     with pytest.raises(ValueError, match="not configured: dcgm"):
         build_registry(src, precedence={S.SM_ACTIVE.name: ["dcgm", "nvml"]})
+
+
+def test_scrapes_within_max_age_share_one_collection():
+    calls = []
+
+    def make() -> Reading:
+        calls.append(1)
+        r = Reading()
+        r.add(S.POWER, gpu_labels(0), float(len(calls)))
+        return r
+
+    now = [100.0]
+    collector = TruegpuCollector([StaticSource("s", make)], max_age=1.0, clock=lambda: now[0])
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    first = series(registry, S.POWER)
+    now[0] += 0.5
+    assert series(registry, S.POWER) == first and len(calls) == 1  # shared within max_age
+    now[0] += 0.6
+    assert list(series(registry, S.POWER).values()) == [2.0] and len(calls) == 2  # stale: collected again
 
 
 def test_duplicate_within_one_source_served_once():
