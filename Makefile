@@ -41,6 +41,8 @@ test: install system-deps lint
 bench: install
 	$(PY) bench/bench_simulator.py
 	$(PY) bench/bench_exporter.py
+	$(PY) bench/bench_sources.py
+	$(PY) bench/bench_ingest.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache
