@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from prometheus_client import generate_latest  # noqa: E402
-from scrape_compare import bare_registry, median_us, series_of  # noqa: E402
+from scrape_compare import bare_registry, median_call_us, median_us, series_of  # noqa: E402
 
 from exporter.collector import build_registry  # noqa: E402
 from exporter.server import (  # noqa: E402
@@ -142,20 +142,11 @@ def main() -> int:
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
         compare("dcgm", lambda: DcgmSource(url, retries=0), args.runs, args.scrapers)
-        print(f"dcgm_parse_us {median_us_fn(lambda: promtext.parse(body.decode()), args.runs):.0f}")
+        print(f"dcgm_parse_us {median_call_us(lambda: promtext.parse(body.decode()), args.runs):.0f}")
     finally:
         server.shutdown()
         server.server_close()
     return 0
-
-
-def median_us_fn(fn: Callable[[], object], runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -44,12 +45,18 @@ def series_of(body: bytes) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
     }
 
 
-def median_us(registry: CollectorRegistry, runs: int) -> float:
-    for _ in range(50):
-        generate_latest(registry)
+def median_call_us(fn: Callable[[], object], runs: int, warmup: int = 50) -> float:
+    """Median wall time of ``fn()`` in microseconds after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(runs):
         t0 = time.perf_counter_ns()
-        generate_latest(registry)
+        fn()
         times.append(time.perf_counter_ns() - t0)
     return statistics.median(times) / 1000
+
+
+def median_us(registry: CollectorRegistry, runs: int) -> float:
+    """Median time of one full scrape (collect + render) of ``registry``."""
+    return median_call_us(lambda: generate_latest(registry), runs)
