@@ -16,6 +16,7 @@ healthy-fleet has 2 sites x racks x nodes_per_rack nodes of 8 GPUs: 125 x 5 give
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import sys
@@ -42,10 +43,8 @@ def _status_mb(field: str) -> float:
 def _reset_peak() -> bool:
     """Give freed heap back to the OS (glibc) and reset the peak, so the peak measures scoring."""
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM (peak RSS) to the current RSS
