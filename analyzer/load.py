@@ -1,0 +1,156 @@
+"""Inputs -> Fleet in one call: OpenMetrics history files or a Prometheus-compatible API.
+
+Both read only the families the signals need (truegpu_* and every dcgm-exporter spelling
+of them, plus the info series), then hand the long frame to ``normalize``.
+
+Prometheus queries push the per-step aggregation to the server so a fleet-day returns one
+point per series and step. Each point is evaluated one millisecond before the END of its
+row's interval ``[t, t + step)`` over a window of ``step``, so it summarises exactly the
+samples of that row (on Prometheus 2.x closed and 3.x left-open ranges alike):
+``avg_over_time`` for gauges, ``max_over_time`` for flags, ``last_over_time`` for
+counters (normalize turns consecutive values into rates, handling resets), bitmasks,
+"last XID" gauges and info series. dcgm-exporter's rate fields describe the period
+ending at their sample, so they are averaged over ``(t, t + step]`` instead, evaluated at
+``t + step``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analyzer import dialects as D
+from analyzer.frame import Fleet
+from analyzer.ingest import IngestReport, MetricFilter, PrometheusClient, query_prometheus, read_openmetrics
+from analyzer.ingest.prometheus import MatcherValue
+from analyzer.normalize import normalize
+from exporter import schema as S
+
+#: Prometheus evaluates a point this long before the end of its row (ms resolution).
+_EDGE = 0.001
+
+
+def metric_filter() -> MetricFilter:
+    """The families normalize reads, in both dialects and both dcgm-exporter spellings."""
+    return MetricFilter(D.needed_names())
+
+
+def load_files(
+    paths: str | Path | Iterable[str | Path],
+    *,
+    step: float | None = None,
+    job_label: str | None = None,
+    start: float | None = None,
+    end: float | None = None,
+    default_timestamp: float | None = None,
+) -> Fleet:
+    """Read OpenMetrics/Prometheus text files (plain or .gz) and normalize them.
+
+    ``default_timestamp`` stamps samples written without one (a scraped ``/metrics`` page).
+    Raises ValueError naming the files when they hold no GPU telemetry.
+    """
+    paths = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
+    if not paths:
+        raise ValueError("load_files: no input files given")
+    long, report = read_openmetrics(paths, metric_filter=metric_filter(), default_timestamp=default_timestamp)
+    where = ", ".join(map(str, paths))
+    if long.empty:
+        hint = f" ({report.bad_line_count} unreadable lines)" if report.bad_line_count else ""
+        raise ValueError(
+            f"no GPU telemetry in {where}{hint}: expected truegpu_* or dcgm-exporter DCGM_FI_* / dcgm_fi_* "
+            f"samples with timestamps (pass default_timestamp for a scrape without them)"
+        )
+    try:
+        return normalize(long, step=step, start=start, end=end, job_label=job_label, report=report)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+
+
+def _function(name: str) -> str:
+    """The per-step range function for ``name`` (see the module docstring)."""
+    sources = D.SOURCES.get(name, ())
+    kinds = {s.kind for s in sources}
+    if name in D.FB_PARTS or kinds & {"gauge"}:
+        return "avg_over_time"
+    if kinds & {"flag"}:
+        return "max_over_time"
+    if kinds & {"dcgm_rate"}:
+        return "avg_over_time"
+    return "last_over_time"  # counters, bitmasks, last-XID, info series
+
+
+def _is_dcgm_rate(name: str) -> bool:
+    return any(s.kind == "dcgm_rate" for s in D.SOURCES.get(name, ()))
+
+
+def _merge(reports: list[IngestReport]) -> IngestReport:
+    out = IngestReport()
+    for r in reports:
+        out.samples += r.samples
+        out.series += r.series
+        out.bad_lines += r.bad_lines
+        out.bad_line_count += r.bad_line_count
+        for k, v in r.sentinels.items():
+            out.sentinels[k] = out.sentinels.get(k, 0) + v
+        out.warnings += r.warnings
+        out.missing += r.missing
+        out.queries.update(r.queries)
+    return out
+
+
+def load_prometheus(
+    url: str,
+    start: float,
+    end: float,
+    step: float,
+    *,
+    matchers: Mapping[str, MatcherValue] | None = None,
+    job_label: str | None = None,
+    **client_kwargs: Any,
+) -> Fleet:
+    """Query a Prometheus-compatible API for ``[start, end)`` every ``step`` s and normalize.
+
+    Discovers which of the needed names exist (either dialect), then fetches them with the
+    aggregation pushed down. ``matchers`` narrow every selector (e.g. ``{"Hostname": [...]}``);
+    ``client_kwargs`` go to PrometheusClient (timeout, bearer_token, basic_auth, ...).
+    Raises ValueError naming the URL when the server has no GPU telemetry in the window.
+    """
+    start, end, step = float(start), float(end), float(step)
+    if step <= 0 or end <= start:
+        raise ValueError(f"load_prometheus: need step > 0 and end > start, got start={start}, end={end}, step={step}")
+    with PrometheusClient(url, **client_kwargs) as client:
+        found = client.existing_metrics(sorted(D.needed_names()), matchers, start, end + step)
+        telemetry = [n for n in found if n not in {m.name for m in D.INFO_METRICS}]
+        if not telemetry:
+            raise ValueError(
+                f"no GPU telemetry at {url} between {start:.0f} and {end:.0f}"
+                f"{' matching ' + str(dict(matchers)) if matchers else ''}: expected truegpu exporter metrics "
+                f"(e.g. {S.GPU_UTILIZATION.name}) or dcgm-exporter metrics (e.g. {S.GPU_UTILIZATION.dcgm[0].field})"
+            )
+        rates = [n for n in found if _is_dcgm_rate(n)]
+        rest = [n for n in found if not _is_dcgm_rate(n)]
+        frames, reports = [], []
+        if rest:
+            long, report = query_prometheus(
+                client, rest, start + step - _EDGE, end + step - _EDGE, step, matchers,
+                functions={n: _function(n) for n in rest}, window=step,
+            )  # fmt: skip
+            frames.append(long)
+            reports.append(report)
+        if rates:
+            long, report = query_prometheus(
+                client, rates, start + step, end, step, matchers, functions={n: "avg_over_time" for n in rates}
+            )
+            frames.append(long)
+            reports.append(report)
+    long = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    try:
+        return normalize(long, step=step, start=start, end=end, job_label=job_label, report=_merge(reports))
+    except ValueError as exc:
+        raise ValueError(f"{url}: {exc}") from exc
+
+
+__all__ = ["load_files", "load_prometheus", "metric_filter"]

@@ -1,0 +1,694 @@
+"""Long ingest frame (either dialect) -> the tidy Fleet every score and detector reads.
+
+Input: the long frame of analyzer.ingest (``metric``, ``timestamp``, ``value`` + one
+column per label), from truegpu's exporter, from NVIDIA dcgm-exporter (current or 1.x
+spelling) or both. Output: analyzer.frame.Fleet on a regular grid of ``step`` seconds,
+the same frame analyzer.simulated.fleet_from_cluster builds straight from the simulator.
+
+Resampling semantics (row ``t`` is the interval ``[t, t + step)``):
+
+- gauges: mean of the samples with timestamp in ``[t, t + step)`` (with one sample per
+  step: that sample); flags: max over the samples and the accepted label values;
+- counters: per-second rate from consecutive samples of one series, each increase
+  ``v[i] - v[i-1]`` (a drop is a reset: the increase is ``v[i]``) over ``ts[i] - ts[i-1]``
+  belongs to the row of ``ts[i-1]``: rate = sum of increases / sum of durations; pairs
+  further apart than ``max(1.5 x sample spacing, step)`` are a gap and give no rate;
+- dcgm-exporter rates (PROF_*_BYTES, NVLINK_BANDWIDTH_TOTAL) describe the period ending
+  at the sample, so a sample at ``ts`` belongs to row ``t`` when ``t < ts <= t + step``
+  (a sample exactly at the grid start goes to row 0), averaged there;
+- several series of one device for one signal are summed (rates: NVLink tx+rx), max'ed
+  (flags) or averaged (gauges); ``direction="total"`` is used only where tx/rx are unknown.
+
+Every device seen anywhere in the input gets a row at every grid step (like the simulator
+path); a row without data is NaN, never 0. Device-level series (no gpu_instance) fill the
+rows of that GPU's MIG instances where the instance has no value of its own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from analyzer import dialects as D
+from analyzer.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, empty_frame, gpu_share
+from analyzer.ingest import IngestReport
+from analyzer.signals import ALLOCATION_COLUMNS, SIGNALS, Signal
+from exporter import schema as S
+from exporter.attribution.jobs import derive_job
+
+_EPS = 1e-9
+_NEEDED = D.needed_names()
+#: Step used when the input has one sample time only (a scraped snapshot).
+SNAPSHOT_STEP = 60.0
+
+
+def normalize(
+    long: pd.DataFrame,
+    *,
+    step: float | None = None,
+    start: float | None = None,
+    end: float | None = None,
+    job_label: str | None = None,
+    report: IngestReport | None = None,
+) -> Fleet:
+    """Map a long ingest frame of either dialect onto canonical signals on a regular grid.
+
+    ``step`` defaults to the median sample spacing, ``start`` to the first sample and
+    ``end`` to the end of the step holding the last sample. ``job_label`` names a label holding the job
+    (e.g. ``hpc_job``, ``job_id``); otherwise the truegpu allocation's ``job``, dcgm's
+    ``hpc_job`` or ``derive_job(pod)``. ``report`` (the IngestReport of the read) is
+    carried into ``Fleet.notes``. Raises ValueError on input without GPU telemetry.
+    """
+    _check_columns(long)
+    notes = _report_notes(report)
+    data = _Input(long, job_label)
+    grid = data.grid(step, start, end, notes)
+    devices = data.devices()
+    state = _State(data, grid, devices, report)
+    frame = state.frame()
+    events = state.events()
+    missing = state.missing(frame)
+    notes.extend(data.notes + state.notes)
+    return Fleet(
+        frame=frame, step=grid.step, start=grid.start, end=grid.start + grid.T * grid.step,
+        events=events, topology=data.topology(), dialect=data.dialect,
+        missing=missing, notes=notes,
+    )  # fmt: skip
+
+
+# Input checks and notes -------------------------------------------------------------------
+def _check_columns(long: pd.DataFrame) -> None:
+    if not isinstance(long, pd.DataFrame):
+        raise TypeError(f"normalize expects the long ingest DataFrame, got {type(long).__name__}")
+    lacking = [c for c in ("metric", "timestamp", "value") if c not in long.columns]
+    if lacking:
+        raise ValueError(
+            f"normalize: input frame lacks column(s) {', '.join(lacking)}; expected the long frame of "
+            f"analyzer.ingest (metric, timestamp, value, one column per label), got columns {list(long.columns)}"
+        )
+
+
+def _report_notes(report: IngestReport | None) -> list[str]:
+    """IngestReport findings as sentences a person can act on."""
+    if report is None:
+        return []
+    notes = []
+    if report.bad_line_count:
+        ex = report.bad_lines[0] if report.bad_lines else None
+        first = f"; first: {ex.source}:{ex.line_number}: {ex.reason}: {ex.text!r}" if ex else ""
+        notes.append(f"{report.bad_line_count} unreadable input lines skipped{first}")
+    if report.sentinels:
+        parts = ", ".join(f"{name} ({n})" for name, n in sorted(report.sentinels.items()))
+        notes.append(
+            f"{report.sentinel_count} DCGM blank/not-supported values treated as unknown (not 0): {parts}"
+        )
+    notes.extend(f"ingest warning: {w}" for w in report.warnings)
+    if report.missing:
+        notes.append(f"queried but absent from the source: {', '.join(report.missing)}")
+    return notes
+
+
+# Series-level view of the input ------------------------------------------------------------
+def _codes(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(per-sample int codes, -1 = missing; category values as strings)."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        return np.asarray(col.cat.codes, dtype=np.int64), np.asarray(col.cat.categories.astype(str), dtype=object)
+    codes, uniques = pd.factorize(col, use_na_sentinel=True)
+    return codes.astype(np.int64), np.asarray(pd.Index(uniques).astype(str), dtype=object)
+
+
+class _Grid:
+    def __init__(self, start: float, step: float, T: int, spacing: float) -> None:
+        self.start, self.step, self.T, self.spacing = start, step, T, spacing
+        self.times = start + step * np.arange(T, dtype=np.float64)
+
+
+class _Input:
+    """Samples sorted by timeline (metric, device, contract labels) and time, plus a series table."""
+
+    def __init__(self, long: pd.DataFrame, job_label: str | None) -> None:
+        self.job_label = job_label
+        mcodes, names = _codes(long["metric"])
+        keep_name = np.array([n in _NEEDED for n in names], dtype=bool)
+        keep = (mcodes >= 0) & (keep_name[np.maximum(mcodes, 0)] if len(names) else False)
+        if not keep.any():
+            found = ", ".join(sorted(map(str, names))[:10]) or "nothing"
+            raise ValueError(
+                "no GPU telemetry in the input: expected truegpu exporter metrics (truegpu_*, e.g. "
+                f"{S.GPU_UTILIZATION.name}) or dcgm-exporter metrics (DCGM_FI_* / dcgm_fi_*, e.g. "
+                f"{S.GPU_UTILIZATION.dcgm[0].field}); found: {found}"
+            )
+        idx = np.flatnonzero(keep)
+        label_cols = [c for c in long.columns if c not in ("metric", "timestamp", "value")]
+        cols = [(mcodes[idx], names)] + [_codes(long[c].iloc[idx] if len(idx) < len(long) else long[c])
+                                         for c in label_cols]
+        ts = np.asarray(long["timestamp"].to_numpy(dtype=np.float64))[idx]
+        val = np.asarray(long["value"].to_numpy(dtype=np.float64))[idx]
+        if not np.isfinite(ts).all():
+            raise ValueError("normalize: input has non-finite timestamps; expected unix seconds")
+        sid, first = _series_ids([c for c, _ in cols])
+        table = {"metric": _values(cols[0], first)}
+        for name, col in zip(label_cols, cols[1:], strict=True):
+            table[name] = _values(col, first)
+        self.table = table
+        self.n_series = len(first)
+        self._canonical()
+        # timeline: series of one device and one contract label combination, whatever its
+        # attribution labels (dcgm-exporter splits a GPU's series by pod; err_code changes)
+        parts = [table["metric"], self.own_key] + [table.get(lab, _blank(self.n_series)) for lab in D.SIGNAL_LABELS]
+        tl_series = pd.factorize(pd.Series(["\x00".join(p) for p in zip(*parts, strict=True)]))[0]
+        tl = tl_series[sid]
+        order = np.lexsort((ts, tl))
+        self.ts, self.val, self.sid, self.tl = ts[order], val[order], sid[order], tl[order]
+        self.tl_series = tl_series
+        self.n_tl = int(tl_series.max()) + 1 if len(tl_series) else 0
+        # a representative series per timeline (same metric, device and contract labels)
+        self.tl_rep = np.zeros(self.n_tl, dtype=np.int64)
+        self.tl_rep[tl_series[::-1]] = np.arange(self.n_series)[::-1]
+        self.metric = table["metric"]
+        self.dialect_of_series = np.array([D.dialect_of(m) or "" for m in self.metric], dtype=object)
+        used = {d for d in self.dialect_of_series if d}
+        self.dialect = "mixed" if len(used) > 1 else (used.pop() if used else "truegpu")
+
+    def _canonical(self) -> None:
+        t, n = self.table, self.n_series
+        self.notes: list[str] = []
+
+        def pick(names: tuple[str, ...]) -> np.ndarray:
+            out = _blank(n)
+            for name in reversed(names):
+                if name in t:
+                    v = t[name]
+                    out = np.where(v != "", v, out)
+            return out
+
+        self.lab = {canon: pick(names) for canon, names in D.LABEL_ALIASES.items()}
+        host = self.lab["hostname"]
+        if "instance" in t:
+            # dcgm-exporter 1.x has no host label; Prometheus' target label tells hosts apart
+            inst_host = np.array([v.rsplit(":", 1)[0] if v else "" for v in t["instance"]], dtype=object)
+            host = np.where(host != "", host, inst_host)
+            self.lab["hostname"] = host
+        self.has_gpu = self.lab["gpu"] != ""
+        g, i = self.lab["gpu"], self.lab["gpu_instance"]
+        self.own_key = np.array([f"{a}\x00{b}\x00{c}" for a, b, c in zip(host, g, i, strict=True)], dtype=object)
+        self.par_key = np.array([f"{a}\x00{b}\x00" for a, b in zip(host, g, strict=True)], dtype=object)
+        if self.has_gpu.any() and (host[self.has_gpu] == "").any():
+            self.notes.append(
+                "some series carry no hostname/Hostname label (dcgm-exporter 1.x): their GPUs are told apart by "
+                "gpu index only, so read one host's data at a time or keep Prometheus' instance label"
+            )
+
+    def grid(self, step: float | None, start: float | None, end: float | None, notes: list[str]) -> _Grid:
+        telemetry = np.array([m not in _INFO_NAMES for m in self.metric], dtype=bool)[self.sid]
+        ts = self.ts[telemetry] if telemetry.any() else self.ts
+        tl = self.tl[telemetry] if telemetry.any() else self.tl
+        d = np.diff(ts)
+        d = d[(tl[1:] == tl[:-1]) & (d > 0)]
+        spacing = float(np.median(d)) if len(d) else float("nan")
+        if step is None:
+            if math.isnan(spacing):
+                step = SNAPSHOT_STEP
+                notes.append(f"one sample time only: step set to {SNAPSHOT_STEP:g} s (rates from counters unknown)")
+            else:
+                step = spacing
+        step = float(step)
+        if not math.isfinite(step) or step <= 0:
+            raise ValueError(f"normalize: step must be a positive number of seconds, not {step!r}")
+        start = float(ts.min()) if start is None else float(start)
+        if end is None:  # the end of the step holding the last sample
+            end = start + (math.floor((float(ts.max()) - start) / step + _EPS) + 1) * step
+        end = float(end)
+        if end <= start:
+            raise ValueError(f"normalize: end {end!r} is not after start {start!r}")
+        T = math.ceil((end - start) / step - _EPS)
+        self.bf = np.floor((self.ts - start) / step + _EPS).astype(np.int64)
+        be = np.ceil((self.ts - start) / step - _EPS).astype(np.int64) - 1
+        self.be = np.where((be < 0) & (np.abs(self.ts - start) < _EPS * max(step, 1.0)), 0, be)
+        return _Grid(start, step, T, spacing if not math.isnan(spacing) else step)
+
+    def devices(self) -> pd.DataFrame:
+        """Frame rows: MIG instances of GPUs that have them, else whole GPUs; sorted."""
+        gpu = self.has_gpu
+        own, par = self.own_key[gpu], self.par_key[gpu]
+        inst = self.lab["gpu_instance"][gpu]
+        keys = pd.Index(pd.unique(np.concatenate([own, par])))
+        self.src_keys = keys
+        self.series_own = np.full(self.n_series, -1, dtype=np.int64)
+        self.series_par = np.full(self.n_series, -1, dtype=np.int64)
+        self.series_own[gpu] = keys.get_indexer(own)
+        self.series_par[gpu] = keys.get_indexer(par)
+        mig_parents = set(par[inst != ""])
+        rows = sorted(set(own[inst != ""]) | {p for p in set(par) if p not in mig_parents}, key=_device_sort_key)
+        host, g, i = (np.array(x, dtype=object) for x in zip(*(r.split("\x00") for r in rows), strict=True)) if rows \
+            else (np.array([], dtype=object),) * 3
+        row_own = keys.get_indexer(rows)
+        row_par = keys.get_indexer(np.array([f"{a}\x00{b}\x00" for a, b in zip(host, g, strict=True)], dtype=object))
+        return pd.DataFrame({"hostname": host, "gpu": g, "gpu_instance": i, "own": row_own, "par": row_par})
+
+    def topology(self) -> pd.DataFrame:
+        sel = (self.metric == S.GPU_TOPOLOGY_INFO.name) & self.has_gpu
+        if not sel.any():
+            return pd.DataFrame(columns=list(TOPOLOGY_COLUMNS))
+        t, blank = self.table, _blank(self.n_series)
+        out = pd.DataFrame({
+            "hostname": self.lab["hostname"][sel], "gpu": self.lab["gpu"][sel],
+            "peer_gpu": t.get("peer_gpu", blank)[sel], "link": t.get("link", blank)[sel],
+        }).drop_duplicates(ignore_index=True)  # fmt: skip
+        order = np.lexsort((_num(out["peer_gpu"]), _num(out["gpu"]), out["hostname"].to_numpy(dtype=str)))
+        return out.iloc[order].reset_index(drop=True)
+
+
+_INFO_NAMES = frozenset(m.name for m in D.INFO_METRICS)
+
+
+def _blank(n: int) -> np.ndarray:
+    return np.full(n, "", dtype=object)
+
+
+def _values(col: tuple[np.ndarray, np.ndarray], first: np.ndarray) -> np.ndarray:
+    codes, cats = col
+    c = codes[first]
+    out = _blank(len(first))
+    ok = c >= 0
+    out[ok] = cats[c[ok]]
+    return out
+
+
+def _series_ids(codes: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample series id over all label codes, and each series' first sample index."""
+    n = len(codes[0])
+    key = np.zeros(n, dtype=np.int64)
+    for c in codes:
+        width = int(c.max()) + 2 if n else 1
+        if n and (int(key.max()) + 1) * width >= 2**62:
+            key = pd.factorize(key)[0].astype(np.int64)
+        key = key * width + (c + 1)
+    sid = pd.factorize(key)[0].astype(np.int64)
+    first = np.empty(int(sid.max()) + 1 if n else 0, dtype=np.int64)
+    first[sid[::-1]] = np.arange(n)[::-1]
+    return sid, first
+
+
+def _num(values: pd.Series | np.ndarray) -> np.ndarray:
+    return pd.to_numeric(pd.Series(np.asarray(values, dtype=object)), errors="coerce").fillna(1e18).to_numpy()
+
+
+def _device_sort_key(key: str) -> tuple:
+    host, gpu, inst = key.split("\x00")
+
+    def n(x: str) -> tuple[int, float, str]:
+        try:
+            return (0, float(x), x)
+        except ValueError:
+            return (1 if x else -1, 0.0, x)
+
+    return (host, n(gpu), n(inst))
+
+
+def _runs(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start index and value of each run of equal values in a sorted key."""
+    if not len(key):
+        return np.zeros(0, dtype=np.int64), key
+    starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+    return starts, key[starts]
+
+
+# Signals --------------------------------------------------------------------------------------
+class _State:
+    """Computes dense (source device x step) matrices per signal, then lays out the frame."""
+
+    def __init__(self, data: _Input, grid: _Grid, devices: pd.DataFrame, report: IngestReport | None) -> None:
+        self.d, self.g, self.dev = data, grid, devices
+        self.n_src = len(data.src_keys)
+        self.notes: list[str] = []
+        self.present: set[str] = set()
+        self.resets = 0
+        self.increase: set[str] = set()
+        if report is not None:
+            self.increase = {n for n, q in report.queries.items() if q.startswith(("increase(", "rate("))}
+            self.rate_queries = {n for n, q in report.queries.items() if q.startswith("rate(")}
+        else:
+            self.rate_queries: set[str] = set()
+        self.metric_idx = pd.Index(pd.unique(data.metric))
+        self.series_metric = self.metric_idx.get_indexer(data.metric)
+        self.sample_metric = self.series_metric[data.sid]
+        self.sample_src = data.series_own[data.sid]
+
+    # sample selection
+    def _samples(self, series_mask: np.ndarray) -> np.ndarray:
+        sel = series_mask[self.d.sid] & (self.sample_src >= 0)
+        return np.flatnonzero(sel & ~np.isnan(self.d.val))
+
+    def _label_mask(self, signal: Signal) -> tuple[np.ndarray, np.ndarray]:
+        """(series feeding ``signal`` as truegpu primary, as truegpu fallback ``total``)."""
+        t, n = self.d.table, self.d.n_series
+        ok = self.d.metric == signal.metric.name
+        total = np.zeros(n, dtype=bool)
+        for label, accepted in signal.labels:
+            v = t.get(label, _blank(n))
+            ok &= np.isin(v, list(accepted))
+            total |= v == "total"
+        return ok & ~total, ok & total
+
+    # per-kind aggregation into dense (n_src, T) arrays
+    def _mean(self, idx: np.ndarray, values: np.ndarray, bucket: np.ndarray) -> np.ndarray:
+        T = self.g.T
+        ok = (bucket >= 0) & (bucket < T)
+        flat = self.sample_src[idx[ok]] * T + bucket[ok]
+        size = self.n_src * T
+        sums = np.bincount(flat, weights=values[ok], minlength=size)
+        cnt = np.bincount(flat, minlength=size)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(cnt > 0, sums / np.maximum(cnt, 1), np.nan).reshape(self.n_src, T)
+
+    def _max(self, idx: np.ndarray, values: np.ndarray, bucket: np.ndarray) -> np.ndarray:
+        T = self.g.T
+        ok = (bucket >= 0) & (bucket < T)
+        out = np.full(self.n_src * T, -np.inf)
+        np.maximum.at(out, self.sample_src[idx[ok]] * T + bucket[ok], values[ok])
+        out[np.isneginf(out)] = np.nan
+        return out.reshape(self.n_src, T)
+
+    def _tl_sum(self, tl: np.ndarray, bucket: np.ndarray, rate: np.ndarray) -> np.ndarray:
+        """Sum per-timeline values into (src, bucket); NaN where no timeline is known."""
+        T = self.g.T
+        ok = (bucket >= 0) & (bucket < T) & np.isfinite(rate)
+        src = self.d.series_own[self.d.tl_rep[tl[ok]]]
+        flat = src * T + bucket[ok]
+        size = self.n_src * T
+        sums = np.bincount(flat, weights=rate[ok], minlength=size)
+        cnt = np.bincount(flat, minlength=size)
+        return np.where(cnt > 0, sums, np.nan).reshape(self.n_src, T)
+
+    def _counter_rate(self, idx: np.ndarray, values: np.ndarray) -> np.ndarray:
+        d, T = self.d, self.g.T
+        tl, ts = d.tl[idx], d.ts[idx]
+        if len(idx) < 2:
+            return np.full((self.n_src, T), np.nan)
+        dt = ts[1:] - ts[:-1]
+        inc = values[1:] - values[:-1]
+        same = tl[1:] == tl[:-1]
+        reset = same & (inc < 0)
+        self.resets += int(reset.sum())
+        inc = np.where(reset, values[1:], inc)
+        max_gap = max(1.5 * self.g.spacing, self.g.step) + _EPS
+        ok = same & (dt > 0) & (dt <= max_gap)
+        b = d.bf[idx][:-1][ok]
+        tl_ok = tl[:-1][ok]
+        inside = (b >= 0) & (b < T)
+        key = tl_ok[inside] * T + b[inside]
+        starts, ukey = _runs(key)
+        if not len(starts):
+            return np.full((self.n_src, T), np.nan)
+        inc_sum = np.add.reduceat(inc[ok][inside], starts)
+        dt_sum = np.add.reduceat(dt[ok][inside], starts)
+        return self._tl_sum(ukey // T, ukey % T, inc_sum / dt_sum)
+
+    def _tl_mean_sum(self, idx: np.ndarray, values: np.ndarray, bucket: np.ndarray) -> np.ndarray:
+        """Mean per (timeline, bucket), summed over the timelines of a device (rates: tx + rx)."""
+        T = self.g.T
+        inside = (bucket >= 0) & (bucket < T)
+        tl = self.d.tl[idx][inside]
+        key = tl * T + bucket[inside]
+        order = np.argsort(key, kind="stable")
+        key, v = key[order], values[inside][order]
+        starts, ukey = _runs(key)
+        if not len(starts):
+            return np.full((self.n_src, T), np.nan)
+        counts = np.diff(np.append(starts, len(key)))
+        mean = np.add.reduceat(v, starts) / counts
+        return self._tl_sum(ukey // T, ukey % T, mean)
+
+    def _group(self, kind: str, series_mask: np.ndarray, scale: float, bits: int, name: str) -> np.ndarray | None:
+        idx = self._samples(series_mask)
+        if not series_mask.any():
+            return None
+        v = self.d.val[idx] * scale
+        if name in self.increase and kind == "counter":
+            if name not in self.rate_queries:
+                v = v / self.g.step
+            return self._tl_mean_sum(idx, v, self.d.be[idx])
+        if kind == "gauge":
+            return self._mean(idx, v, self.d.bf[idx])
+        if kind == "flag":
+            return self._max(idx, v, self.d.bf[idx])
+        if kind == "bitmask":
+            raw = self.d.val[idx]
+            flag = ((np.nan_to_num(raw).astype(np.int64) & bits) != 0).astype(np.float64)
+            return self._max(idx, flag, self.d.bf[idx])
+        if kind == "dcgm_rate":
+            return self._tl_mean_sum(idx, v, self.d.be[idx])
+        return self._counter_rate(idx, v)
+
+    def signal(self, signal: Signal) -> np.ndarray | None:
+        """Dense (n_src, T) values of ``signal``: truegpu first, dcgm where truegpu is unknown."""
+        by_dialect: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        for name, sources in D.SOURCES.items():
+            for src in sources:
+                if src.signal is not signal or name not in self.metric_idx:
+                    continue
+                if src.dialect == "truegpu":
+                    primary, fallback = self._label_mask(signal)
+                    groups = [(primary, False), (fallback, True)]
+                else:
+                    groups = [(self.d.metric == name, src.fallback)]
+                for mask, is_fallback in groups:
+                    arr = self._group(src.kind, mask, src.scale, src.bits, name)
+                    if arr is not None:
+                        by_dialect.setdefault(src.dialect, ([], []))[1 if is_fallback else 0].append(arr)
+        if signal.name == "mem_total":
+            fb = self._fb_total()
+            if fb is not None:
+                by_dialect.setdefault("dcgm", ([], []))[1].append(fb)
+        if not by_dialect:
+            return None
+        out = None
+        for dialect in ("truegpu", "dcgm"):
+            if dialect not in by_dialect:
+                continue
+            primary, fallback = by_dialect[dialect]
+            value = _combine(signal, primary)
+            if fallback:
+                fb_value = _combine(signal, fallback)
+                value = fb_value if value is None else np.where(np.isnan(value), fb_value, value)
+            out = value if out is None else np.where(np.isnan(out), value, out)
+        return out
+
+    def _fb_total(self) -> np.ndarray | None:
+        """dcgm memory total from FB_USED + FB_FREE (+ FB_RESERVED where collected), MiB."""
+        parts = {}
+        for name, base in D.FB_PARTS.items():
+            if name in self.metric_idx:
+                mask = self.d.metric == name
+                arr = self._group("gauge", mask, S.MIB, 0, name)
+                parts[base] = arr if base not in parts else np.where(np.isnan(parts[base]), arr, parts[base])
+        used, free, reserved = parts.get(D.FB_USED), parts.get(D.FB_FREE), parts.get(D.FB_RESERVED)
+        if used is None or free is None:
+            return None
+        total = used + free
+        return total if reserved is None else total + np.nan_to_num(reserved)
+
+    def _rows(self, dense: np.ndarray) -> np.ndarray:
+        own = dense[self.dev["own"].to_numpy()]
+        par = dense[self.dev["par"].to_numpy()]
+        return np.where(np.isnan(own), par, own).reshape(-1)
+
+    # frame --------------------------------------------------------------------------------
+    def frame(self) -> pd.DataFrame:
+        d, T, dev = self.d, self.g.T, self.dev
+        n = len(dev)
+        if n == 0:
+            raise ValueError("no GPU telemetry in the input: no series carries a gpu label")
+        cols: dict[str, object] = {"timestamp": np.tile(self.g.times, n)}
+        own, par = dev["own"].to_numpy(), dev["par"].to_numpy()
+        uuid = self._per_src(d.lab["uuid"])
+        model = self._per_src(d.lab["model"])
+        prof = self._per_src(d.lab["mig_profile"])
+        values = {
+            "hostname": dev["hostname"].to_numpy(dtype=object), "gpu": dev["gpu"].to_numpy(dtype=object),
+            "uuid": np.where(uuid[own] != "", uuid[own], uuid[par]),
+            "gpu_instance": dev["gpu_instance"].to_numpy(dtype=object), "mig_profile": prof[own],
+            "model": np.where(model[own] != "", model[own], model[par]),
+        }  # fmt: skip
+        site, rack = self._placement(values["hostname"])
+        values["site"], values["rack"] = site, rack
+        for name, v in values.items():
+            cats, codes = np.unique(v.astype(str), return_inverse=True)
+            cols[name] = pd.Categorical.from_codes(np.repeat(codes, T), cats)
+        profiles = pd.unique(prof[own])
+        share = dict(zip(profiles, (gpu_share(p) for p in profiles), strict=True))
+        cols["gpu_share"] = np.repeat(np.array([share[p] for p in prof[own]], dtype=np.float64), T)
+        cols.update(self._allocation())
+        for signal in SIGNALS:
+            dense = self.signal(signal)
+            if dense is not None:
+                self.present.add(signal.name)
+                cols[signal.name] = self._rows(dense)
+        if self.resets:
+            self.notes.append(f"{self.resets} counter resets (a drop in a counter) read as restarts from 0")
+        frame = pd.DataFrame(cols)
+        return frame if len(frame.columns) > 1 else empty_frame()
+
+    def _per_src(self, labels: np.ndarray) -> np.ndarray:
+        """First non-empty label value per source device."""
+        out = _blank(self.n_src)
+        ok = (self.d.series_own >= 0) & (labels != "")
+        src, vals = self.d.series_own[ok][::-1], labels[ok][::-1]
+        out[src] = vals  # last write wins: the first series in input order
+        return out
+
+    def _placement(self, hosts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        t = self.d.table
+        sel = self.d.metric == S.NODE_INFO.name
+        n = self.d.n_series
+        site = dict(zip(self.d.lab["hostname"][sel], t.get("site", _blank(n))[sel], strict=True))
+        rack = dict(zip(self.d.lab["hostname"][sel], t.get("rack", _blank(n))[sel], strict=True))
+        return (np.array([site.get(h, "") for h in hosts], dtype=object),
+                np.array([rack.get(h, "") for h in hosts], dtype=object))
+
+    def _allocation(self) -> dict[str, pd.Categorical]:
+        """namespace/pod/container/job per row from allocation info or dcgm pod labels."""
+        d, T = self.d, self.g.T
+        lab, t, n = d.lab, d.table, d.n_series
+        job_label = d.job_label
+        explicit = t.get(job_label, _blank(n)) if job_label else _blank(n)
+        hpc = t.get(D.HPC_JOB_LABEL, _blank(n))
+        alloc_info = d.metric == S.GPU_ALLOCATION_INFO.name
+        own_job = np.where(t.get("exported_job", _blank(n)) != "", t.get("exported_job", _blank(n)),
+                           t.get("job", _blank(n)))
+        is_dcgm = d.dialect_of_series == "dcgm"
+        dcgm_rate = np.isin(d.metric, [s.name for ss in D.SOURCES.values() for s in ss if s.kind == "dcgm_rate"])
+        pods = lab["pod"]
+        job = np.where(explicit != "", explicit, "")
+        job = np.where((job == "") & alloc_info, own_job, job)
+        job = np.where((job == "") & is_dcgm, hpc, job)
+        carries = (alloc_info | (is_dcgm & ~dcgm_rate)) & ((pods != "") | (job != ""))
+        derive = carries & (job == "") & (pods != "")
+        if derive.any():
+            uniq = pd.unique(pods[derive])
+            derived = {p: derive_job(p) for p in uniq}
+            job = job.copy()
+            job[derive] = [derived[p] for p in pods[derive]]
+        tuples = np.array([f"{a}\x00{b}\x00{c}\x00{j}" for a, b, c, j in
+                           zip(lab["namespace"], pods, lab["container"], job, strict=True)], dtype=object)
+        alloc_id = np.full(n, -1, dtype=np.int64)
+        uniq_tuples = pd.Index(pd.unique(tuples[carries]))
+        alloc_id[carries] = uniq_tuples.get_indexer(tuples[carries])
+        sample_alloc = alloc_id[d.sid]
+        use = (sample_alloc >= 0) & (self.sample_src >= 0)
+        use &= ~alloc_info[d.sid] | (d.val > 0.5)
+        b = d.bf[use]
+        inside = (b >= 0) & (b < T)
+        dense = np.full(self.n_src * T, -1, dtype=np.int64)
+        np.maximum.at(dense, self.sample_src[use][inside] * T + b[inside], sample_alloc[use][inside])
+        dense = dense.reshape(self.n_src, T)
+        own = dense[self.dev["own"].to_numpy()]
+        par = dense[self.dev["par"].to_numpy()]
+        per_row = np.where(own >= 0, own, par).reshape(-1)
+        parts = [p.split("\x00") for p in uniq_tuples] or [["", "", "", ""]]
+        out = {}
+        for k, col in enumerate(ALLOCATION_COLUMNS):
+            vals = np.array([p[k] for p in parts], dtype=object)
+            cats = sorted({v for v in vals if v})
+            index = {c: i for i, c in enumerate(cats)}
+            code_of = np.array([index.get(v, -1) for v in vals], dtype=np.int64)
+            codes = np.where(per_row >= 0, code_of[np.maximum(per_row, 0)], -1) if len(uniq_tuples) else \
+                np.full(len(per_row), -1)
+            out[col] = pd.Categorical.from_codes(codes, cats)
+        return out
+
+    # events and missing --------------------------------------------------------------------
+    def events(self) -> pd.DataFrame:
+        d, T = self.d, self.g.T
+        parts = []
+        tg = d.metric == S.XID_ERRORS.name
+        if tg.any():
+            idx = self._samples(tg)
+            v = d.val[idx]
+            if S.XID_ERRORS.name in self.increase:
+                b, cnt, ok = d.be[idx], np.round(v), v > 0.5
+                parts.append((idx[ok], b[ok], cnt[ok], d.table.get("xid", _blank(d.n_series))[d.sid[idx[ok]]]))
+            else:
+                tl = d.tl[idx]
+                same = tl[1:] == tl[:-1]
+                inc = np.where(v[1:] < v[:-1], v[1:], v[1:] - v[:-1])
+                ok = same & (inc > 0)
+                first = np.concatenate(([True], ~same))
+                # a series born later than the data's start was born by its first event
+                late = first & (d.ts[idx] > d.ts.min() + 1.5 * self.g.spacing) & (v > 0)
+                sel = np.concatenate([idx[:-1][ok], idx[late]])
+                b = np.concatenate([d.bf[idx][:-1][ok], d.bf[idx][late] - 1])
+                cnt = np.concatenate([inc[ok], v[late]])
+                parts.append((sel, b, cnt, d.table.get("xid", _blank(d.n_series))[d.sid[sel]]))
+        dc = np.isin(d.metric, list(D.XID_DCGM))
+        if dc.any():
+            idx = self._samples(dc)
+            v, tl = d.val[idx], d.tl[idx]
+            same = tl[1:] == tl[:-1]
+            ok = same & (v[1:] != v[:-1]) & (v[1:] > 0)
+            sel = idx[:-1][ok]
+            codes = np.array([str(int(x)) for x in v[1:][ok]], dtype=object)
+            first = np.concatenate(([True], ~same)) & (v > 0)
+            if first.any():
+                s = d.sid[idx[first]]
+                seen = sorted({f"{h}/{g} XID {int(x)}" for h, g, x in
+                               zip(d.lab["hostname"][s], d.lab["gpu"][s], v[first], strict=True)})
+                self.notes.append(
+                    "last XID already non-zero at the first sample (time unknown, not counted as an event): "
+                    + ", ".join(seen)
+                )
+            parts.append((sel, d.bf[sel], np.ones(len(sel)), codes))
+        rows = []
+        for sel, b, cnt, xid in parts:
+            inside = (b >= 0) & (b < T)
+            if not inside.any():
+                continue
+            s = d.sid[sel[inside]]
+            rows.append(pd.DataFrame({
+                "timestamp": self.g.times[b[inside]], "hostname": d.lab["hostname"][s], "gpu": d.lab["gpu"][s],
+                "uuid": d.lab["uuid"][s], "xid": np.asarray(xid)[inside], "count": cnt[inside].astype(np.float64),
+            }))  # fmt: skip
+        if not rows:
+            return pd.DataFrame(columns=list(EVENT_COLUMNS))
+        ev = pd.concat(rows, ignore_index=True)
+        # dcgm-exporter repeats the last XID on every MIG instance: one event per GPU
+        ev = ev.groupby(["timestamp", "hostname", "gpu", "uuid", "xid"], as_index=False, sort=False)["count"].max()
+        order = np.lexsort((_num(ev["gpu"]), ev["hostname"].to_numpy(dtype=str), ev["timestamp"].to_numpy()))
+        return ev.iloc[order].reset_index(drop=True)[list(EVENT_COLUMNS)]
+
+    def missing(self, frame: pd.DataFrame) -> dict[str, str]:
+        used = [x for x in ("truegpu", "dcgm") if x in set(self.d.dialect_of_series)]
+        out = {}
+        for signal in SIGNALS:
+            if signal.name not in self.present:
+                out[signal.name] = "; ".join(D.missing_reason(signal, x) for x in used)
+            elif not frame[signal.name].notna().any():
+                out[signal.name] = (
+                    f"{signal.name} unknown: no usable value in the input (DCGM not-supported markers, lost GPUs, "
+                    "or counters with fewer than two samples per series)"
+                )
+        return out
+
+
+def _combine(signal: Signal, arrays: list[np.ndarray]) -> np.ndarray | None:
+    """Several series of one signal and device: rates summed, flags max'ed, gauges averaged."""
+    if not arrays:
+        return None
+    if len(arrays) == 1:
+        return arrays[0]
+    stack = np.stack(arrays)
+    known = ~np.isnan(stack).all(axis=0)
+    with np.errstate(invalid="ignore"):
+        if signal.kind == "flag":
+            value = np.nanmax(np.where(np.isnan(stack), -np.inf, stack), axis=0)
+        elif signal.kind == "rate":
+            value = np.nansum(stack, axis=0)
+        else:
+            value = np.nansum(stack, axis=0) / np.maximum((~np.isnan(stack)).sum(axis=0), 1)
+    return np.where(known, value, np.nan)
+
+
+__all__ = ["SNAPSHOT_STEP", "normalize"]
