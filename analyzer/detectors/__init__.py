@@ -1,0 +1,118 @@
+"""Detectors: one file per finding kind behind one small interface, and the runner.
+
+A detector is a dataclass whose fields are its thresholds (with justified defaults) and
+whose ``detect(fleet)`` returns findings of its ``kind``. Registering is decorating the
+class with ``@register``; every module in this package is imported on first use, so a
+new detector is one new file here and nothing else.
+
+``run_detectors`` runs the chosen kinds with optional per-kind overrides
+(``{"idle_masking": {"sm_max": 0.25}}``); a detector that raises is logged and noted in
+``fleet.notes`` and the others still run: one bug must not hide every other finding.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import pkgutil
+from collections.abc import Iterable, Mapping
+from dataclasses import fields, is_dataclass
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+
+from analyzer.episodes import column
+from analyzer.findings import Finding, sort_findings
+from analyzer.frame import Fleet
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Detector(Protocol):
+    """Finds one kind of problem; configured through dataclass fields with defaults."""
+
+    kind: str
+
+    def detect(self, fleet: Fleet) -> list[Finding]: ...
+
+
+#: kind -> detector class (constructed with keyword overrides of its fields).
+DETECTORS: dict[str, type] = {}
+_D = TypeVar("_D", bound=type)
+_loaded = False
+
+
+def register(cls: _D) -> _D:
+    """Class decorator: make a detector available to ``run_detectors`` under its ``kind``."""
+    kind = getattr(cls, "kind", None)
+    if not isinstance(kind, str) or not kind:
+        raise TypeError(f"{cls.__name__} needs a class attribute `kind`")
+    if not is_dataclass(cls):
+        raise TypeError(f"{cls.__name__} must be a dataclass (its fields are its configuration)")
+    if kind in DETECTORS and DETECTORS[kind] is not cls:
+        raise ValueError(f"two detectors for kind {kind!r}: {DETECTORS[kind].__name__} and {cls.__name__}")
+    DETECTORS[kind] = cls
+    return cls
+
+
+def load_detectors() -> dict[str, type]:
+    """Import every module of this package once (each registers its detector); the registry."""
+    global _loaded
+    if not _loaded:
+        for mod in pkgutil.iter_modules(__path__):
+            if not mod.name.startswith("_"):
+                importlib.import_module(f"{__name__}.{mod.name}")
+        _loaded = True
+    return DETECTORS
+
+
+def make_detector(kind: str, config: Mapping[str, Any] | None = None) -> Detector:
+    """A detector of ``kind`` with ``config`` overriding its defaults (unknown keys are an error)."""
+    registry = load_detectors()
+    if kind not in registry:
+        raise ValueError(f"no detector for kind {kind!r} (available: {', '.join(sorted(registry))})")
+    cls = registry[kind]
+    config = dict(config or {})
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ValueError(f"{kind}: unknown setting(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    return cls(**config)
+
+
+def gpu_busy(fleet: Fleet) -> np.ndarray:
+    """Fraction of time a kernel was resident: GPU util, else DCGM's GR engine activity, else NaN.
+
+    NVML/DCGM report no GPU util for MIG instances; DCGM_FI_PROF_GR_ENGINE_ACTIVE is the
+    profiling-level measure of the same thing (graphics/compute engine busy time), reported
+    per MIG instance and in dcgm-exporter's default counters.
+    """
+    u = column(fleet, "gpu_util")
+    gr = column(fleet, "gr_active")
+    return np.where(np.isnan(u), gr, u)
+
+
+def run_detectors(
+    fleet: Fleet,
+    kinds: Iterable[str] | None = None,
+    config: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[Finding]:
+    """Findings of every requested kind (all registered ones by default), most urgent first."""
+    registry = load_detectors()
+    config = config or {}
+    chosen = list(kinds) if kinds is not None else sorted(registry)
+    detectors = [make_detector(k, config.get(k)) for k in chosen]  # bad kinds/settings fail loudly, before work
+    out: list[Finding] = []
+    for det in detectors:
+        try:
+            found = det.detect(fleet)
+        except Exception as e:  # one broken detector must not hide the others' findings
+            log.exception("detector %s failed", det.kind)
+            fleet.notes.append(f"detector {det.kind} failed: {type(e).__name__}: {e}")
+            continue
+        out.extend(found)
+    return sort_findings(out)
+
+
+__all__ = ["DETECTORS", "Detector", "gpu_busy", "load_detectors", "make_detector", "register", "run_detectors"]

@@ -1,0 +1,123 @@
+"""Idle but allocated: a pod/job holds a GPU (or MIG instance) and does not use it.
+
+The GPU is unavailable to every other job and does no work: forgotten notebooks, a
+service scaled for a peak that never comes, a job stuck before its first kernel.
+Unallocated idle GPUs are spare capacity, not this finding (rows without a job are
+False). Thresholds (configurable fields):
+
+- ``util_max`` 0.05 and ``sm_max`` 0.05, each applied where the signal is known (MIG
+  instances report no GPU util; DCGM's GR engine activity stands in, see ``gpu_busy``;
+  one of the two signals must be known): an idle GPU reports
+  0, and 5% leaves room for monitoring/housekeeping kernels; the lightest real load in
+  the simulator (inference at its diurnal minimum) stays >= 0.12 util and >= 0.09 SM.
+- Fallback when neither is known: tensor activity <= ``fallback_tensor_max`` 0.01 and
+  DRAM activity <= ``fallback_dram_max`` 0.05, confidence "low" (idle DRAM reads ~0.002;
+  real kernels move memory). It cannot tell a spinning (hung) kernel from an idle GPU.
+- ``min_duration_s`` 1800 (30 min): shorter idle stretches are start-up, checkpointing or
+  a user between two runs; holding a GPU idle for half an hour is a decision to act on.
+- A GPU that went idle because an XID killed its process is a fault (gpu_fault), not the
+  owner's waste: an episode that starts within ``fault_window_s`` 600 s of an XID event
+  on the same physical GPU is dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from analyzer.detectors import gpu_busy, register
+from analyzer.episodes import Episodes, column, find_episodes, format_duration
+from analyzer.findings import IDLE_ALLOCATED, Finding
+from analyzer.frame import Fleet
+
+
+@register
+@dataclass
+class IdleAllocated:
+    kind = IDLE_ALLOCATED
+    util_max: float = 0.05
+    sm_max: float = 0.05
+    fallback_tensor_max: float = 0.01
+    fallback_dram_max: float = 0.05
+    min_duration_s: float = 1800.0
+    fault_window_s: float = 600.0
+    max_gap_steps: int = 2
+    max_unknown_steps: int = 2
+
+    def condition(self, fleet: Fleet) -> tuple[np.ndarray, np.ndarray]:
+        """Per row: 1/0/NaN idle-while-allocated, and whether the fallback proxy decided it."""
+        u, sm = gpu_busy(fleet), column(fleet, "sm_active")  # util, or GR engine activity (MIG)
+        ten, dram = column(fleet, "tensor_active"), column(fleet, "dram_active")
+        u_known, sm_known = ~np.isnan(u), ~np.isnan(sm)
+        primary = (~u_known | (u <= self.util_max)) & (~sm_known | (sm <= self.sm_max))
+        fallback = (ten <= self.fallback_tensor_max) & (dram <= self.fallback_dram_max)
+        use_fb = ~u_known & ~sm_known & ~np.isnan(ten) & ~np.isnan(dram)
+        cond = np.full(len(u), np.nan)
+        known = u_known | sm_known
+        cond[known] = primary[known]
+        cond[use_fb] = fallback[use_fb]
+        if "job" in fleet.frame.columns:
+            cond[fleet.frame["job"].isna().to_numpy()] = 0.0  # unallocated: capacity, not waste by an owner
+        else:
+            cond[:] = 0.0
+        return cond, use_fb
+
+    def _after_fault(self, fleet: Fleet, eps: Episodes) -> np.ndarray:
+        """Episodes starting within fault_window_s of an XID on the same physical GPU."""
+        ev, t = fleet.events, eps.table
+        out = np.zeros(len(t), bool)
+        if ev is None or not len(ev) or not len(t):
+            return out
+        times = pd.DataFrame({"hostname": ev["hostname"].astype(str), "gpu": ev["gpu"].astype(str),
+                              "t": ev["timestamp"].astype(float)})
+        by_gpu = {k: np.sort(g["t"].to_numpy()) for k, g in times.groupby(["hostname", "gpu"], sort=False)}
+        for i, (host, gpu, start) in enumerate(zip(t["hostname"], t["gpu"], t["start"], strict=True)):
+            ts = by_gpu.get((str(host), str(gpu)))
+            if ts is not None:
+                out[i] = bool(np.any(np.abs(ts - start) <= self.fault_window_s))
+        return out
+
+    def detect(self, fleet: Fleet) -> list[Finding]:
+        cond, use_fb = self.condition(fleet)
+        eps = find_episodes(fleet, cond, max_gap_steps=self.max_gap_steps, max_unknown_steps=self.max_unknown_steps,
+                            min_duration_s=self.min_duration_s)
+        if not len(eps):
+            return []
+        fault = self._after_fault(fleet, eps)
+        u, gr, sm = (eps.mean(column(fleet, s)) for s in ("gpu_util", "gr_active", "sm_active"))
+        low = eps.mean(use_fb.astype(np.float64)) > 0.5
+        out = []
+        for i, ep in enumerate(eps.table.itertuples(index=False)):
+            if fault[i]:
+                continue
+            hours = float(ep.gpu_hours)
+            evidence = {
+                "gpu_hours_idle": hours, "minutes": float(ep.duration_s) / 60.0,
+                "gpu_util": float(u[i]), "gr_active": float(gr[i]), "sm_active": float(sm[i]),
+                "gpu_share": float(ep.gpu_share),
+                "pod": ep.pod, "namespace": ep.namespace, "job": ep.job,
+                "signal": "tensor_active+dram_active" if low[i] else "gpu_util+sm_active",
+            }
+            out.append(Finding(
+                kind=self.kind, severity="warning", summary=self._summary(ep, hours),
+                start=float(ep.start), end=None if ep.open else float(ep.end),
+                # Saturates with the waste: a GPU-workday (8 GPU-hours) held idle scores ~0.63, a week ~1.
+                score=float(1.0 - np.exp(-hours / 8.0)),
+                hostname=ep.hostname, gpu=int(ep.gpu) if ep.gpu and str(ep.gpu).isdigit() else None, uuid=ep.uuid,
+                gpu_instance=ep.gpu_instance or None, job=ep.job, namespace=ep.namespace, pod=ep.pod,
+                rack=ep.rack or None, confidence="low" if low[i] else "high", evidence=evidence,
+            ))
+        return out
+
+    @staticmethod
+    def _summary(ep: object, hours: float) -> str:
+        owner = f"pod {ep.namespace}/{ep.pod}" if ep.pod else f"job {ep.job}"
+        if ep.pod and ep.job:
+            owner += f" (job {ep.job})"
+        what = f"MIG instance {ep.gpu_instance} ({ep.mig_profile}) of GPU" if ep.gpu_instance else "GPU"
+        still = "has held" if ep.open else "held"
+        return (f"{owner} {still} {what} {ep.hostname}/{ep.gpu} idle for {format_duration(float(ep.duration_s))} "
+                f"({hours:.1f} GPU-hours): release it (stop the notebook, scale the deployment down) so other "
+                f"jobs can use it.")

@@ -1,0 +1,232 @@
+"""Per-row conditions -> continuous episodes per device: the shared backbone of the detectors.
+
+A detector says, for every row of the tidy frame, whether its condition holds there:
+True, False, or unknown (NaN: the signals it needs were not reported). This module turns
+that into one episode per continuous problem on one device (uuid + MIG instance, split
+when the device changes hands, i.e. when ``job`` changes), so every detector reports
+"one finding per continuous problem" the same way:
+
+- a run of True rows starts an episode at its first True row;
+- a following True run on the same device continues it when the rows in between hold at
+  most ``max_gap_steps`` False rows and at most ``max_unknown_steps`` unknown rows
+  (NaN rows, or steps with no row at all: telemetry that is missing is unknown, never
+  a reason to end nor to extend a problem on its own);
+- an episode is kept only when it lasts ``min_duration_s`` (first True row to the end of
+  the last True row's step);
+- an episode is *open* (``end`` None in the finding) when nothing known contradicts it up
+  to the end of the data: no False row after it and at most ``max_unknown_steps`` unknown
+  steps before ``fleet.end``.
+
+Vectorized: run-length encoding with numpy on device-sorted rows; the only Python loops
+are per episode (in the detectors), never per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from analyzer.frame import Fleet
+
+#: Identity of a device (a whole GPU or a MIG instance) in the tidy frame.
+DEVICE_KEY: tuple[str, ...] = ("hostname", "gpu", "uuid", "gpu_instance")
+#: Copied onto each episode from its first True row.
+_CARRIED: tuple[str, ...] = ("hostname", "gpu", "uuid", "gpu_instance", "mig_profile", "model", "site", "rack",
+                             "namespace", "pod", "container", "job")
+
+
+def tristate(condition: np.ndarray | pd.Series | Sequence[object]) -> np.ndarray:
+    """A condition as float64: 1.0 True, 0.0 False, NaN unknown (accepts bool, float or nullable boolean)."""
+    if isinstance(condition, pd.Series):
+        return condition.astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)
+    arr = np.asarray(condition)
+    if arr.dtype == object:
+        return pd.array(arr, dtype="Float64").to_numpy(dtype=np.float64, na_value=np.nan)
+    return arr.astype(np.float64)
+
+
+def column(fleet: Fleet, name: str) -> np.ndarray:
+    """A signal column as float64, all NaN (unknown) when the input does not provide it."""
+    if name in fleet.frame.columns:
+        return fleet.frame[name].to_numpy(dtype=np.float64, na_value=np.nan)
+    return np.full(len(fleet.frame), np.nan)
+
+
+def _codes(s: pd.Series) -> np.ndarray:
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        return s.cat.codes.to_numpy(dtype=np.int64)
+    return pd.factorize(s, use_na_sentinel=True)[0].astype(np.int64)
+
+
+@dataclass
+class Episodes:
+    """Episodes found in a fleet: ``table`` has one row per episode.
+
+    ``table`` columns: the device identity and allocation of the first True row (strings,
+    None when unknown), ``start`` (unix s), ``end`` (unix s, NaN when open), ``open``,
+    ``duration_s`` (to ``fleet.end`` when open), ``true_steps``, ``unknown_steps``,
+    ``gpu_share`` and ``gpu_hours`` (duration x share).
+    """
+
+    table: pd.DataFrame
+    #: Frame row positions in device-then-time order.
+    order: np.ndarray
+    #: Per sorted row: the episode it belongs to (-1 outside any), and the condition.
+    member: np.ndarray
+    cond: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def mean(self, values: np.ndarray, where: str = "true") -> np.ndarray:
+        """Per-episode mean of ``values`` (one per frame row), NaN skipped.
+
+        ``where="true"``: over the rows where the condition held (what the finding is
+        about); ``"all"``: over every row from the episode's first to last True row.
+        """
+        v = np.asarray(values, dtype=np.float64)[self.order]
+        sel = self.member >= 0
+        if where == "true":
+            sel &= self.cond == 1.0
+        sel &= ~np.isnan(v)
+        n = len(self.table)
+        sums = np.bincount(self.member[sel], weights=v[sel], minlength=n)
+        counts = np.bincount(self.member[sel], minlength=n)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def find_episodes(
+    fleet: Fleet,
+    condition: np.ndarray | pd.Series,
+    *,
+    max_gap_steps: int = 2,
+    max_unknown_steps: int = 2,
+    min_duration_s: float = 300.0,
+    split_on: Sequence[str] = ("job",),
+) -> Episodes:
+    """Merge per-row ``condition`` (True/False/NaN, aligned with ``fleet.frame``) into episodes.
+
+    ``split_on`` columns are part of the device key, so an allocation change (another job
+    on the GPU) ends one episode and starts another: each finding names one owner.
+    """
+    frame, step = fleet.frame, float(fleet.step)
+    n = len(frame)
+    cond = tristate(condition)
+    if cond.shape != (n,):
+        raise ValueError(f"condition has {cond.shape} values for {n} rows")
+    keys = [c for c in (*DEVICE_KEY, *split_on) if c in frame.columns]
+    ts = frame["timestamp"].to_numpy(dtype=np.float64)
+    dev = _device_ids(frame, keys)
+    # The frame contract keeps rows device-major and time-ascending; sort only if not.
+    if n > 1 and not (np.all(np.diff(dev) >= 0) and np.all((np.diff(dev) > 0) | (np.diff(ts) > 0))):
+        order = np.lexsort((ts, dev))
+    else:
+        order = np.arange(n)
+    d, t, c = dev[order], ts[order], cond[order]
+    is_true = c == 1.0
+    false_cum = np.cumsum(c == 0.0)
+
+    same_prev = np.zeros(n, bool)
+    if n > 1:
+        same_prev[1:] = (d[1:] == d[:-1]) & (np.abs(t[1:] - t[:-1] - step) < 1e-6 * max(step, 1.0))
+    same_next = np.zeros(n, bool)
+    same_next[:-1] = same_prev[1:]
+    prev_true = np.zeros(n, bool)
+    prev_true[1:] = is_true[:-1]
+    next_true = np.zeros(n, bool)
+    next_true[:-1] = is_true[1:]
+    run_first = np.flatnonzero(is_true & ~(same_prev & prev_true))
+    run_last = np.flatnonzero(is_true & ~(same_next & next_true))
+
+    empty = pd.DataFrame(columns=[*_CARRIED, "start", "end", "open", "duration_s", "true_steps", "unknown_steps",
+                                  "gpu_share", "gpu_hours"])
+    if not len(run_first):
+        return Episodes(empty, order, np.full(n, -1, np.int64), c)
+
+    # Merge run k into run k-1 when on the same device and the gap is short.
+    prev_last, next_first = run_last[:-1], run_first[1:]
+    gap_steps = np.rint((t[next_first] - t[prev_last]) / step).astype(np.int64) - 1
+    gap_false = false_cum[next_first] - false_cum[prev_last]
+    gap_unknown = gap_steps - gap_false
+    merge = (d[next_first] == d[prev_last]) & (gap_false <= max_gap_steps) & (gap_unknown <= max_unknown_steps)
+    new_ep = np.concatenate([[True], ~merge])
+    ep_of_run = np.cumsum(new_ep) - 1
+    first = run_first[new_ep]
+    last = np.concatenate([run_last[:-1][~merge], run_last[-1:]])
+    n_ep = len(first)
+    run_len = run_last - run_first + 1
+    true_steps = np.bincount(ep_of_run, weights=run_len, minlength=n_ep).astype(np.int64)
+
+    start = t[first]
+    end = t[last] + step
+    # Open: no False row after the episode on its device, and the data ends soon after.
+    dev_last = np.searchsorted(d, d[last], side="right") - 1
+    no_false_after = false_cum[dev_last] - false_cum[last] == 0
+    is_open = no_false_after & (fleet.end - end <= max_unknown_steps * step + 1e-6)
+    duration = np.where(is_open, np.maximum(fleet.end, end), end) - start
+    span_steps = np.rint((end - start) / step).astype(np.int64)
+    unknown_steps = span_steps - true_steps - (false_cum[last] - false_cum[first])
+
+    keep = duration >= min_duration_s - 1e-6
+    first, last, start, end, is_open = first[keep], last[keep], start[keep], end[keep], is_open[keep]
+    duration, true_steps, unknown_steps = duration[keep], true_steps[keep], unknown_steps[keep]
+
+    member = np.full(n, -1, np.int64)
+    if len(first):
+        mark = np.zeros(n + 1, np.int64)
+        np.add.at(mark, first, 1)
+        np.add.at(mark, last + 1, -1)
+        inside = np.cumsum(mark)[:n] > 0
+        starts = np.zeros(n, np.int64)
+        starts[first] = 1
+        member = np.where(inside, np.cumsum(starts) - 1, -1)
+
+    rows = order[first]
+    table = pd.DataFrame(index=range(len(first)))
+    for col in _CARRIED:
+        if col in frame.columns:
+            vals = frame[col].iloc[rows].astype(object).to_numpy()
+            table[col] = [None if (v is None or (isinstance(v, float) and np.isnan(v))) else str(v) for v in vals]
+        else:
+            table[col] = None
+    share = frame["gpu_share"].to_numpy(dtype=np.float64)[rows] if "gpu_share" in frame.columns else 1.0
+    table["start"] = start
+    table["end"] = np.where(is_open, np.nan, end)
+    table["open"] = is_open
+    table["duration_s"] = duration
+    table["true_steps"] = true_steps
+    table["unknown_steps"] = unknown_steps
+    table["gpu_share"] = np.broadcast_to(share, (len(first),)).astype(np.float64)
+    table["gpu_hours"] = duration * table["gpu_share"].to_numpy() / 3600.0
+    # Stable output whatever the row order: by device, then time.
+    perm = table.sort_values(["hostname", "gpu", "gpu_instance", "start"], kind="stable",
+                             key=lambda s: s.fillna("") if s.dtype == object else s).index.to_numpy()
+    rank = np.empty(len(perm), np.int64)
+    rank[perm] = np.arange(len(perm))
+    if len(perm):
+        member = np.where(member >= 0, rank[np.maximum(member, 0)], -1)
+    return Episodes(table.iloc[perm].reset_index(drop=True), order, member, c)
+
+
+def _device_ids(frame: pd.DataFrame, keys: Sequence[str]) -> np.ndarray:
+    """One int64 per row identifying (device, split_on...) in the order devices appear."""
+    if not keys or not len(frame):
+        return np.zeros(len(frame), np.int64)
+    codes = [_codes(frame[k]) + 1 for k in keys]  # NaN (-1) -> 0
+    combined = codes[0]
+    for c in codes[1:]:  # re-factorize after each key so the combined code never overflows
+        combined = pd.factorize(combined * (int(c.max()) + 1) + c, sort=False)[0].astype(np.int64)
+    return pd.factorize(combined, sort=False)[0].astype(np.int64)
+
+
+def format_duration(seconds: float) -> str:
+    """``45 min``, ``2.5 h``, ``3.2 d``: durations in summaries."""
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
