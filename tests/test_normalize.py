@@ -91,20 +91,9 @@ def _events(fleet: Fleet) -> list[tuple]:
     return sorted(zip(ev["timestamp"], ev["hostname"], ev["gpu"], ev["uuid"], ev["xid"], strict=True))
 
 
-def _mig_parent_values(want: Fleet) -> Fleet:
-    """The simulator's sample() gives NVLink/PCIe counters per MIG instance row, while series() (what
-    an exporter publishes) has them once per GPU: compare those with the GPU's first instance row."""
-    frame = want.frame.copy()
-    for name in ("nvlink_bps", "pcie_bps"):
-        frame[name] = frame.groupby(["hostname", "gpu", "timestamp"], observed=True)[name].transform("first")
-    return Fleet(frame=frame, step=want.step, start=want.start, end=want.end, events=want.events,
-                 topology=want.topology)  # fmt: skip
-
-
 def reference(name: str) -> Fleet:
     start, end = window(name)
-    want = fleet_from_cluster(cluster(name), start, end, STEP)
-    return _mig_parent_values(want) if name == "mig-training" else want
+    return fleet_from_cluster(cluster(name), start, end, STEP)
 
 
 # Simulated history, both dialects ---------------------------------------------------------------

@@ -380,3 +380,18 @@ def test_overrides_scale_the_fleet(override):
     big = Cluster(load_scenario("healthy-fleet", **override, duration="30m"))
     assert len(big.gpus) > len(base.gpus) and big.duration == 1800
     assert big.ground_truth() == []
+
+
+def test_mig_instances_share_their_gpus_link_counters():
+    """NVLink/PCIe links belong to the physical GPU: every instance row carries the same counter."""
+    c = Cluster(load_scenario("mig-training"))
+    table = c.sample(c.start + np.arange(0, 1200, 60.0))
+    g = c.gpus
+    mig = g.mig_profile != ""
+    assert mig.any()
+    for metric in (S.NVLINK_BYTES, S.PCIE_BYTES):
+        values = table[sample_key(metric, direction="tx")]
+        for uuid in set(g.uuid[mig]):
+            cols = np.nonzero(g.uuid == uuid)[0]
+            assert len(cols) > 1
+            assert np.array_equal(values[:, cols[0]], values[:, cols[-1]], equal_nan=True)

@@ -576,9 +576,15 @@ class Cluster:
             o[_k(S.CLOCK_EVENT_ACTIVE, r)] = zeros.copy() if v is None else v.astype(float)
         nvlink = p["links"] > 0
         nv = self._integral("nvl", trm, k, ctx)
+        pc = self._integral("pcie", trm, k, ctx)
+        if ctx.mig is not None:
+            # Links belong to the physical GPU: its counters carry all its instances' traffic,
+            # the same on every instance row (as device-level series are everywhere else).
+            starts, grp = ctx.mig
+            nv = np.add.reduceat(nv, starts, axis=1)[:, grp]
+            pc = np.add.reduceat(pc, starts, axis=1)[:, grp]
         o[_k(S.NVLINK_BYTES, "tx")] = np.where(nvlink, p["nvl_base"] + nv, np.nan)
         o[_k(S.NVLINK_BYTES, "rx")] = np.where(nvlink, p["nvl_base"] * 1.01 + nv * 0.985, np.nan)
-        pc = self._integral("pcie", trm, k, ctx)
         o[_k(S.PCIE_BYTES, "tx")] = p["pcie_base"] + pc
         o[_k(S.PCIE_BYTES, "rx")] = p["pcie_base"] * 1.3 + pc * 1.3
         o[_k(S.PCIE_LINK_GENERATION, "current")] = full(lv["gen_cur"])
