@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from exporter.simulator.cli import parse_duration, parse_time
+from exporter.timeparse import parse_positive_duration as parse_duration
+from exporter.timeparse import parse_time
 from truegpu.cli import main
 
 SCENARIO = "mixed-fleet"

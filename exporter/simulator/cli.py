@@ -10,57 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
-
-
-def parse_duration(text: str) -> float:
-    """``90s``, ``15m``, ``2h``, ``1d``, ``1h30m`` (or bare seconds) -> seconds; must be > 0."""
-    s = text.strip().lower()
-    total = 0.0
-    if re.fullmatch(r"\d+(?:\.\d+)?", s):
-        total = float(s)
-    else:
-        pos = 0
-        for m in _DURATION.finditer(s):
-            if m.start() != pos:
-                break
-            value, unit = float(m.group(1)), m.group(2)
-            total += value / 1000 if unit == "ms" else value * _UNITS[unit]
-            pos = m.end()
-        if pos != len(s) or not s:
-            raise ValueError(f"bad duration {text!r}: use a number with a unit, e.g. 90s, 15m, 2h, 1d")
-    if not total > 0 or not math.isfinite(total):
-        raise ValueError(f"bad duration {text!r}: must be greater than zero")
-    return total
-
-
-def parse_time(text: str) -> float:
-    """Unix seconds (``1700000000``) or ISO 8601 (``2024-05-01T12:00:00Z``; no zone = UTC)."""
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"bad time {text!r}: use unix seconds or ISO 8601, e.g. 2024-05-01T12:00:00Z") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
-
-
-def iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+from exporter.timeparse import iso, parse_positive_duration, parse_time
 
 
 def _arg_type(parse):  # argparse turns ValueError from a type into "invalid ... value"; keep our message
@@ -84,8 +41,9 @@ def register(subparsers: Any) -> None:
         "then print a fleet summary.",
     )
     p.add_argument("--scenario", default="mixed-fleet", help="scenario name or YAML path (default mixed-fleet)")
-    p.add_argument("--duration", type=_arg_type(parse_duration), help="window length, e.g. 2h (default: scenario's)")
-    p.add_argument("--step", type=_arg_type(parse_duration), default=15.0, help="sample interval (default 15s)")
+    positive = _arg_type(parse_positive_duration)
+    p.add_argument("--duration", type=positive, help="window length, e.g. 2h (default: scenario's)")
+    p.add_argument("--step", type=positive, default=15.0, help="sample interval (default 15s)")
     p.add_argument("--start", type=_arg_type(parse_time), help="window start, ISO 8601 or unix (default: model's)")
     p.add_argument("--seed", type=int, help="random seed (default: scenario's)")
     p.add_argument("--out", type=Path, help="output folder (created)")

@@ -18,13 +18,13 @@ Top-level keys::
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from exporter.timeparse import parse_duration, parse_time
 
 #: fixtures/scenarios of the repository (the package is installed editable from it).
 SCENARIO_DIR: Path = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios"
@@ -116,36 +116,6 @@ class Scenario:
 
 
 # Parsing helpers ----------------------------------------------------------------------
-_DUR = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from ``90``, ``"90"``, ``"45s"``, ``"30m"``, ``"2h"`` or ``"1h30m"``."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        m = _DUR.match(value)
-        if m and any(m.groups()):
-            h, mi, s = (float(g) if g else 0.0 for g in m.groups())
-            return h * 3600 + mi * 60 + s
-    raise ValueError(f"not a duration: {value!r} (use seconds or e.g. '90s', '30m', '1h30m')")
-
-
-def parse_time(value: Any) -> float:
-    """Unix seconds from a number or an ISO-8601 string (``Z`` allowed)."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a time: {value!r}")
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, datetime):
-        return value.timestamp()
-    if isinstance(value, str):
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    raise ValueError(f"not a time: {value!r}")
-
-
 class _Ctx:
     """Carries the file name into every error message."""
 
