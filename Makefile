@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(VENV)/bin/truegpu simulate --scenario mixed-fleet --duration 2h --step 60s --out out/demo
+	$(VENV)/bin/truegpu demo
 
 # Real Prometheus, promtool and Alertmanager for the tests (Debian packages).
 system-deps:
@@ -45,7 +45,7 @@ bench: install
 	$(PY) bench/bench_ingest.py
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .ruff_cache
+	rm -rf $(VENV) out truegpu-report .pytest_cache .ruff_cache
 
 docs: install
 	$(PY) -m exporter.schema_doc > docs/metrics.md

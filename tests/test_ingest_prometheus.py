@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import numpy as np
 import pytest
-import requests
 
 from analyzer.ingest import MetricFilter, PrometheusClient, PrometheusError, query_prometheus, selector
 from analyzer.ingest.prometheus import (
@@ -31,6 +27,7 @@ from analyzer.ingest.prometheus import (
 from exporter import schema
 from exporter.simulator.history import write_openmetrics
 from tests.conftest import free_port
+from tests.realprom import backfilled_prometheus
 
 T0 = 1_699_999_980.0  # a multiple of 60
 STEP = 15.0
@@ -59,20 +56,6 @@ def _series():
     yield DCGM_UTIL, {"gpu": "0", "UUID": "GPU-0", "Hostname": "node-a"}, DCGM_VALUES
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"prometheus exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if requests.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"prometheus not ready after 60 s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="module")
 def prom_url(tmp_path_factory, promtool, prometheus_bin):
     """A real Prometheus on loopback serving the backfilled history; stopped at module end."""
@@ -80,33 +63,8 @@ def prom_url(tmp_path_factory, promtool, prometheus_bin):
     om = tmp / "history.om"
     with open(om, "w", encoding="utf-8") as out:
         write_openmetrics(out, _series(), TIMES)
-    data = tmp / "data"
-    backfill = subprocess.run(
-        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(om), str(data)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert backfill.returncode == 0, backfill.stderr + backfill.stdout
-    config = tmp / "prometheus.yml"
-    config.write_text("global:\n  scrape_interval: 1h\n")
-    port = free_port()
-    log = tmp / "prometheus.log"
-    with open(log, "w") as log_f:
-        proc = subprocess.Popen(
-            [prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={data}",
-             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y"],
-            stdout=log_f, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, proc, log)
+    with backfilled_prometheus(tmp, [om], promtool, prometheus_bin) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _by_series(frame, label="gpu"):

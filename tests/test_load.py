@@ -3,7 +3,6 @@ in both dialects, must give the simulator's own Fleet."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,7 @@ from exporter.simulator.dcgm_dialect import DcgmOptions
 from exporter.simulator.history import write_history
 from exporter.simulator.model import Cluster
 from exporter.simulator.scenario import load_scenario
-from tests.conftest import free_port
-from tests.test_ingest_prometheus import _wait_ready
+from tests.realprom import backfilled_prometheus
 from tests.test_normalize import DCGM_ATOL, FIXTURES, STEP, _events, assert_matches, cluster, reference, window
 
 SCENARIO = "xid-faults"
@@ -63,39 +61,13 @@ def test_load_files_snapshot_and_errors(tmp_path):
 def prom_url(tmp_path_factory, promtool, prometheus_bin):
     """A real Prometheus holding the scenario's truegpu history and, a day later, its dcgm history."""
     tmp = tmp_path_factory.mktemp("prom-load")
-    data = tmp / "data"
     start, end = window(SCENARIO)
     files = [tmp / "truegpu.om", tmp / "dcgm.om"]
     write_history(files[0], cluster(SCENARIO), start, end + STEP, STEP)
     write_history(files[1], dcgm_cluster(), start + DAY, end + DAY + STEP, STEP, dialect="dcgm",
                   dcgm_options=DcgmOptions(counters="all"))  # fmt: skip
-    for om in files:
-        backfill = subprocess.run(
-            [promtool, "tsdb", "create-blocks-from", "openmetrics", str(om), str(data)],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert backfill.returncode == 0, backfill.stderr + backfill.stdout
-    config = tmp / "prometheus.yml"
-    config.write_text("global:\n  scrape_interval: 1h\n")
-    port = free_port()
-    log = tmp / "prometheus.log"
-    with open(log, "w") as log_f:
-        proc = subprocess.Popen(
-            [prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={data}",
-             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y"],
-            stdout=log_f, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, proc, log)
+    with backfilled_prometheus(tmp, files, promtool, prometheus_bin) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_load_prometheus_truegpu(prom_url):

@@ -18,6 +18,7 @@ from exporter import __version__
 COMMAND_MODULES = (
     "exporter.server",
     "exporter.simulator.cli",
+    "analyzer.cli",
 )
 
 

@@ -1,0 +1,278 @@
+"""``truegpu analyze`` and ``truegpu demo``: telemetry in, scores and findings out.
+
+Heavy imports (pandas, scikit-learn) stay inside the command functions: the same console
+script starts the per-node exporter, which must not pay for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from exporter.timeparse import iso, parse_positive_duration, parse_time
+
+if TYPE_CHECKING:
+    from analyzer.findings import Finding
+    from analyzer.frame import Fleet
+
+DEFAULT_STEP = 60.0
+DEFAULT_REPORT_DIR = "truegpu-report"
+
+
+def _arg(parse: Any) -> Any:
+    """argparse type that keeps our error message instead of 'invalid value'."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+def _matcher(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise ValueError(f"--matcher {text!r}: expected LABEL=VALUE")
+    return name.strip(), value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "analyze", help="score GPU telemetry and report findings",
+        description="Read GPU telemetry (truegpu or dcgm-exporter metrics) from OpenMetrics files or a "
+        "Prometheus-compatible API, score effective utilization and report findings.",
+    )
+    src = p.add_argument_group("input (one of)")
+    src.add_argument("--input", action="append", type=Path, metavar="FILE",
+                     help="OpenMetrics/Prometheus text file with timestamps, plain or gzip (repeatable)")
+    src.add_argument("--prometheus", metavar="URL", help="Prometheus, Thanos, Mimir or VictoriaMetrics base URL")
+    win = p.add_argument_group("window")
+    win.add_argument("--start", type=_arg(parse_time), help="RFC 3339, unix seconds or now-6h "
+                     "(Prometheus default: end - 1h; files: the data's first sample)")
+    win.add_argument("--end", type=_arg(parse_time), help="as --start (Prometheus default: now)")
+    win.add_argument("--step", type=_arg(parse_positive_duration), default=None,
+                     help=f"analysis resolution, e.g. 60s (Prometheus default {DEFAULT_STEP:g}s; files: inferred)")
+    prom = p.add_argument_group("Prometheus")
+    prom.add_argument("--matcher", action="append", type=_arg(_matcher), default=[], metavar="LABEL=VALUE",
+                      help="narrow every query, e.g. Hostname=node-7 (repeatable)")
+    prom.add_argument("--bearer-token-file", type=Path, help="file holding a bearer token")
+    prom.add_argument("--basic-auth-user", help="basic auth user (password from --basic-auth-password-file)")
+    prom.add_argument("--basic-auth-password-file", type=Path)
+    prom.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
+                      help="extra HTTP header, e.g. X-Scope-OrgID:tenant-1 (repeatable)")
+    prom.add_argument("--ca-file", type=Path, help="CA bundle for TLS verification")
+    prom.add_argument("--insecure-skip-verify", action="store_true", help="do not verify TLS certificates")
+    prom.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP request (default 30)")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help='print {"findings": [...], "summary": {...}} to stdout')
+    out.add_argument("--report", type=Path, metavar="DIR", help="also write an HTML report to DIR/index.html")
+    out.add_argument("--kinds", type=lambda s: [k for k in s.split(",") if k], default=None,
+                     help="comma-separated finding kinds to run (default: all)")
+    out.add_argument("--job-label", help="label naming the job (e.g. hpc_job); default: derived from the pod")
+    out.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=run_analyze)
+
+    d = subparsers.add_parser(
+        "demo", help="simulate a fleet with faults, analyze it and write a report (no services needed)",
+        description="Simulate a GPU fleet in memory, analyze it like real telemetry, print the fleet summary "
+        "and findings, and write an HTML report.",
+    )
+    d.add_argument("--scenario", default="mixed-fleet", help="simulator scenario (default mixed-fleet)")
+    d.add_argument("--step", type=_arg(parse_positive_duration), default=DEFAULT_STEP,
+                   help=f"analysis resolution (default {DEFAULT_STEP:g}s)")
+    d.add_argument("--out", type=Path, default=Path(DEFAULT_REPORT_DIR),
+                   help=f"report directory (default ./{DEFAULT_REPORT_DIR})")
+    d.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    d.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    d.set_defaults(func=run_demo)
+
+
+# -- running ---------------------------------------------------------------------------------
+class _Progress:
+    """Short progress lines on stderr, so a long Prometheus pull is not a silent wait."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.t0 = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        if not self.quiet:
+            print(f"[{time.perf_counter() - self.t0:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def _error(command: str, message: str) -> int:
+    print(f"truegpu {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"timeout": args.timeout}
+    if args.bearer_token_file:
+        kwargs["bearer_token"] = args.bearer_token_file.read_text().strip()
+    if args.basic_auth_user:
+        if not args.basic_auth_password_file:
+            raise ValueError("--basic-auth-user needs --basic-auth-password-file")
+        kwargs["basic_auth"] = (args.basic_auth_user, args.basic_auth_password_file.read_text().strip())
+    if args.header:
+        headers = {}
+        for h in args.header:
+            name, sep, value = h.partition(":")
+            if not sep or not name.strip():
+                raise ValueError(f"--header {h!r}: expected NAME:VALUE")
+            headers[name.strip()] = value.strip()
+        kwargs["headers"] = headers
+    if args.insecure_skip_verify:
+        kwargs["verify"] = False
+    elif args.ca_file:
+        kwargs["verify"] = str(args.ca_file)
+    return kwargs
+
+
+def _load(args: argparse.Namespace, progress: _Progress) -> Fleet:
+    from analyzer.load import load_files, load_prometheus
+
+    if bool(args.input) == bool(args.prometheus):
+        raise ValueError("give either --input FILE (repeatable) or --prometheus URL")
+    if args.input:
+        missing = [str(p) for p in args.input if not p.is_file()]
+        if missing:
+            raise ValueError(f"input file not found: {', '.join(missing)}")
+        progress(f"reading {len(args.input)} file(s)")
+        return load_files(args.input, step=args.step, job_label=args.job_label, start=args.start, end=args.end)
+    end = args.end if args.end is not None else time.time()
+    start = args.start if args.start is not None else end - 3600
+    step = args.step or DEFAULT_STEP
+    progress(f"querying {args.prometheus} from {iso(start)} to {iso(end)} every {step:g}s")
+    return load_prometheus(args.prometheus, start, end, step, matchers=dict(args.matcher) or None,
+                           job_label=args.job_label, **_client_kwargs(args))
+
+
+def _analyze(fleet: Fleet, kinds: list[str] | None, progress: _Progress) -> tuple[Any, list[Finding]]:
+    from analyzer.detectors import run_detectors
+    from analyzer.scores import compute_scores
+
+    progress(f"scoring {fleet.frame.shape[0]:,} rows ({fleet.frame['uuid'].nunique()} GPUs, step {fleet.step:g}s)")
+    scores = compute_scores(fleet)
+    progress("running detectors")
+    findings = run_detectors(fleet, kinds)
+    progress(f"{len(findings)} finding(s)")
+    return scores, findings
+
+
+def _emit(fleet: Fleet, scores: Any, findings: list[Finding], args: argparse.Namespace, out: TextIO) -> None:
+    summary = build_summary(fleet, scores, findings)
+    if args.json:
+        json.dump({"findings": [f.to_json() for f in findings], "summary": summary}, out, indent=2)
+        out.write("\n")
+    else:
+        out.write(format_summary(summary) + "\n\n" + format_findings(findings) + "\n")
+
+
+def run_analyze(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from analyzer.ingest import PrometheusError
+
+    out = out or sys.stdout
+    progress = _Progress(args.quiet)
+    try:
+        fleet = _load(args, progress)
+        scores, findings = _analyze(fleet, args.kinds, progress)
+    except (ValueError, OSError, PrometheusError, KeyError) as exc:
+        return _error("analyze", str(exc).strip("'\""))
+    _emit(fleet, scores, findings, args, out)
+    if args.report:
+        _write_report(args.report, fleet, scores, findings, progress)
+    return 0
+
+
+def run_demo(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from analyzer.simulated import fleet_from_cluster
+    from exporter.simulator import Cluster, load_scenario
+
+    out = out or sys.stdout
+    progress = _Progress(args.quiet)
+    try:
+        scenario = load_scenario(args.scenario)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        return _error("demo", str(exc).strip("'\""))
+    progress(f"simulating {scenario.name}: {scenario.description.strip().splitlines()[0]}")
+    fleet = fleet_from_cluster(Cluster(scenario), step=args.step)
+    scores, findings = _analyze(fleet, None, progress)
+    _emit(fleet, scores, findings, args, out)
+    _write_report(args.out, fleet, scores, findings, progress)
+    return 0
+
+
+def _write_report(out_dir: Path, fleet: Fleet, scores: Any, findings: list[Finding], progress: _Progress) -> None:
+    from analyzer.report import write_report
+
+    path = write_report(out_dir, fleet, scores, findings)
+    progress(f"report written to {path}")
+
+
+# -- output -----------------------------------------------------------------------------------
+def build_summary(fleet: Fleet, scores: Any, findings: list[Finding]) -> dict[str, Any]:
+    """The JSON summary: fleet_summary's numbers plus what was analyzed and what is unknown."""
+    from analyzer.scores import fleet_summary
+
+    summary = fleet_summary(scores)
+    frame = fleet.frame
+    by_kind: dict[str, int] = {}
+    for f in findings:
+        by_kind[f.kind] = by_kind.get(f.kind, 0) + 1
+    summary.update(
+        start=iso(fleet.start), end=iso(fleet.end), step_seconds=fleet.step, dialect=fleet.dialect,
+        gpus=int(frame["uuid"].nunique()), nodes=int(frame["hostname"].nunique()),
+        findings_by_kind=by_kind, missing=dict(fleet.missing), input_notes=list(fleet.notes),
+    )
+    return summary
+
+
+def _pct(x: float | None) -> str:
+    return "unknown" if x is None else f"{100 * x:.1f}%"
+
+
+def _points(x: float | None) -> str:
+    return "unknown" if x is None else f"{100 * x:.1f} points"
+
+
+def _hours(x: float | None) -> str:
+    return "unknown" if x is None else f"{x:,.1f}"
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    lines = [
+        f"fleet: {s['gpus']} GPUs on {s['nodes']} nodes, {s['start']} .. {s['end']} (step {s['step_seconds']:g}s, "
+        f"{s['dialect']} metrics)",
+        f"allocated GPUs: reported utilization {_pct(s['reported_util'])}, effective {_pct(s['effective_util'])}, "
+        f"masking gap {_points(s['masking_gap'])}",
+        f"whole fleet:    reported utilization {_pct(s['fleet_reported_util'])}, "
+        f"effective {_pct(s['fleet_effective_util'])}",
+        f"GPU-hours: {_hours(s['gpu_hours'])} capacity, {_hours(s['allocated_gpu_hours'])} allocated, "
+        f"{_hours(s['effective_gpu_hours'])} effective, {_hours(s['wasted_gpu_hours'])} wasted "
+        f"({_hours(s['idle_gpu_hours'])} idle), {_hours(s['unallocated_gpu_hours'])} unallocated, "
+        f"{_hours(s['unknown_gpu_hours'])} unknown",
+    ]
+    for signal, why in s["missing"].items():
+        lines.append(f"unknown: {signal}: {why}")
+    lines += [f"note: {n}" for n in s["notes"] + s["input_notes"]]
+    return "\n".join(lines)
+
+
+def format_findings(findings: list[Finding]) -> str:
+    if not findings:
+        return "no findings"
+    rows = [("SEVERITY", "KIND", "WHERE", "JOB", "START", "END", "SUMMARY")]
+    for f in findings:
+        where = f.hostname or f.rack or "-"
+        if f.gpu is not None:
+            where += f"/gpu{f.gpu}" + (f"/mig{f.gpu_instance}" if f.gpu_instance else "")
+        rows.append((f.severity, f.kind, where, f.job or "-", iso(f.start),
+                     "ongoing" if f.end is None else iso(f.end), f.summary))
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:6], widths, strict=True)) + "  " + r[6] for r in rows)

@@ -1,0 +1,114 @@
+"""`truegpu analyze` and `truegpu demo` end to end: files, a real Prometheus, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analyzer.findings import IDLE_ALLOCATED, IDLE_MASKING
+from exporter.simulator import Cluster, load_scenario
+from exporter.simulator.dcgm_dialect import DcgmOptions
+from exporter.simulator.history import write_history
+from tests.conftest import ROOT, free_port
+from tests.realprom import backfilled_prometheus
+from truegpu.cli import main
+
+TRUEGPU = str(Path(sys.executable).with_name("truegpu"))
+SCENARIO = "mixed-fleet"
+STEP = 60.0
+SPAN = 3600.0
+
+
+def truth_devices(kind: str) -> set[tuple[str, int]]:
+    return {(t["hostname"], int(t["gpu"])) for t in Cluster(load_scenario(SCENARIO)).ground_truth()
+            if t["kind"] == kind}
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("history")
+    cluster = Cluster(load_scenario(SCENARIO))
+    files = {"truegpu": tmp / "truegpu.om", "dcgm": tmp / "dcgm.om.gz"}
+    write_history(files["truegpu"], cluster, cluster.start, cluster.start + SPAN, STEP)
+    write_history(files["dcgm"], cluster, cluster.start, cluster.start + SPAN, STEP, dialect="dcgm",
+                  dcgm_options=DcgmOptions(counters="default"))
+    return files
+
+
+def analyze_json(capsys, *args: str) -> dict:
+    assert main(["analyze", "--json", "--quiet", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("dialect", ["truegpu", "dcgm"])
+def test_analyze_files_json(history, capsys, dialect):
+    out = analyze_json(capsys, "--input", str(history[dialect]))
+    s = out["summary"]
+    assert s["dialect"] == dialect and s["gpus"] == 64 and s["step_seconds"] == STEP
+    assert s["start"] == "2026-01-05T00:00:00Z"
+    assert 0 < s["effective_util"] < s["reported_util"] <= 1  # masking: effective below reported
+    found = {(f["kind"], f["hostname"], f["gpu"]) for f in out["findings"]}
+    for kind in (IDLE_MASKING, IDLE_ALLOCATED):
+        assert {(kind, h, g) for h, g in truth_devices(kind)} <= found
+    for f in out["findings"]:
+        assert isinstance(f["gpu"], int) and f["start"].endswith("Z")
+        assert f["end"] is None  # both problems last past the analyzed hour
+    if dialect == "dcgm":  # default dcgm-exporter counters: SM activity is not collected
+        assert "DCGM_FI_PROF_SM_ACTIVE" in s["missing"]["sm_active"]
+        assert {f["confidence"] for f in out["findings"] if f["kind"] == IDLE_MASKING} == {"low"}
+
+
+def test_analyze_table_and_report(history, tmp_path, capsys):
+    assert main(["analyze", "--input", str(history["truegpu"]), "--report", str(tmp_path / "r")]) == 0
+    captured = capsys.readouterr()
+    assert "reported utilization" in captured.out and "idle_masking" in captured.out
+    assert "scoring" in captured.err  # progress goes to stderr, never into the table/JSON
+    assert (tmp_path / "r" / "index.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_analyze_prometheus(history, tmp_path, capsys, promtool, prometheus_bin):
+    cluster = Cluster(load_scenario(SCENARIO))
+    with backfilled_prometheus(tmp_path, [history["truegpu"]], promtool, prometheus_bin) as url:
+        out = analyze_json(capsys, "--prometheus", url, "--start", str(cluster.start),
+                           "--end", str(cluster.start + SPAN), "--step", "60s")
+        narrowed = analyze_json(capsys, "--prometheus", url, "--start", str(cluster.start),
+                                "--end", str(cluster.start + SPAN), "--matcher", "hostname=dc1-r2-n02")
+    assert out["summary"]["gpus"] == 64
+    kinds = {(f["kind"], f["hostname"], f["gpu"]) for f in out["findings"]}
+    assert {(IDLE_ALLOCATED, h, g) for h, g in truth_devices(IDLE_ALLOCATED)} <= kinds
+    assert narrowed["summary"]["gpus"] == 8 and {f["hostname"] for f in narrowed["findings"]} == {"dc1-r2-n02"}
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--input", "/nonexistent/x.om"], "input file not found: /nonexistent/x.om"),
+        ([], "give either --input FILE"),
+        (["--prometheus", "http://127.0.0.1:{port}", "--start", "now-1h"], "127.0.0.1:{port}"),
+        (["--prometheus", "localhost:9090"], "must start with http://"),
+        (["--input", "x.om", "--start", "yesterday"], "bad time 'yesterday'"),
+        (["--input", "{garbage}"], "no GPU telemetry in"),
+    ],
+)
+def test_bad_input_fails_clearly(tmp_path, args, needle):
+    garbage = tmp_path / "garbage.om"
+    garbage.write_text("this is not\nopenmetrics\n")
+    port = str(free_port())
+    args = [a.format(port=port, garbage=garbage) for a in args]
+    proc = subprocess.run([TRUEGPU, "analyze", "--quiet", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert needle.format(port=port) in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_demo_prints_summary_findings_and_writes_report(tmp_path):
+    proc = subprocess.run([TRUEGPU, "demo", "--out", str(tmp_path / "report")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "effective" in proc.stdout and "idle_allocated" in proc.stdout and "idle_masking" in proc.stdout
+    assert (tmp_path / "report" / "index.html").is_file()
