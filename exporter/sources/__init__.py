@@ -54,8 +54,8 @@ def _simulated(args: argparse.Namespace) -> Source:
         raise SourceConfigError("--source simulated needs --scenario NAME")
     if getattr(args, "speed", 1.0) <= 0:
         raise SourceConfigError("--speed must be > 0")
-    from exporter.timeparse import parse_duration
     from exporter.sources.simulated import SimulatedSource
+    from exporter.timeparse import parse_duration
 
     start = None
     if args.start is not None:
