@@ -8,6 +8,11 @@ Matching rules (a finding *matches* a ground-truth record when all three hold):
      instances of that GPU all match it (the truth is per physical GPU);
    - node-level truth (``gpu`` None, ``hostname`` set): any finding on that host;
    - job-level truth (no hostname, ``job`` set): any finding attributed to that job.
+   A finding coarser than the truth matches when it contains the truth's entity: a
+   rack-level finding (no hostname, ``rack`` set: "this rack is cooking") matches node
+   truth on any host of that rack, and a job-level finding (no hostname, ``job`` set:
+   "this job spans two sites") matches node truth carrying that job. One rack finding for
+   a rack-wide problem is what an on-call engineer wants, not one finding per GPU.
 3. Time overlap: the half-open intervals ``[start, end)`` share some time, an open end
    (None) meaning the end of the evaluated window. *Any* overlap, not an IoU threshold:
    whether the detector found the problem is one question (precision/recall), how well it
@@ -50,9 +55,14 @@ def fleet_gpu_hours(fleet: Fleet) -> float:
     return float(np.nansum(share) * fleet.step / 3600.0)
 
 
-def _entity_match(f: Finding, t: Mapping[str, Any]) -> bool:
-    if t.get("hostname"):
-        if f.hostname != t["hostname"]:
+def _entity_match(f: Finding, t: Mapping[str, Any], racks: Mapping[str, str]) -> bool:
+    host = t.get("hostname")
+    if host:
+        if f.hostname is None and t.get("gpu") is None:  # a coarser finding containing this node
+            if f.rack:
+                return racks.get(host) == f.rack
+            return bool(f.job) and f.job == t.get("job")
+        if f.hostname != host:
             return False
         return t.get("gpu") is None or (f.gpu is not None and str(f.gpu) == str(t["gpu"]))
     if t.get("job"):
@@ -60,13 +70,21 @@ def _entity_match(f: Finding, t: Mapping[str, Any]) -> bool:
     return False
 
 
+def host_racks(fleet: Fleet | None) -> dict[str, str]:
+    """hostname -> rack, from the fleet's rows (empty without a fleet or rack labels)."""
+    if fleet is None or "rack" not in fleet.frame.columns:
+        return {}
+    pairs = fleet.frame[["hostname", "rack"]].drop_duplicates()
+    return {str(h): str(r) for h, r in zip(pairs["hostname"], pairs["rack"], strict=True) if r == r and r}
+
+
 def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
     return max(0.0, min(a1, b1) - max(a0, b0))
 
 
-def matches(f: Finding, t: Mapping[str, Any], window_end: float) -> bool:
+def matches(f: Finding, t: Mapping[str, Any], window_end: float, racks: Mapping[str, str] | None = None) -> bool:
     """Does finding ``f`` match truth ``t`` (same kind, same entity, overlapping in time)?"""
-    if f.kind != t["kind"] or not _entity_match(f, t):
+    if f.kind != t["kind"] or not _entity_match(f, t, racks or {}):
         return False
     f_end = window_end if f.end is None else f.end
     t_end = window_end if t.get("end") is None else float(t["end"])
@@ -107,6 +125,7 @@ def evaluate(
     w0, w1 = window
     gpu_hours = fleet_gpu_hours(fleet) if fleet is not None else None
     truth = _clip_truth(truth, w0, w1)
+    racks = host_racks(fleet)
     result: dict[str, Any] = {"window": [w0, w1], "gpu_hours": gpu_hours, "kinds": {}}
     for kind in kinds:
         fs = [f for f in findings if f.kind == kind]
@@ -115,7 +134,7 @@ def evaluate(
         detected, onsets, coverage, fragmented = 0, [], [], 0
         missed = []
         for t in ts:
-            m = [i for i, f in enumerate(fs) if matches(f, t, w1)]
+            m = [i for i, f in enumerate(fs) if matches(f, t, w1, racks)]
             if not m:
                 missed.append(_brief_truth(t))
                 continue

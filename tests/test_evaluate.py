@@ -153,3 +153,20 @@ def test_table_lists_every_scenario_and_kind(truegpu_results: list[dict]) -> Non
     lines = table.splitlines()
     assert len(lines) == 2 + len(truegpu_results) * len(DEFAULT_KINDS)
     assert "prec" in lines[0] and "idle-waste" in table and "idle_allocated" in table
+
+
+def test_coarser_findings_match_node_truth_they_contain():
+    from analyzer.evaluate import matches
+    from analyzer.findings import THERMAL, TOPOLOGY, Finding
+
+    node_truth = {"kind": THERMAL, "hostname": "r1-n2", "gpu": None, "job": None, "start": 0.0, "end": None}
+    rack_finding = Finding(THERMAL, "warning", "rack r1 is hot", 10.0, None, 0.9, rack="r1")
+    racks = {"r1-n2": "r1", "r2-n1": "r2"}
+    assert matches(rack_finding, node_truth, 100.0, racks)
+    assert not matches(rack_finding, {**node_truth, "hostname": "r2-n1"}, 100.0, racks)
+    job_truth = {"kind": TOPOLOGY, "hostname": "dc1-n1", "gpu": None, "job": "llm", "start": 0.0, "end": None}
+    job_finding = Finding(TOPOLOGY, "warning", "job llm spans two sites", 0.0, None, 0.5, job="llm")
+    assert matches(job_finding, job_truth, 100.0, racks)
+    assert not matches(job_finding, {**job_truth, "job": "other"}, 100.0, racks)
+    gpu_truth = {**node_truth, "gpu": "3"}
+    assert not matches(rack_finding, gpu_truth, 100.0, racks)  # a GPU problem needs the GPU named
