@@ -92,6 +92,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("--quiet", action="store_true", help="no progress on stderr")
     d.set_defaults(func=run_demo)
 
+    e = subparsers.add_parser(
+        "evaluate", help="judge the detectors on simulator scenarios with ground truth",
+        description="Simulate scenarios, analyze them in one or both input dialects, match findings to the "
+        "ground truth (same kind, same entity, overlapping in time; see analyzer/evaluate.py) and print "
+        "precision, recall, F1 and onset error per kind.",
+    )
+    e.add_argument("--scenario", action="append", dest="scenarios", metavar="NAME",
+                   help="scenario to run (repeatable; default: all)")
+    e.add_argument("--dialect", choices=("truegpu", "dcgm", "both"), default="both",
+                   help="input dialect the analyzer reads (dcgm: via a dcgm-exporter history file; default both)")
+    e.add_argument("--kinds", type=lambda s: [k for k in s.split(",") if k], default=None,
+                   help="comma-separated finding kinds (default: every registered detector)")
+    e.add_argument("--step", type=_arg(parse_positive_duration), default=DEFAULT_STEP,
+                   help=f"analysis resolution (default {DEFAULT_STEP:g}s)")
+    e.add_argument("--json", action="store_true", help="print the full results as JSON")
+    e.add_argument("--min-precision", type=float, default=None, help="exit 1 if pooled precision of a kind is lower")
+    e.add_argument("--min-recall", type=float, default=None, help="exit 1 if pooled recall of a kind is lower")
+    e.set_defaults(func=run_evaluate)
+
 
 # -- running ---------------------------------------------------------------------------------
 class _Progress:
@@ -206,6 +225,42 @@ def run_demo(args: argparse.Namespace, out: TextIO | None = None) -> int:
     _emit(fleet, scores, findings, args, out)
     _write_report(args.out, fleet, scores, findings, progress)
     return 0
+
+
+def run_evaluate(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from analyzer.detectors import load_detectors
+    from analyzer.evaluate import evaluate_scenarios, format_table, pooled
+
+    out = out or sys.stdout
+    kinds = args.kinds or sorted(load_detectors())
+    unknown = sorted(set(kinds) - set(load_detectors()))
+    if unknown:
+        return _error("evaluate", f"unknown kind(s) {', '.join(unknown)}; known: {', '.join(sorted(load_detectors()))}")
+    dialects = ("truegpu", "dcgm") if args.dialect == "both" else (args.dialect,)
+    results = []
+    try:
+        for dialect in dialects:
+            print(f"evaluating {dialect} dialect ...", file=sys.stderr, flush=True)
+            results += evaluate_scenarios(args.scenarios, dialect=dialect, step=args.step, kinds=kinds)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        return _error("evaluate", str(exc).strip("'\""))
+    totals = pooled(results)
+    if args.json:
+        json.dump({"results": results, "pooled": [{"dialect": d, "kind": k, **v} for (d, k), v in totals.items()]},
+                  out, indent=2, default=str)
+        out.write("\n")
+    else:
+        out.write(format_table(results) + "\n\npooled over scenarios:\n")
+        for (dialect, kind), v in sorted(totals.items()):
+            out.write(f"  {dialect:8} {kind:15} precision {v['precision']:.3f}  recall {v['recall']:.3f}  "
+                      f"({v['tp']:.0f}/{v['findings']:.0f} findings true, {v['detected']:.0f}/{v['truth']:.0f} "
+                      f"problems found)\n")
+    failed = [(d, k) for (d, k), v in totals.items()
+              if (args.min_precision is not None and v["precision"] < args.min_precision)
+              or (args.min_recall is not None and v["recall"] < args.min_recall)]
+    for d, k in failed:
+        print(f"truegpu evaluate: {k} ({d}) below the required precision/recall", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _write_report(out_dir: Path, fleet: Fleet, scores: Any, findings: list[Finding], progress: _Progress) -> None:

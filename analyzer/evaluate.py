@@ -258,5 +258,23 @@ def format_table(results: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def pooled(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, float]]:
+    """Micro-averaged precision/recall per (dialect, kind) over scenarios: the CI gate's numbers.
+
+    Pooling counts (not averaging per-scenario ratios) keeps a scenario with one truth from
+    weighing as much as one with twenty.
+    """
+    acc: dict[tuple[str, str], dict[str, float]] = {}
+    for r in results:
+        for kind, k in r["kinds"].items():
+            a = acc.setdefault((str(r.get("dialect", "-")), kind), {"findings": 0, "tp": 0, "truth": 0, "detected": 0})
+            for key in a:
+                a[key] += k[key]
+    for a in acc.values():
+        a["precision"] = _ratio(a["tp"], a["findings"])
+        a["recall"] = _ratio(a["detected"], a["truth"])
+    return acc
+
+
 __all__ = ["DEFAULT_KINDS", "evaluate", "evaluate_scenarios", "fleet_gpu_hours", "format_table", "matches",
-           "scenario_fleet"]
+           "pooled", "scenario_fleet"]

@@ -112,3 +112,17 @@ def test_demo_prints_summary_findings_and_writes_report(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "effective" in proc.stdout and "idle_allocated" in proc.stdout and "idle_masking" in proc.stdout
     assert (tmp_path / "report" / "index.html").is_file()
+
+
+def test_evaluate_cli_gates_and_json(capsys):
+    args = ["evaluate", "--scenario", "idle-waste", "--dialect", "truegpu", "--kinds", "idle_masking,idle_allocated"]
+    assert main([*args, "--min-precision", "0.95", "--min-recall", "0.95"]) == 0
+    table = capsys.readouterr().out
+    assert "idle-waste" in table and "pooled over scenarios" in table
+    assert main([*args, "--json"]) == 0
+    pooled = {(p["dialect"], p["kind"]): p for p in json.loads(capsys.readouterr().out)["pooled"]}
+    assert pooled[("truegpu", IDLE_MASKING)]["truth"] == 8 and pooled[("truegpu", IDLE_MASKING)]["recall"] == 1.0
+    # a gate nothing can pass fails the run: the exit code is what CI reads
+    assert main([*args, "--min-precision", "1.01"]) == 1
+    assert main(["evaluate", "--kinds", "psychic"]) == 2
+    assert "unknown kind(s) psychic" in capsys.readouterr().err
