@@ -128,3 +128,12 @@ def test_dcgm_by_field_knows_both_spellings():
     metric, field = schema.DCGM_BY_FIELD["dcgm_fi_dev_gpu_temp"]
     assert metric is schema.TEMPERATURE and field.labels == (("sensor", "gpu"),)
     assert schema.DCGM_BY_FIELD["DCGM_FI_DEV_GPU_TEMP"] == (metric, field)
+
+
+def test_analyzer_output_contract_follows_the_same_conventions(promtool: str):
+    from analyzer import output_schema
+
+    names = {m.name for m in output_schema.METRICS}
+    assert not names & set(schema.BY_NAME), "analyzer metrics must not reuse exporter names"
+    for m in output_schema.METRICS:
+        test_naming_conventions(m)

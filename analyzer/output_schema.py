@@ -1,0 +1,75 @@
+"""The analyzer's own metric contract: what `truegpu serve` publishes on /metrics.
+
+Alert rules and dashboards read these names from here (as they read the exporter's from
+exporter/schema.py), so the analyzer, the rules and the panels cannot drift apart. Same
+conventions: ratios 0..1, base units, counters end in ``_total``. Findings are bounded
+(one series per open problem, gone when it ends), so their identity labels are fine here.
+"""
+
+from __future__ import annotations
+
+from exporter.schema import Metric
+
+#: Labels of a finding series; "" where the finding has no such entity (a rack finding has no gpu).
+FINDING_LABELS: tuple[str, ...] = ("kind", "severity", "hostname", "gpu", "gpu_instance", "rack", "namespace", "job")
+
+FINDING_ACTIVE = Metric(
+    "truegpu_finding_active", "gauge", "",
+    "1 while the analyzer has an open finding of this kind on this entity (absent once it ends).",
+    labels=FINDING_LABELS, scope="exporter",
+)
+FINDING_SCORE = Metric(
+    "truegpu_finding_score", "gauge", "",
+    "How bad the open finding is, 0..1 (the finding's score).",
+    labels=FINDING_LABELS, scope="exporter",
+)
+FINDING_STARTED = Metric(
+    "truegpu_finding_start_timestamp_seconds", "gauge", "seconds",
+    "Unix time the open finding started.",
+    labels=FINDING_LABELS, scope="exporter",
+)
+
+JOB_EFFECTIVE_UTILIZATION = Metric(
+    "truegpu_job_effective_utilization_ratio", "gauge", "ratio",
+    "Effective utilization of a job's GPUs over the last analysis window (SM activity x clock ratio, "
+    "time-weighted).",
+    labels=("namespace", "job"), scope="exporter",
+)
+JOB_REPORTED_UTILIZATION = Metric(
+    "truegpu_job_reported_utilization_ratio", "gauge", "ratio",
+    "GPU utilization as nvidia-smi reports it for the job's GPUs over the last analysis window.",
+    labels=("namespace", "job"), scope="exporter",
+)
+JOB_ALLOCATED_GPUS = Metric(
+    "truegpu_job_allocated_gpus", "gauge", "",
+    "GPUs (MIG slices by their share) the job held on average over the last analysis window.",
+    labels=("namespace", "job"), scope="exporter",
+)
+FLEET_EFFECTIVE_UTILIZATION = Metric(
+    "truegpu_fleet_effective_utilization_ratio", "gauge", "ratio",
+    "Effective utilization over the last analysis window, allocation=allocated|all.",
+    labels=("allocation",), scope="exporter",
+)
+FLEET_REPORTED_UTILIZATION = Metric(
+    "truegpu_fleet_reported_utilization_ratio", "gauge", "ratio",
+    "Reported GPU utilization over the last analysis window, allocation=allocated|all.",
+    labels=("allocation",), scope="exporter",
+)
+
+ANALYZER_LAST_SUCCESS = Metric(
+    "truegpu_analyzer_last_success_timestamp_seconds", "gauge", "seconds",
+    "Unix time of the analyzer's last complete analysis run.",
+    scope="exporter",
+)
+ANALYZER_RUN_DURATION = Metric(
+    "truegpu_analyzer_run_duration_seconds", "gauge", "seconds",
+    "Wall time of the last analysis run.",
+    scope="exporter",
+)
+ANALYZER_RUNS = Metric(
+    "truegpu_analyzer_runs_total", "counter", "",
+    "Analysis runs by result (ok, error).",
+    labels=("result",), scope="exporter",
+)
+
+METRICS: tuple[Metric, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Metric))
