@@ -36,6 +36,11 @@ def test_required_families_exist():
 
 @pytest.mark.parametrize("metric", schema.METRICS, ids=lambda m: m.name)
 def test_naming_conventions(metric: schema.Metric):
+    check_conventions(metric)
+    assert not set(metric.labels) & set(schema.MIG_LABELS), "MIG labels are added per sample, not per family"
+
+
+def check_conventions(metric: schema.Metric) -> None:
     assert re.fullmatch(r"truegpu_[a-z0-9_]+", metric.name)
     assert metric.name.endswith("_total") == (metric.type == "counter")
     if metric.unit:
@@ -45,7 +50,6 @@ def test_naming_conventions(metric: schema.Metric):
         assert metric.type == "gauge" and metric.labels, "info series are gauges of 1 carrying identity labels"
     assert metric.help.strip() and not metric.help[0].islower()
     assert len(set(metric.all_labels)) == len(metric.all_labels)
-    assert not set(metric.labels) & set(schema.MIG_LABELS)
 
 
 def test_every_gpu_family_has_a_source_recipe():
@@ -136,4 +140,4 @@ def test_analyzer_output_contract_follows_the_same_conventions(promtool: str):
     names = {m.name for m in output_schema.METRICS}
     assert not names & set(schema.BY_NAME), "analyzer metrics must not reuse exporter names"
     for m in output_schema.METRICS:
-        test_naming_conventions(m)
+        check_conventions(m)
