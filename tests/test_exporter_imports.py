@@ -22,8 +22,8 @@ for mod in pkgutil.walk_packages(exporter.__path__, "exporter."):
     except Exception as exc:  # reported, so a broken module fails the test with its reason
         failed[mod.name] = repr(exc)
 from truegpu.cli import build_parser
-args = build_parser().parse_args(
-    ["exporter", "--source", "simulated", "--scenario", "mixed-fleet", "--listen", "127.0.0.1:0"])
+argv = ["exporter", "--source", "simulated", "--scenario", "mixed-fleet", "--listen", "127.0.0.1:0"]
+args = build_parser(argv).parse_args(argv)
 assert args.func.__module__ == "exporter.server", args.func
 forbidden = %r
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in forbidden)
