@@ -6,7 +6,7 @@ errors without marking the source down, and adds truegpu_gpu_allocation_info for
 held device.
 
 Importing this package is cheap: grpc is only imported when a KubernetesAttributor
-first refreshes.
+first refreshes, requests on the first pod-label lookup, yaml when a job map is loaded.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from exporter.attribution.base import Allocation, AttributionError, Attributor, CachedAttributor, CompositeAttributor
 from exporter.attribution.jobs import KNOWN_JOB_LABELS, derive_job
 from exporter.attribution.kubernetes import DEFAULT_SOCKET, KubernetesAttributor
+from exporter.attribution.podlabels import DEFAULT_CA_FILE, DEFAULT_TOKEN_FILE, KubeApiPodLabels
 from exporter.attribution.slurm import SlurmAttributor
 from exporter.schema import GPU_ALLOCATION_INFO
 from exporter.sources.base import Labels, Reading, SourceError
@@ -31,11 +32,13 @@ __all__ = [
     "Attributor",
     "CachedAttributor",
     "CompositeAttributor",
+    "KubeApiPodLabels",
     "KubernetesAttributor",
     "SlurmAttributor",
     "attribute",
     "build_attributor",
     "derive_job",
+    "load_job_map",
 ]
 
 
@@ -46,17 +49,63 @@ def build_attributor(
     timeout: float = 2.0,
     ttl: float = 10.0,
     static_jobs: Mapping[str, str] | None = None,
+    job_label: str | None = None,
+    kube_api: str | None = None,
+    kube_token_file: str | None = None,
+    kube_ca_file: str | None = None,
+    pod_labels_ttl: float = 60.0,
 ) -> Attributor | None:
     """The attributor the exporter's options ask for: Kubernetes first, then Slurm;
-    None when neither is configured (the exporter then emits no allocation series)."""
+    None when neither is configured (the exporter then emits no allocation series).
+
+    With ``job_label`` or ``kube_api`` set, Kubernetes jobs come from pod labels read from
+    the API server (``kube_api``, default in-cluster): ``job_label`` when the pod has it,
+    else the well-known operator labels (only without ``job_label``), else the pod name.
+    The label lookup's failures are counted with the attributor's own."""
     parts: list[Attributor] = []
     if kubelet_socket:
-        parts.append(KubernetesAttributor(kubelet_socket, timeout=timeout, ttl=ttl, static_jobs=static_jobs))
+        pod_labels = None
+        if job_label or kube_api:
+            pod_labels = KubeApiPodLabels(
+                kube_api,
+                token_file=kube_token_file or DEFAULT_TOKEN_FILE,
+                ca_file=kube_ca_file or DEFAULT_CA_FILE,
+                timeout=timeout,
+                ttl=pod_labels_ttl,
+            )
+        parts.append(KubernetesAttributor(kubelet_socket, timeout=timeout, ttl=ttl, static_jobs=static_jobs,
+                                          pod_labels=pod_labels, job_label=job_label or None))
+        if pod_labels is not None:
+            parts.append(pod_labels)  # attributes nothing; its refresh() reports the lookups' failures
     if slurm_dir:
         parts.append(SlurmAttributor(slurm_dir, ttl=ttl))
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else CompositeAttributor(parts)
+
+
+def load_job_map(path: str) -> dict[str, str]:
+    """A static ``{"namespace/pod": job}`` mapping from a YAML or JSON file (JSON is YAML);
+    ValueError when the file is not such a mapping, OSError when it cannot be read."""
+    import yaml
+
+    with open(path, encoding="utf-8") as fh:
+        try:
+            data = yaml.safe_load(fh)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"job map {path}: not YAML/JSON: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"job map {path}: expected a mapping of 'namespace/pod: job', got {type(data).__name__}")
+    jobs: dict[str, str] = {}
+    for key, job in data.items():
+        if not isinstance(key, str) or key.count("/") != 1 or not all(key.split("/")):
+            raise ValueError(f"job map {path}: key {key!r} is not 'namespace/pod'")
+        if not isinstance(job, (str, int)) or isinstance(job, bool) or not str(job).strip():
+            raise ValueError(f"job map {path}: job for {key!r} must be a non-empty string, got {job!r}")
+        jobs[key] = str(job).strip()
+    return jobs
 
 
 def attribute(reading: Reading, attributor: Attributor, devices: Iterable[Device]) -> None:

@@ -98,6 +98,20 @@ def _nvml_arguments(parser: argparse.ArgumentParser) -> None:
                        help="Slurm job-mapping directory (files named by GPU index, each holding a job id)")
     group.add_argument("--attribution-ttl", type=float, default=10.0,
                        help="seconds between re-reads of the kubelet / job directory (default 10)")
+    group.add_argument("--job-pod-label", default=None, metavar="LABEL",
+                       help="pod label naming the job (e.g. training.kubeflow.org/job-name or a team label); "
+                       "pod labels are then read from the Kubernetes API server (RBAC: get pods); "
+                       "pods without it get the job from their name")
+    group.add_argument("--kube-api", default=None, metavar="URL",
+                       help="Kubernetes API server for pod labels (default: in-cluster, "
+                       "https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT); given without "
+                       "--job-pod-label, the well-known training-operator job labels are used")
+    group.add_argument("--kube-token-file", default=None, metavar="PATH",
+                       help="bearer token for --kube-api (default: the pod's service-account token)")
+    group.add_argument("--kube-ca-file", default=None, metavar="PATH",
+                       help="CA bundle for --kube-api (default: the pod's service-account ca.crt)")
+    group.add_argument("--job-map", default=None, metavar="FILE",
+                       help="YAML/JSON mapping of 'namespace/pod: job' that overrides every other job source")
 
 
 def _dcgm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,7 +140,8 @@ SOURCES: dict[str, SourceSpec] = {
                    _simulated_arguments, ("scenario", "nodes", "speed", "seed", "start")),
         SourceSpec("nvml", "NVIDIA driver via NVML (GPM profiling on Hopper+, XID events, MIG, topology)",
                    _with_deadline("exporter.sources.nvml"), _nvml_arguments,
-                   ("gpm_interval", "kubelet_socket", "slurm_job_dir", "deadline")),
+                   ("gpm_interval", "kubelet_socket", "slurm_job_dir", "job_pod_label", "kube_api", "job_map",
+                    "deadline")),
         SourceSpec("dcgm", "scrape a node-local NVIDIA dcgm-exporter",
                    _with_deadline("exporter.sources.dcgm"), _dcgm_arguments,
                    ("dcgm_url", "deadline")),

@@ -784,11 +784,21 @@ def _field_value(nv: ModuleType, v: Any) -> float:
 
 def from_args(args: argparse.Namespace) -> NvmlSource:
     """Build the source from parsed ``add_arguments`` options (ValueError when they are unusable)."""
-    from exporter.attribution import build_attributor
+    from exporter.attribution import build_attributor, load_job_map
 
+    job_map = getattr(args, "job_map", None)
+    kube_only = [flag for flag, dest in (("--job-pod-label", "job_pod_label"), ("--kube-api", "kube_api"),
+                                         ("--job-map", "job_map")) if getattr(args, dest, None)]
+    if kube_only and not getattr(args, "kubelet_socket", None):
+        raise ValueError(f"{', '.join(kube_only)} need --kubelet-socket (Kubernetes attribution)")
     attributor = build_attributor(
         getattr(args, "kubelet_socket", None), getattr(args, "slurm_job_dir", None),
         ttl=getattr(args, "attribution_ttl", 10.0),
+        static_jobs=load_job_map(job_map) if job_map else None,
+        job_label=getattr(args, "job_pod_label", None),
+        kube_api=getattr(args, "kube_api", None),
+        kube_token_file=getattr(args, "kube_token_file", None),
+        kube_ca_file=getattr(args, "kube_ca_file", None),
     )
     return NvmlSource(
         hostname=getattr(args, "nvml_hostname", None),
