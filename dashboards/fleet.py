@@ -1,0 +1,59 @@
+"""Fleet overview: reported vs effective utilization, the masking gap, GPU-hours and waste."""
+
+from __future__ import annotations
+
+from analyzer import output_schema as out
+from dashboards.builder import COUNT, GPU_HOURS, RATIO, PanelSpec, q
+from dashboards.queries import GPU_KEY, Dialect
+from exporter import schema as S
+
+KEY = "fleet"
+TITLE = "Fleet overview"
+DESCRIPTION = (
+    "How much of the fleet really works. Reported utilization is nvidia-smi's GPU-Util (a kernel was "
+    "resident); effective utilization is SM activity x (SM clock / max SM clock); the masking gap is "
+    "the difference. GPU-hours are integrated over the dashboard range."
+)
+
+
+def panels(d: Dialect) -> list[PanelSpec]:
+    util, sm, eff = d.sel(S.GPU_UTILIZATION), d.sel(S.SM_ACTIVE), d.effective()
+    waste = f"({d.allocated_gpu_hours('namespace')}) - ({d.effective_gpu_hours('namespace')})"
+    return [
+        PanelSpec("Reported GPU utilization", RATIO, [q(f"avg({util})")], kind="stat", width=6,
+                  description="Mean nvidia-smi GPU-Util over all selected GPUs and the range."),
+        PanelSpec("SM activity", RATIO, [q(f"avg({sm})")], kind="stat", width=6,
+                  description="Mean fraction of time warps were resident on the SMs."),
+        PanelSpec("Effective utilization", RATIO, [q(f"avg({eff})")], kind="stat", width=6,
+                  description="SM active x (SM clock / max SM clock): work done relative to the hardware."),
+        PanelSpec("Masking gap", RATIO, [q(f"avg({d.masking_gap()})")], kind="stat", width=6,
+                  description="Reported utilization minus SM activity: GPUs that look busy but are not."),
+        PanelSpec("Reported vs effective utilization", RATIO, [
+            q(f"avg({util})", "reported (GPU-Util)"),
+            q(f"avg({sm})", "SM active"),
+            q(f"avg({eff})", "effective"),
+        ], width=12),
+        PanelSpec("Masking gap by node", RATIO, [q(f"avg by (hostname) ({d.masking_gap()})", "{{hostname}}")],
+                  width=12, description="Per node mean of GPU-Util minus SM activity."),
+        PanelSpec("Allocated vs effective GPU-hours", GPU_HOURS, [
+            q(f"sum({d.allocated_gpu_hours('namespace')})", "allocated"),
+            q(f"sum({d.effective_gpu_hours('namespace')})", "effective"),
+        ], kind="stat", width=8, reduce="lastNotNull",
+            description="GPU-hours allocated to pods/jobs over the dashboard range, and the part of them "
+                        "that was effective (effective utilization integrated over time)."),
+        PanelSpec("Wasted GPU-hours", GPU_HOURS, [q(f"sum({waste})", "waste")], kind="stat", width=4,
+                  reduce="lastNotNull", description="Allocated minus effective GPU-hours over the range."),
+        PanelSpec("Effective utilization by namespace", RATIO,
+                  [q(f"avg by (namespace) ({d.effective(alloc=True)})", "{{namespace}}")], width=12),
+        PanelSpec("Allocated GPUs", COUNT, [
+            q(f"count({d.sel(S.GPU_UTILIZATION)})", "all GPUs"),
+            q(f"count(count by ({GPU_KEY}) ({d.allocated()}))", "allocated"),
+        ], width=12),
+        PanelSpec("Analyzer: fleet effective vs reported", RATIO, [
+            q(f"{d.analyzer(out.FLEET_EFFECTIVE_UTILIZATION)}", "effective ({{allocation}})"),
+            q(f"{d.analyzer(out.FLEET_REPORTED_UTILIZATION)}", "reported ({{allocation}})"),
+        ], width=12, description="The analyzer's time-weighted scores over its last analysis window."),
+        PanelSpec("Open findings by kind", COUNT,
+                  [q(f"count by (kind) ({d.analyzer(out.FINDING_ACTIVE)})", "{{kind}}")], width=12,
+                  stacked=True),
+    ]

@@ -1,0 +1,303 @@
+"""PromQL built from the metric contract, in two dialects: truegpu's exporter and plain dcgm-exporter.
+
+Every expression a dashboard uses comes from a :class:`Dialect`, which turns a contract
+``Metric`` into a selector in base units with the contract's label names, so the panels
+above it are written once:
+
+* ``truegpu``: ``truegpu_*`` series; the namespace/job variables join
+  ``truegpu_gpu_allocation_info`` (``* on(hostname, gpu, uuid, gpu_instance)
+  group_left(namespace, pod, job)``).
+* ``dcgm``: the ``DCGM_FI_*`` fields of ``Metric.dcgm`` with their scale applied (percent
+  -> /100, MHz -> *1e6, MiB -> bytes, mJ -> J), contract labels set with ``label_replace``
+  (``sensor``, ``direction``, ``type``, ``state``), the host label normalised to
+  ``hostname`` from whichever of ``Hostname``/``hostname`` the ``$hostlabel`` variable
+  names, MIG ``GPU_I_ID``/``GPU_I_PROFILE`` -> ``gpu_instance``/``mig_profile``, and the
+  pod labels dcgm-exporter puts on every sample in place of the allocation join. dcgm-exporter
+  has no job label: there the ``job`` variable lists pods and ``job`` is copied from ``pod``.
+
+Rates differ too: dcgm-exporter's byte "counters" are already per-second rates
+(``kind="rate"``: averaged, never ``rate()``d), clock-event reasons are a bitmask
+(decoded with ``floor(x / bit) % 2``) and XIDs are a "last XID code" gauge.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from analyzer import output_schema as out
+from exporter import schema as S
+from exporter.schema import DcgmField, Metric
+
+# Grafana variable references ---------------------------------------------------------
+V_HOST = "$hostname"
+V_GPU = "$gpu"
+V_NAMESPACE = "$namespace"
+V_JOB = "$job"
+#: dcgm variant only: which label carries the host (``Hostname`` in older dcgm-exporter releases).
+V_HOSTLABEL = "$hostlabel"
+RANGE = "$__range"
+RATE = "$__rate_interval"
+#: Resolution of GPU-hour subqueries: one sample per 5 minutes, i.e. 12 per hour.
+HOUR_STEP = "5m"
+STEPS_PER_HOUR = 12
+
+TRUEGPU = "truegpu"
+DCGM = "dcgm"
+
+#: Identity of one GPU or MIG instance across dialects (after normalisation).
+GPU_KEY = f"{S.HOSTNAME}, {S.GPU}"
+ALLOC_ON = f"{S.HOSTNAME}, {S.GPU}, {S.UUID}, {S.GPU_INSTANCE}"
+ALLOC_LABELS = "namespace, pod, job"
+
+_DCGM_NAME = re.compile(r"\bDCGM_FI_(?:DEV|PROF)_[A-Z0-9_]+\b")
+
+
+def dcgm_fields_in(expr: str) -> set[str]:
+    """The dcgm-exporter field names an expression reads."""
+    return set(_DCGM_NAME.findall(expr))
+
+
+def _matchers(pairs: list[tuple[str, str, str]]) -> str:
+    return "{" + ", ".join(f'{k}{op}"{v}"' for k, op, v in pairs) + "}" if pairs else ""
+
+
+def _label_set(expr: str, label: str, value: str) -> str:
+    """Set a constant label on every element of ``expr``."""
+    return f'label_replace({expr}, "{label}", "{value}", "__name__", ".*")'
+
+
+def _label_copy(expr: str, dst: str, src: str) -> str:
+    return f'label_replace({expr}, "{dst}", "$1", "{src}", "(.*)")'
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """Builds contract expressions for one kind of data."""
+
+    name: str
+
+    @property
+    def dcgm(self) -> bool:
+        return self.name == DCGM
+
+    @property
+    def host_label(self) -> str:
+        return V_HOSTLABEL if self.dcgm else S.HOSTNAME
+
+    def supports(self, metric: Metric) -> bool:
+        return not self.dcgm or bool(metric.dcgm)
+
+    # selectors ------------------------------------------------------------------------
+    def _filters(self, metric: Metric, alloc: bool, match: dict[str, str]) -> list[tuple[str, str, str]]:
+        pairs: list[tuple[str, str, str]] = []
+        if metric.scope in ("gpu", "node"):
+            pairs.append((self.host_label, "=~", V_HOST))
+        if metric.scope == "gpu":
+            pairs.append((S.GPU, "=~", V_GPU))
+        if self.dcgm and alloc:
+            pairs += [("namespace", "!=", ""), ("namespace", "=~", V_NAMESPACE), ("pod", "=~", V_JOB)]
+        for k, v in match.items():
+            op, val = (v[:2], v[2:]) if v[:2] in ("=~", "!=", "!~") else ("=", v)
+            if self.dcgm and k == S.GPU_INSTANCE:
+                k = "GPU_I_ID"
+            pairs.append((k, op, val))
+        return pairs
+
+    def _dcgm_fields(self, metric: Metric, field_labels: dict[str, str]) -> dict[tuple, list[DcgmField]]:
+        """Fields of ``metric`` whose contract labels agree with ``field_labels``, grouped by label set."""
+        if not metric.dcgm:
+            raise ValueError(f"{metric.name} has no dcgm-exporter field")
+        groups: dict[tuple, list[DcgmField]] = {}
+        for f in metric.dcgm:
+            have = dict(f.labels)
+            if all(have.get(k) == v for k, v in field_labels.items()):
+                groups.setdefault(f.labels, []).append(f)
+        if not groups:
+            raise ValueError(f"{metric.name} has no dcgm-exporter field with {field_labels}")
+        return groups
+
+    def _split(self, metric: Metric, match: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+        """(contract labels that pick dcgm fields, the rest as matchers)."""
+        if not self.dcgm:
+            return {}, match
+        field_keys = {k for f in metric.dcgm for k, _ in f.labels}
+        return ({k: v for k, v in match.items() if k in field_keys},
+                {k: v for k, v in match.items() if k not in field_keys})
+
+    def _dcgm(self, metric: Metric, form: str, window: str, alloc: bool, mig: bool, match: dict[str, str]) -> str:
+        field_labels, rest = self._split(metric, match)
+        parts = []
+        for labels, fields in self._dcgm_fields(metric, field_labels).items():
+            alts = []
+            for f in fields:
+                if f.kind in ("bitmask", "last"):
+                    raise ValueError(f"{f.field} is a {f.kind} field: use the dialect's dedicated helper")
+                sel = f.field + _matchers(self._filters(metric, alloc, rest))
+                if form == "value":
+                    e = sel
+                elif f.kind == "rate":  # already a per-second rate: never rate() it
+                    if form != "rate":
+                        raise ValueError(f"{f.field} is a rate; increase() over it is not supported")
+                    e = f"avg_over_time({sel}[{window}])"
+                else:
+                    e = f"{form}({sel}[{window}])"
+                if f.scale != 1.0:
+                    e = f"{e} * {f.scale:g}"
+                alts.append(e)
+            e = " or ".join(alts) if len(alts) == 1 else "(" + " or ".join(alts) + ")"
+            for k, v in labels:  # the field's contract labels (sensor, direction, ...) are not on the series
+                e = _label_set(e, k, v)
+            parts.append(e)
+        expr = parts[0] if len(parts) == 1 else "(" + " or ".join(parts) + ")"
+        return self._normalise(expr, alloc, mig)
+
+    def _normalise(self, expr: str, alloc: bool, mig: bool) -> str:
+        expr = _label_copy(expr, S.HOSTNAME, V_HOSTLABEL)
+        if mig:
+            expr = _label_copy(_label_copy(expr, S.GPU_INSTANCE, "GPU_I_ID"), S.MIG_PROFILE, "GPU_I_PROFILE")
+        if alloc:
+            expr = _label_copy(expr, "job", "pod")
+        return expr
+
+    def _alloc_join(self, expr: str) -> str:
+        info = S.GPU_ALLOCATION_INFO.name + _matchers(
+            [("namespace", "=~", V_NAMESPACE), ("job", "=~", V_JOB)])
+        return f"({expr}) * on({ALLOC_ON}) group_left({ALLOC_LABELS}) {info}"
+
+    def _truegpu(self, metric: Metric, form: str, window: str, alloc: bool, match: dict[str, str]) -> str:
+        sel = metric.name + _matchers(self._filters(metric, alloc, match))
+        e = sel if form == "value" else f"{form}({sel}[{window}])"
+        return self._alloc_join(e) if alloc else e
+
+    def sel(self, metric: Metric, *, alloc: bool = False, mig: bool = False, **match: str) -> str:
+        """A gauge in base units. ``alloc``: only allocated GPUs, filtered by $namespace/$job, with
+        namespace/pod/job labels. ``mig``: dcgm MIG labels renamed to the contract's."""
+        if self.dcgm:
+            return self._dcgm(metric, "value", "", alloc, mig, match)
+        return self._truegpu(metric, "value", "", alloc, match)
+
+    def rate(self, metric: Metric, window: str = RATE, *, alloc: bool = False, mig: bool = False,
+             **match: str) -> str:
+        """Per-second rate of a counter (dcgm rate fields: their average)."""
+        if self.dcgm:
+            return self._dcgm(metric, "rate", window, alloc, mig, match)
+        return self._truegpu(metric, "rate", window, alloc, match)
+
+    def increase(self, metric: Metric, window: str = RANGE, *, alloc: bool = False, **match: str) -> str:
+        if self.dcgm:
+            return self._dcgm(metric, "increase", window, alloc, False, match)
+        return self._truegpu(metric, "increase", window, alloc, match)
+
+    def throughput(self, metric: Metric, by: str, window: str = RATE) -> str:
+        """Bytes/s summed over directions. dcgm: TX+RX fields, else the TX+RX total field."""
+        if not self.dcgm:
+            return f"sum by ({by}) ({self.rate(metric, window)})"
+        directional = f"sum by ({by}) ({self._dcgm_dirs(metric, window)})"
+        totals = [f for f in metric.dcgm if ("direction", "total") in f.labels]
+        if not totals:
+            return directional
+        return f"{directional} or sum by ({by}) ({self.rate(metric, window, direction='total')})"
+
+    def _dcgm_dirs(self, metric: Metric, window: str) -> str:
+        return " or ".join(self.rate(metric, window, direction=d) for d in S.DIRECTIONS)
+
+    def memory_total(self) -> str:
+        """Device memory installed; dcgm: FB_TOTAL, else FB_USED + FB_FREE + FB_RESERVED (the defaults)."""
+        if not self.dcgm:
+            return self.sel(S.MEMORY_TOTAL)
+        from exporter.simulator.dcgm_dialect import FB_FREE, FB_RESERVED
+
+        used = S.MEMORY_USED.dcgm[0].field
+        filt = _matchers(self._filters(S.MEMORY_USED, False, {}))
+        total = S.MEMORY_TOTAL.dcgm[0]
+        summed = f"({used}{filt} + {FB_FREE}{filt} + {FB_RESERVED}{filt})"
+        expr = f"({total.field}{filt} or {summed}) * {total.scale:g}"
+        return self._normalise(expr, False, False)
+
+    # clock events ---------------------------------------------------------------------
+    def clock_events(self, reasons: tuple[str, ...]) -> str:
+        """0/1 per GPU and ``reason`` for the given clock-event (throttle) reasons."""
+        if not self.dcgm:
+            rx = "|".join(reasons)
+            return self.sel(S.CLOCK_EVENT_ACTIVE, reason=f"=~{rx}")
+        bits = {name: bit for bit, name in S.CLOCK_EVENT_REASONS.items()}
+        filt = _matchers(self._filters(S.CLOCK_EVENT_ACTIVE, False, {}))
+        fields = [f.field for f in S.CLOCK_EVENT_ACTIVE.dcgm if f.kind == "bitmask"]
+        mask = "(" + " or ".join(f + filt for f in fields) + ")"
+        parts = [_label_set(f"floor({mask} / {bits[r]}) % 2", "reason", r) for r in reasons]
+        return self._normalise("(" + " or ".join(parts) + ")" if len(parts) > 1 else parts[0], False, False)
+
+    # derived quantities -----------------------------------------------------------------
+    def clock_ratio(self) -> str:
+        """SM clock / max SM clock per GPU (1 = no capacity lost to throttling)."""
+        return f"max by ({GPU_KEY}) (clamp_max({self.sel(S.SM_CLOCK)} / {self.sel(S.SM_CLOCK_MAX)}, 1))"
+
+    def effective(self, *, alloc: bool = False, mig: bool = False, **match: str) -> str:
+        """Effective utilization: SM active x (SM clock / max SM clock), per GPU or MIG instance."""
+        sm = self.sel(S.SM_ACTIVE, alloc=alloc, mig=mig, **match)
+        return f"{sm} * on({GPU_KEY}) group_left() {self.clock_ratio()}"
+
+    def masking_gap(self, by: str = GPU_KEY) -> str:
+        """Reported GPU utilization minus SM activity: time a kernel was resident but SMs idled."""
+        return (f"avg by ({by}) ({self.sel(S.GPU_UTILIZATION)}) - "
+                f"avg by ({by}) ({self.sel(S.SM_ACTIVE)})")
+
+    def allocated(self) -> str:
+        """1 per allocated GPU (or MIG instance) with namespace and job labels, filtered by the variables."""
+        if not self.dcgm:
+            return S.GPU_ALLOCATION_INFO.name + _matchers(
+                [(S.HOSTNAME, "=~", V_HOST), (S.GPU, "=~", V_GPU),
+                 ("namespace", "=~", V_NAMESPACE), ("job", "=~", V_JOB)])
+        # Memory used is a default field and is reported per MIG instance.
+        return f"count by ({GPU_KEY}, GPU_I_ID, namespace, job) ({self.sel(S.MEMORY_USED, alloc=True)})"
+
+    def gpu_hours(self, expr: str, by: str) -> str:
+        """GPU-hours of a 0..1-per-GPU expression over the dashboard range."""
+        return f"sum by ({by}) (sum_over_time(({expr})[{RANGE}:{HOUR_STEP}])) / {STEPS_PER_HOUR}"
+
+    def allocated_gpu_hours(self, by: str) -> str:
+        return self.gpu_hours(self.allocated(), by)
+
+    def effective_gpu_hours(self, by: str) -> str:
+        return self.gpu_hours(self.effective(alloc=True), by)
+
+    def xid(self, window: str = RANGE) -> tuple[str, str]:
+        """(expression, what it means). truegpu: XID events per code; dcgm: last XID code seen."""
+        if not self.dcgm:
+            return (f"sum by ({GPU_KEY}, xid) (increase({S.XID_ERRORS.name}"
+                    f"{_matchers(self._filters(S.XID_ERRORS, False, {}))}[{window}])) > 0", "events")
+        f = S.XID_ERRORS.dcgm[0].field
+        sel = f + _matchers(self._filters(S.XID_ERRORS, False, {}))
+        return f"max by ({GPU_KEY}) ({self._normalise(sel, False, False)})", "code"
+
+    # identity -----------------------------------------------------------------------------
+    def gpu_identity(self) -> str:
+        """One row per GPU with its model (and driver where known)."""
+        if not self.dcgm:
+            return S.GPU_INFO.name + _matchers(self._filters(S.GPU_INFO, False, {}))
+        return f"group by ({GPU_KEY}, modelName, DCGM_FI_DRIVER_VERSION) ({self.sel(S.MEMORY_USED)})"
+
+    # analyzer output --------------------------------------------------------------------------
+    def analyzer(self, metric: Metric, **match: str) -> str:
+        """An analyzer series (same in both variants), filtered by the variables it carries."""
+        labels = metric.labels
+        pairs: list[tuple[str, str, str]] = []
+        if S.HOSTNAME in labels:
+            pairs.append((S.HOSTNAME, "=~", V_HOST))
+        if "namespace" in labels:
+            pairs.append(("namespace", "=~", V_NAMESPACE))
+        if "job" in labels and not self.dcgm:  # dcgm variant's $job lists pods, not jobs
+            pairs.append(("job", "=~", V_JOB))
+        for k, v in match.items():
+            op, val = (v[:2], v[2:]) if v[:2] in ("=~", "!=", "!~") else ("=", v)
+            pairs.append((k, op, val))
+        return metric.name + _matchers(pairs)
+
+
+TRUEGPU_DIALECT = Dialect(TRUEGPU)
+DCGM_DIALECT = Dialect(DCGM)
+DIALECTS = (TRUEGPU_DIALECT, DCGM_DIALECT)
+
+#: Analyzer metric names, for the "needs the analyzer" note on panels.
+ANALYZER_NAMES = frozenset(m.name for m in out.METRICS)
