@@ -1,0 +1,112 @@
+"""Alertmanager configuration: routing by team and severity, grouping, inhibitions, webhook receivers.
+
+Routing tree (first match wins unless ``continue``):
+
+* ``severity=info``                      -> ``info-log`` (no page, no ticket)
+* ``team=finops``                        -> ``finops-ticket``, grouped per (alertname, namespace, job)
+* thermal alerts of other teams          -> ``facilities-ticket`` and continue (SRE gets them too)
+* ``team=training, severity=critical``   -> ``training-page`` (stragglers, GPU faults)
+* ``team=training``                      -> ``training-ticket``
+* ``team=sre, severity=critical``        -> ``sre-page``
+* ``team=sre``                           -> ``sre-ticket``
+* ``team=facilities``                    -> ``facilities-ticket``
+* anything else                          -> ``sre-ticket`` (the root receiver)
+
+Inhibitions: a GPU that fell off the bus mutes its own symptom alerts (straggler, thermal,
+utilization, degraded links) on the same ``hostname``+``gpu``; a down exporter mutes them for
+its whole ``hostname``; a critical alert mutes the warning of the same alertname on the same
+``hostname``+``gpu``. Every receiver is a webhook whose URL :func:`config` can override.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from alerts.rules import (
+    DCGM_EXPORTER_DOWN,
+    EXPORTER_DOWN,
+    FELL_OFF_BUS,
+    GPU_SYMPTOM_ALERTS,
+    Timing,
+    alternatives,
+    fmt_duration,
+)
+from exporter.schema import GPU, HOSTNAME
+
+TRAINING_PAGE = "training-page"
+TRAINING_TICKET = "training-ticket"
+SRE_PAGE = "sre-page"
+SRE_TICKET = "sre-ticket"
+FACILITIES_TICKET = "facilities-ticket"
+FINOPS_TICKET = "finops-ticket"
+INFO_LOG = "info-log"
+RECEIVERS: tuple[str, ...] = (
+    TRAINING_PAGE, TRAINING_TICKET, SRE_PAGE, SRE_TICKET, FACILITIES_TICKET, FINOPS_TICKET, INFO_LOG,
+)
+#: Default webhook target (Alertmanager's documented example webhook port); ``<base>/<receiver>``.
+DEFAULT_WEBHOOK_BASE = "http://127.0.0.1:5001"
+#: ``webhook_urls`` key that sets the URL of every receiver not named explicitly.
+ANY_RECEIVER = "*"
+THERMAL_ALERTS = ("GpuThermalThrottling", "GpuNearThermalLimit")
+
+
+def webhook_url_map(webhook_urls: Mapping[str, str] | None = None) -> dict[str, str]:
+    urls = dict(webhook_urls or {})
+    unknown = set(urls) - set(RECEIVERS) - {ANY_RECEIVER}
+    if unknown:
+        raise ValueError(f"unknown receivers {sorted(unknown)}; known: {', '.join(RECEIVERS)}")
+    fallback = urls.get(ANY_RECEIVER)
+    return {r: urls.get(r) or fallback or f"{DEFAULT_WEBHOOK_BASE}/{r}" for r in RECEIVERS}
+
+
+def config(timing: Timing | None = None, webhook_urls: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The Alertmanager configuration as a dict (YAML-ready)."""
+    t = timing or Timing()
+
+    def d(seconds: float) -> str:
+        return fmt_duration(max(seconds * t.scale, 0.1))
+
+    urls = webhook_url_map(webhook_urls)
+
+    def route(receiver: str, *matchers: str, **extra: Any) -> dict[str, Any]:
+        return {"receiver": receiver, "matchers": list(matchers), **extra}
+
+    symptoms = alternatives(GPU_SYMPTOM_ALERTS)
+    return {
+        "global": {"resolve_timeout": d(300)},
+        "route": {
+            "receiver": SRE_TICKET,
+            "group_by": ["alertname", "job", HOSTNAME],
+            "group_wait": d(30),
+            "group_interval": d(300),
+            "repeat_interval": d(4 * 3600),
+            "routes": [
+                route(INFO_LOG, 'severity="info"', repeat_interval=d(24 * 3600)),
+                route(FINOPS_TICKET, 'team="finops"', group_by=["alertname", "namespace", "job"],
+                      group_wait=d(300), group_interval=d(1800), repeat_interval=d(24 * 3600)),
+                route(FACILITIES_TICKET, f'alertname=~"{alternatives(THERMAL_ALERTS)}"', 'team!="facilities"',
+                      **{"continue": True}),
+                route(TRAINING_PAGE, 'team="training"', 'severity="critical"', group_wait=d(10),
+                      repeat_interval=d(3600)),
+                route(TRAINING_TICKET, 'team="training"'),
+                route(SRE_PAGE, 'team="sre"', 'severity="critical"', group_wait=d(10), repeat_interval=d(3600)),
+                route(SRE_TICKET, 'team="sre"'),
+                route(FACILITIES_TICKET, 'team="facilities"'),
+            ],
+        },
+        "inhibit_rules": [
+            {"source_matchers": [f'alertname="{FELL_OFF_BUS}"'],
+             "target_matchers": [f'alertname=~"{symptoms}"'],
+             "equal": [HOSTNAME, GPU]},
+            {"source_matchers": [f'alertname=~"{EXPORTER_DOWN}|{DCGM_EXPORTER_DOWN}"'],
+             "target_matchers": [f'alertname=~"{symptoms}|{FELL_OFF_BUS}"'],
+             "equal": [HOSTNAME]},
+            {"source_matchers": ['severity="critical"'],
+             "target_matchers": ['severity="warning"'],
+             "equal": ["alertname", HOSTNAME, GPU]},
+        ],
+        "receivers": [
+            {"name": r, "webhook_configs": [{"url": urls[r], "send_resolved": r != INFO_LOG}]} for r in RECEIVERS
+        ],
+    }

@@ -1,0 +1,565 @@
+"""Prometheus recording and alerting rules, generated from the metric contracts.
+
+Three rule files, each a list of groups:
+
+* ``truegpu.yaml`` -- recording rules (effective utilization, masking gap at GPU/node/job/fleet
+  level) and hardware/exporter alerts over truegpu's own exporter metrics;
+* ``dcgm.yaml`` -- the same recording rules and hardware alerts over plain NVIDIA
+  dcgm-exporter data (``DCGM_FI_*`` fields, ``Hostname``/``gpu``/``UUID`` labels); alerts
+  copy the host label into ``hostname`` so routing and inhibition treat both dialects alike;
+* ``analyzer.yaml`` -- alerts on the analyzer's published findings and on the analyzer's health.
+
+Every metric name comes from :mod:`exporter.schema` or :mod:`analyzer.output_schema`; the
+recording-rule names below are the public constants dashboards import. Durations (``for:``,
+rate windows, staleness thresholds) pass through :class:`Timing` so that the end-to-end test
+runs these very rules with ``scale=0.01``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from analyzer import findings as F
+from analyzer import output_schema as O
+from analyzer.xid import CATALOGUE
+from exporter import schema as S
+
+SEVERITIES = ("critical", "warning", "info")
+TEAMS = ("training", "sre", "facilities", "finops")
+
+#: Where ``runbook_url`` annotations point; ``docs/runbooks/<alertname>.md`` in this repository.
+RUNBOOK_BASE_URL = "https://github.com/truegpu/truegpu/blob/main/docs/runbooks"
+#: Prometheus scrape job names the health alerts select (deploy/prometheus.yml).
+EXPORTER_JOB = "truegpu-exporter"
+ANALYZER_JOB = "truegpu-analyzer"
+DCGM_JOB = "dcgm-exporter"
+#: dcgm-exporter's host label: ``Hostname`` in older releases, ``hostname`` in newer ones.
+DCGM_HOST_LABEL = "Hostname"
+#: Prometheus' own scrape-health series (not a contract metric: Prometheus writes it).
+UP = "up"
+
+# Recording rules (public: dashboards import these) ------------------------------------------
+GPU_SM_CLOCK_RATIO = "gpu:truegpu_sm_clock:ratio"
+GPU_EFFECTIVE_UTILIZATION = "gpu:truegpu_effective_utilization:ratio"
+GPU_MASKING_GAP = "gpu:truegpu_masking_gap:ratio"
+NODE_EFFECTIVE_UTILIZATION = "node:truegpu_effective_utilization:avg"
+NODE_MASKING_GAP = "node:truegpu_masking_gap:avg"
+JOB_EFFECTIVE_UTILIZATION = "job:truegpu_effective_utilization:avg"
+JOB_MASKING_GAP = "job:truegpu_masking_gap:avg"
+FLEET_EFFECTIVE_UTILIZATION = "fleet:truegpu_effective_utilization:avg"
+FLEET_MASKING_GAP = "fleet:truegpu_masking_gap:avg"
+DCGM_GPU_SM_CLOCK_RATIO = "gpu:dcgm_sm_clock:ratio"
+DCGM_GPU_EFFECTIVE_UTILIZATION = "gpu:dcgm_effective_utilization:ratio"
+DCGM_GPU_MASKING_GAP = "gpu:dcgm_masking_gap:ratio"
+DCGM_NODE_EFFECTIVE_UTILIZATION = "node:dcgm_effective_utilization:avg"
+DCGM_NODE_MASKING_GAP = "node:dcgm_masking_gap:avg"
+DCGM_FLEET_EFFECTIVE_UTILIZATION = "fleet:dcgm_effective_utilization:avg"
+DCGM_FLEET_MASKING_GAP = "fleet:dcgm_masking_gap:avg"
+#: Fleet series carry ``allocation`` = these values, as the analyzer's fleet gauges do.
+ALLOCATION_LABEL = "allocation"
+ALLOCATION_ALL = "all"
+ALLOCATION_ALLOCATED = "allocated"
+
+# Thresholds ---------------------------------------------------------------------------------
+#: A GPU counts as busy (for the PCIe-downgrade alert) above this utilization: idle GPUs
+#: legitimately drop their PCIe link to a lower generation to save power.
+BUSY_UTILIZATION = 0.2
+#: Die / HBM temperatures that mean "close to slowing down" (most data-centre GPUs start
+#: thermal slowdown at 85-90 C on the die and ~95 C on HBM).
+GPU_TEMP_LIMIT_CELSIUS = 83
+MEMORY_TEMP_LIMIT_CELSIUS = 90
+#: The analyzer's last success older than this (seconds, before scaling) means it is stuck.
+ANALYZER_STALE_SECONDS = 900
+#: DCGM blank/not-supported markers start here; comparisons exclude them (treated as missing).
+DCGM_SENTINEL_MIN = int(S.DCGM_SENTINEL_RANGES[0][0])
+
+# XID classes (analyzer.xid is the catalogue: severity per code) -------------------------------
+CRITICAL_XIDS: tuple[int, ...] = tuple(sorted(c for c, x in CATALOGUE.items() if x.severity == "critical"))
+INFO_XIDS: tuple[int, ...] = tuple(sorted(c for c, x in CATALOGUE.items() if x.severity == "info"))
+
+#: Alerts that a fallen-off GPU or a down exporter makes meaningless (inhibition targets).
+GPU_SYMPTOM_ALERTS = (
+    "GpuStraggler", "GpuDegraded", "GpuIdleMasking", "GpuIdleAllocated", "GpuThermalThrottling",
+    "GpuNearThermalLimit", "GpuPcieLinkDowngraded", "GpuNvlinkErrors",
+)
+FELL_OFF_BUS = "GpuFellOffBus"
+EXPORTER_DOWN = "TruegpuExporterDown"
+DCGM_EXPORTER_DOWN = "DcgmExporterDown"
+ANALYZER_DOWN = "TruegpuAnalyzerDown"
+
+#: dcgm-exporter fields enabled by its default counter list (default-counters.csv); an alert
+#: using any other field needs that field added to the exporter's counters file.
+DCGM_DEFAULT_FIELDS: frozenset[str] = frozenset({
+    S.SM_CLOCK.dcgm[0].field, S.GPU_UTILIZATION.dcgm[0].field, S.XID_ERRORS.dcgm[0].field,
+    *(f.field for f in S.TEMPERATURE.dcgm), *(f.field for f in S.REMAPPED_ROWS.dcgm),
+    S.ROW_REMAP_FAILURE.dcgm[0].field, S.PCIE_REPLAYS.dcgm[0].field,
+})
+
+
+# Durations ------------------------------------------------------------------------------------
+def fmt_duration(seconds: float) -> str:
+    """A Prometheus duration: the largest whole unit (``1h``, ``10m``, ``30s``, ``300ms``)."""
+    ms = round(seconds * 1000)
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Scales every duration of the rules (``scale=0.01`` for fast end-to-end tests).
+
+    ``for:`` durations never go below ``min_for`` (unless 0), rate windows and lookbacks
+    never below ``min_window``: a window must hold at least two scrapes, so keep the scrape
+    interval at most half of ``min_window`` when scaling down.
+    """
+
+    scale: float = 1.0
+    min_for: float = 1.0
+    min_window: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.scale > 0:
+            raise ValueError(f"scale must be positive, got {self.scale}")
+
+    def hold(self, seconds: float) -> str:
+        return "0s" if seconds == 0 else fmt_duration(max(seconds * self.scale, self.min_for))
+
+    def window(self, seconds: float) -> str:
+        return fmt_duration(max(seconds * self.scale, self.min_window))
+
+    def seconds(self, seconds: float) -> float:
+        """A threshold in seconds, scaled like a window (for ``time() - ts > x``)."""
+        return round(max(seconds * self.scale, self.min_window), 3)
+
+
+# Rule model -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Record:
+    record: str
+    expr: str
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self, runbook_base: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"record": self.record, "expr": self.expr}
+        if self.labels:
+            out["labels"] = dict(self.labels)
+        return out
+
+
+@dataclass(frozen=True)
+class Alert:
+    alert: str
+    expr: str
+    for_: str
+    severity: str
+    team: str
+    summary: str
+    description: str
+    labels: dict[str, str] = field(default_factory=dict)
+    #: dcgm-exporter fields the rule reads (dcgm dialect only); documents non-default counters.
+    dcgm_fields: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES or self.team not in TEAMS:
+            raise ValueError(f"{self.alert}: bad severity/team {self.severity}/{self.team}")
+
+    @property
+    def non_default_fields(self) -> tuple[str, ...]:
+        return tuple(f for f in self.dcgm_fields if f not in DCGM_DEFAULT_FIELDS)
+
+    def to_dict(self, runbook_base: str) -> dict[str, Any]:
+        annotations = {
+            "summary": self.summary,
+            "description": self.description,
+            "runbook_url": f"{runbook_base}/{self.alert}.md",
+        }
+        if self.non_default_fields:
+            annotations["dcgm_counters"] = (
+                "needs dcgm-exporter counters beyond the default list: " + ", ".join(self.non_default_fields)
+            )
+        return {
+            "alert": self.alert,
+            "expr": self.expr,
+            "for": self.for_,
+            "labels": {"severity": self.severity, "team": self.team, **self.labels},
+            "annotations": annotations,
+        }
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    rules: tuple[Record | Alert, ...]
+
+    def to_dict(self, runbook_base: str) -> dict[str, Any]:
+        return {"name": self.name, "rules": [r.to_dict(runbook_base) for r in self.rules]}
+
+
+@dataclass(frozen=True)
+class RuleFile:
+    name: str
+    header: str
+    groups: tuple[Group, ...]
+
+    def alerts(self) -> list[Alert]:
+        return [r for g in self.groups for r in g.rules if isinstance(r, Alert)]
+
+    def records(self) -> list[Record]:
+        return [r for g in self.groups for r in g.rules if isinstance(r, Record)]
+
+    def to_dict(self, runbook_base: str) -> dict[str, Any]:
+        return {"groups": [g.to_dict(runbook_base) for g in self.groups]}
+
+
+# PromQL helpers -------------------------------------------------------------------------------
+def by(labels: Iterable[str]) -> str:
+    return ", ".join(labels)
+
+
+def sel(name: str, **matchers: str) -> str:
+    """``name{k="v", k2=~"a|b"}``: a value starting with ``=~``/``!~``/``!=`` keeps that operator."""
+    if not matchers:
+        return name
+    parts = []
+    for k, v in matchers.items():
+        op = "="
+        for candidate in ("=~", "!~", "!="):
+            if v.startswith(candidate):
+                op, v = candidate, v[len(candidate):]
+                break
+        parts.append(f'{k}{op}"{v}"')
+    return name + "{" + ", ".join(parts) + "}"
+
+
+def alternatives(values: Iterable[object]) -> str:
+    return "|".join(str(v) for v in values)
+
+
+def any_of(names: Sequence[str]) -> str:
+    """One selector over several metric names (dcgm-exporter's current and deprecated field)."""
+    return names[0] if len(names) == 1 else "{" + f'__name__=~"{alternatives(names)}"' + "}"
+
+
+def number(x: float) -> str:
+    """A PromQL number literal: ``1000000`` rather than ``1e+06``."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def scaled(expr: str, factor: float) -> str:
+    return expr if factor == 1 else f"({expr} * {number(factor)})"
+
+
+GPU_BY = by(S.GPU_LABELS)
+GPU_INSTANCE_BY = by((*S.GPU_LABELS, S.GPU_INSTANCE))
+NAMESPACE, JOB = "namespace", "job"
+assert NAMESPACE in S.GPU_ALLOCATION_INFO.labels and JOB in S.GPU_ALLOCATION_INFO.labels
+assert NAMESPACE in O.FINDING_LABELS and JOB in O.FINDING_LABELS
+THERMAL = alternatives(S.THERMAL_REASONS)
+
+GPU_REF = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.hostname }}"
+DCGM_GPU_REF = "GPU {{ $labels.gpu }} ({{ $labels.UUID }}) on {{ $labels.hostname }}"
+SHORT_REF = "GPU {{ $labels.gpu }} of {{ $labels.hostname }}"
+
+
+# truegpu dialect ------------------------------------------------------------------------------
+def truegpu_recording() -> Group:
+    sm_active = S.SM_ACTIVE.name
+    alloc = S.GPU_ALLOCATION_INFO.name
+    whole = {S.GPU_INSTANCE: ""}  # whole GPUs only: MIG instances publish no GPU utilization
+    alloc_by = by((*S.GPU_LABELS, S.GPU_INSTANCE, NAMESPACE, JOB))
+    rules = (
+        Record(GPU_SM_CLOCK_RATIO,
+               f"clamp_max(max by ({GPU_BY}) ({S.SM_CLOCK.name}) / max by ({GPU_BY}) ({S.SM_CLOCK_MAX.name}), 1)"),
+        Record(GPU_EFFECTIVE_UTILIZATION, f"{sm_active} * on ({GPU_BY}) group_left () {GPU_SM_CLOCK_RATIO}"),
+        Record(GPU_MASKING_GAP, f"{sel(S.GPU_UTILIZATION.name, **whole)} - on ({GPU_BY}) {sel(sm_active, **whole)}"),
+        Record(NODE_EFFECTIVE_UTILIZATION, f"avg by ({S.HOSTNAME}) ({GPU_EFFECTIVE_UTILIZATION})"),
+        Record(NODE_MASKING_GAP, f"avg by ({S.HOSTNAME}) ({GPU_MASKING_GAP})"),
+        Record(JOB_EFFECTIVE_UTILIZATION,
+               f"avg by ({NAMESPACE}, {JOB}) (max by ({alloc_by}) ({alloc}) "
+               f"* on ({GPU_INSTANCE_BY}) group_left () {GPU_EFFECTIVE_UTILIZATION})"),
+        Record(JOB_MASKING_GAP,
+               f"avg by ({NAMESPACE}, {JOB}) (max by ({alloc_by}) ({alloc}) "
+               f"* on ({GPU_INSTANCE_BY}) group_left () {GPU_MASKING_GAP})"),
+        Record(FLEET_EFFECTIVE_UTILIZATION, f"avg ({GPU_EFFECTIVE_UTILIZATION})", {ALLOCATION_LABEL: ALLOCATION_ALL}),
+        Record(FLEET_EFFECTIVE_UTILIZATION, f"avg ({GPU_EFFECTIVE_UTILIZATION} and on ({GPU_INSTANCE_BY}) {alloc})",
+               {ALLOCATION_LABEL: ALLOCATION_ALLOCATED}),
+        Record(FLEET_MASKING_GAP, f"avg ({GPU_MASKING_GAP})", {ALLOCATION_LABEL: ALLOCATION_ALL}),
+        Record(FLEET_MASKING_GAP, f"avg ({GPU_MASKING_GAP} and on ({GPU_BY}) {alloc})",
+               {ALLOCATION_LABEL: ALLOCATION_ALLOCATED}),
+    )
+    return Group("truegpu-recording", rules)
+
+
+def _new_counter_events(selector: str, window: str) -> str:
+    """Events of a counter within ``window``, also when its series first appears with them."""
+    return f"increase({selector}[{window}]) > 0 or max without () ({selector} > 0 unless {selector} offset {window})"
+
+
+def truegpu_hardware(t: Timing) -> Group:
+    w10 = t.window(600)
+    xid = S.XID_ERRORS.name
+    crit, info = alternatives(CRITICAL_XIDS), alternatives(INFO_XIDS)
+    xid_events = "{{ printf \"%.0f\" $value }} XID {{ $labels.xid }} event(s) in the last " + w10
+    ecc = sel(S.ECC_ERRORS.name, type="uncorrectable", scope="volatile")
+    rows = sel(S.REMAPPED_ROWS.name, type="uncorrectable")
+    clock_event = sel(S.CLOCK_EVENT_ACTIVE.name, reason="=~" + THERMAL)
+    throttled = f"max by ({GPU_BY}) ({clock_event}) > 0"
+    temp = S.TEMPERATURE.name
+    pcie = []
+    for metric, what in ((S.PCIE_LINK_GENERATION, "generation"), (S.PCIE_LINK_WIDTH, "width")):
+        cur, mx = sel(metric.name, state="current"), sel(metric.name, state="max")
+        pcie.append(f'label_replace(max by ({GPU_BY}) ({cur}) < max by ({GPU_BY}) ({mx}), "link", "{what}", "", "")')
+    busy = f"max by ({GPU_BY}) ({S.GPU_UTILIZATION.name}) > {BUSY_UTILIZATION:g}"
+    rules = (
+        Alert("GpuXidError", f"{_new_counter_events(sel(xid, xid='=~' + crit), w10)}", "0s", "critical", "training",
+              "Critical XID {{ $labels.xid }} on " + SHORT_REF,
+              f"{GPU_REF} reported {xid_events}: the GPU cannot be trusted until it is drained and reset."),
+        Alert("GpuXidError", f"{_new_counter_events(sel(xid, xid='!~' + crit + '|' + info), w10)}", "0s", "warning",
+              "training", "XID {{ $labels.xid }} on " + SHORT_REF,
+              f"{GPU_REF} reported {xid_events}: a driver or hardware error, see the runbook's XID table."),
+        Alert("GpuXidError", f"{_new_counter_events(sel(xid, xid='=~' + info), w10)}", "0s", "info", "training",
+              "Application XID {{ $labels.xid }} on " + SHORT_REF,
+              f"{GPU_REF} reported {xid_events}: usually the job's own bug (illegal memory access, "
+              "kernel exception); the GPU itself is fine."),
+        Alert("GpuUncorrectableEcc",
+              f"sum by ({GPU_BY}) (increase({ecc}[{w10}])) > 0 or sum by ({GPU_BY}) (increase({rows}[{w10}])) > 0",
+              "0s", "critical", "training", "Uncorrectable ECC error on " + SHORT_REF,
+              f"{GPU_REF} had {{{{ printf \"%.0f\" $value }}}} uncorrectable memory error(s) in the last {w10}: "
+              "drain the GPU and reset it to apply the row remap."),
+        Alert("GpuRowRemapFailure", f"{S.ROW_REMAP_FAILURE.name} == 1", "0s", "critical", "training",
+              "Row remapping failed on " + SHORT_REF,
+              f"{GPU_REF} has no spare HBM rows left to remap memory errors: drain it and RMA it."),
+        Alert("GpuThermalThrottling", f"{GPU_SM_CLOCK_RATIO} and on ({GPU_BY}) ({throttled})", t.hold(600),
+              "warning", "sre", "Thermal throttling on " + SHORT_REF,
+              f"{GPU_REF} has been slowed down for heat for {t.hold(600)}; its SM clock is at "
+              "{{ $value | humanizePercentage }} of maximum."),
+        Alert("GpuNearThermalLimit",
+              f"(max by ({GPU_BY}, sensor) ({sel(temp, sensor='gpu')}) > {GPU_TEMP_LIMIT_CELSIUS} "
+              f"or max by ({GPU_BY}, sensor) ({sel(temp, sensor='memory')}) > {MEMORY_TEMP_LIMIT_CELSIUS}) "
+              f"unless on ({GPU_BY}) ({throttled})",
+              t.hold(900), "warning", "facilities", "GPU {{ $labels.sensor }} temperature near its limit on "
+              + SHORT_REF,
+              f"{GPU_REF}: {{{{ $labels.sensor }}}} temperature {{{{ $value }}}} C for {t.hold(900)}, close to "
+              "thermal slowdown; check airflow and inlet temperature of the rack."),
+        Alert("GpuNvlinkErrors", f"sum by ({GPU_BY}) (increase({S.NVLINK_ERRORS.name}[{w10}])) > 0", t.hold(600),
+              "warning", "training", "NVLink errors on " + SHORT_REF,
+              f"{GPU_REF} keeps logging NVLink errors ({{{{ $value | humanize }}}} in the last {w10}): "
+              "collectives over this GPU slow down or fail."),
+        Alert("GpuPcieLinkDowngraded", f"({pcie[0]} or {pcie[1]}) and on ({GPU_BY}) ({busy})", t.hold(600),
+              "warning", "training", "PCIe link downgraded on busy " + SHORT_REF,
+              f"{GPU_REF} runs its PCIe link at {{{{ $labels.link }}}} {{{{ $value }}}}, below its maximum, "
+              "while busy: host-device transfers are slower."),
+        Alert(FELL_OFF_BUS,
+              f"max by ({GPU_BY}) (max_over_time({S.GPU_INFO.name}[{t.window(3600)}])) "
+              f"unless on ({GPU_BY}) {S.GPU_INFO.name} and on ({S.HOSTNAME}) {S.NODE_INFO.name}",
+              t.hold(60), "critical", "training", SHORT_REF + " fell off the bus",
+              f"{GPU_REF} stopped reporting while its node's exporter is up: the GPU is lost (XID 79 or "
+              "similar); drain the node and reset or reseat the GPU."),
+    )
+    return Group("truegpu-hardware", rules)
+
+
+def exporter_down(t: Timing, job: str, presence: str, host_label: str, alert: str) -> Alert:
+    """``up == 0`` for the job, carrying ``hostname`` remembered from the target's last hour of data."""
+    up = f"{sel(UP, job=job)} == 0"
+    hosts = f"max by ({JOB}, instance, {host_label}) (last_over_time({sel(presence, job=job)}[{t.window(3600)}]))"
+    expr = f"{hosts} * on ({JOB}, instance) group_left () ({up}) or on ({JOB}, instance) {up}"
+    if host_label != S.HOSTNAME:
+        expr = f'label_replace({expr}, "{S.HOSTNAME}", "$1", "{host_label}", "(.+)")'
+    return Alert(alert, expr, t.hold(300), "warning", "sre", "Exporter {{ $labels.instance }} is down",
+                 f"Prometheus cannot scrape {{{{ $labels.instance }}}} (job {{{{ $labels.job }}}}"
+                 f"{{{{ with $labels.hostname }}}}, host {{{{ . }}}}{{{{ end }}}}) for {t.hold(300)}: "
+                 "the GPUs there are unobserved.")
+
+
+def truegpu_file(t: Timing, exporter_job: str = EXPORTER_JOB) -> RuleFile:
+    health = Group("truegpu-exporter", (exporter_down(t, exporter_job, S.NODE_INFO.name, S.HOSTNAME, EXPORTER_DOWN),))
+    return RuleFile("truegpu.yaml", "truegpu exporter metrics (truegpu_*)",
+                    (truegpu_recording(), truegpu_hardware(t), health))
+
+
+# dcgm-exporter dialect ---------------------------------------------------------------------
+def _field(metric: S.Metric, **labels: str) -> S.DcgmField:
+    for f in metric.dcgm:
+        if all(dict(f.labels).get(k) == v for k, v in labels.items()):
+            return f
+    raise LookupError(f"{metric.name} has no dcgm field with {labels}")
+
+
+def dcgm_file(t: Timing, host: str = DCGM_HOST_LABEL, dcgm_job: str = DCGM_JOB) -> RuleFile:
+    g = by((host, S.GPU, "UUID"))
+    sm_active = _field(S.SM_ACTIVE).field
+    clock, clock_max = _field(S.SM_CLOCK), _field(S.SM_CLOCK_MAX)
+    util = _field(S.GPU_UTILIZATION)
+    whole = {"GPU_I_ID": ""}
+    recording = Group("dcgm-recording", (
+        Record(DCGM_GPU_SM_CLOCK_RATIO,
+               f"clamp_max({scaled(f'max by ({g}) ({clock.field})', clock.scale / clock_max.scale)}"
+               f" / max by ({g}) ({clock_max.field}), 1)"),
+        Record(DCGM_GPU_EFFECTIVE_UTILIZATION, f"{sm_active} * on ({g}) group_left () {DCGM_GPU_SM_CLOCK_RATIO}"),
+        Record(DCGM_GPU_MASKING_GAP,
+               f"{scaled(sel(util.field, **whole), util.scale)} - on ({g}) {sel(sm_active, **whole)}"),
+        Record(DCGM_NODE_EFFECTIVE_UTILIZATION, f"avg by ({host}) ({DCGM_GPU_EFFECTIVE_UTILIZATION})"),
+        Record(DCGM_NODE_MASKING_GAP, f"avg by ({host}) ({DCGM_GPU_MASKING_GAP})"),
+        Record(DCGM_FLEET_EFFECTIVE_UTILIZATION, f"avg ({DCGM_GPU_EFFECTIVE_UTILIZATION})"),
+        Record(DCGM_FLEET_MASKING_GAP, f"avg ({DCGM_GPU_MASKING_GAP})"),
+    ))
+
+    def norm(expr: str) -> str:
+        """Copy the host label into ``hostname`` (routing, inhibition and templates use it)."""
+        return expr if host == S.HOSTNAME else f'label_replace({expr}, "{S.HOSTNAME}", "$1", "{host}", "(.+)")'
+
+    w10 = t.window(600)
+    dialect = {"dialect": "dcgm"}
+    xid = _field(S.XID_ERRORS).field
+    ok = f"< {DCGM_SENTINEL_MIN}"  # DCGM blank markers are "unknown", never a value
+
+    def xid_class(codes: Sequence[int]) -> str:
+        return " or ".join(f"{xid} == {c}" for c in codes)
+
+    def new_xid(expr: str) -> str:
+        return f"({expr}) unless ({xid} offset {w10} == {xid})"
+
+    xid_text = "XID {{ $value }} (the last XID the GPU reported changed within the last " + w10 + ")"
+    dbe = _field(S.ECC_ERRORS, type="uncorrectable", scope="volatile").field
+    rows = _field(S.REMAPPED_ROWS, type="uncorrectable").field
+    remap_failure = _field(S.ROW_REMAP_FAILURE).field
+    reasons = [f.field for f in S.CLOCK_EVENT_ACTIVE.dcgm]
+    bits = [bit for bit, name in S.CLOCK_EVENT_REASONS.items() if name in S.THERMAL_REASONS]
+    mask = any_of(reasons)
+    thermal_bits = " + ".join(f"floor({mask} / {bit}) % 2" for bit in bits)
+    throttled = f"max by ({g}) ({thermal_bits} and {mask} {ok}) > 0"
+    temps = []
+    for sensor, limit in (("gpu", GPU_TEMP_LIMIT_CELSIUS), ("memory", MEMORY_TEMP_LIMIT_CELSIUS)):
+        f = _field(S.TEMPERATURE, sensor=sensor)
+        temps.append(f'label_replace(max by ({g}) ({f.field}) > {limit} {ok}, "sensor", "{sensor}", "", "")')
+    nvlink = [f.field for f in S.NVLINK_ERRORS.dcgm]
+    pcie, pcie_fields = [], []
+    for metric, what in ((S.PCIE_LINK_GENERATION, "generation"), (S.PCIE_LINK_WIDTH, "width")):
+        cur, mx = _field(metric, state="current").field, _field(metric, state="max").field
+        pcie_fields += [cur, mx]
+        pcie.append(f'label_replace(max by ({g}) ({cur}) < max by ({g}) ({mx} {ok}), "link", "{what}", "", "")')
+    busy = f"max by ({g}) ({scaled(util.field, util.scale)}) > {BUSY_UTILIZATION:g}"
+    gpu_temp = _field(S.TEMPERATURE, sensor="gpu").field
+    hardware = Group("dcgm-hardware", (
+        Alert("GpuXidError", norm(new_xid(xid_class(CRITICAL_XIDS))), "0s", "critical", "training",
+              "Critical XID {{ $value }} on " + SHORT_REF,
+              f"{DCGM_GPU_REF} reported {xid_text}: the GPU cannot be trusted until it is drained and reset.",
+              dialect, (xid,)),
+        Alert("GpuXidError",
+              norm(new_xid(f"{xid} > 0 {ok} unless ({xid_class(CRITICAL_XIDS)} or {xid_class(INFO_XIDS)})")),
+              "0s", "warning", "training", "XID {{ $value }} on " + SHORT_REF,
+              f"{DCGM_GPU_REF} reported {xid_text}: a driver or hardware error, see the runbook's XID table.",
+              dialect, (xid,)),
+        Alert("GpuXidError", norm(new_xid(xid_class(INFO_XIDS))), "0s", "info", "training",
+              "Application XID {{ $value }} on " + SHORT_REF,
+              f"{DCGM_GPU_REF} reported {xid_text}: usually the job's own bug (illegal memory access, "
+              "kernel exception); the GPU itself is fine.", dialect, (xid,)),
+        Alert("GpuUncorrectableEcc",
+              norm(f"max by ({g}) (increase({dbe}[{w10}])) > 0 or max by ({g}) (increase({rows}[{w10}])) > 0"),
+              "0s", "critical", "training", "Uncorrectable ECC error on " + SHORT_REF,
+              f"{DCGM_GPU_REF} had {{{{ printf \"%.0f\" $value }}}} uncorrectable memory error(s) in the last {w10}: "
+              "drain the GPU and reset it to apply the row remap.", dialect, (dbe, rows)),
+        Alert("GpuRowRemapFailure", norm(f"{remap_failure} == 1"), "0s", "critical", "training",
+              "Row remapping failed on " + SHORT_REF,
+              f"{DCGM_GPU_REF} has no spare HBM rows left to remap memory errors: drain it and RMA it.",
+              dialect, (remap_failure,)),
+        Alert("GpuThermalThrottling",
+              norm(f"{scaled(f'max by ({g}) ({clock.field})', clock.scale)} and on ({g}) ({throttled})"),
+              t.hold(600), "warning", "sre", "Thermal throttling on " + SHORT_REF,
+              f"{DCGM_GPU_REF} has been slowed down for heat for {t.hold(600)}; its SM clock is at "
+              "{{ $value | humanize }}Hz.", dialect, (clock.field, *reasons)),
+        Alert("GpuNearThermalLimit", norm(f"({temps[0]} or {temps[1]}) unless on ({g}) ({throttled})"),
+              t.hold(900), "warning", "facilities",
+              "GPU {{ $labels.sensor }} temperature near its limit on " + SHORT_REF,
+              f"{DCGM_GPU_REF}: {{{{ $labels.sensor }}}} temperature {{{{ $value }}}} C for {t.hold(900)}, close to "
+              "thermal slowdown; check airflow and inlet temperature of the rack.",
+              dialect, tuple(f.field for f in S.TEMPERATURE.dcgm)),
+        Alert("GpuNvlinkErrors", norm(f"sum by ({g}) (increase({any_of(nvlink)}[{w10}])) > 0"), t.hold(600),
+              "warning", "training", "NVLink errors on " + SHORT_REF,
+              f"{DCGM_GPU_REF} keeps logging NVLink errors ({{{{ $value | humanize }}}} in the last {w10}): "
+              "collectives over this GPU slow down or fail.", dialect, tuple(nvlink)),
+        Alert("GpuPcieLinkDowngraded", norm(f"({pcie[0]} or {pcie[1]}) and on ({g}) ({busy})"), t.hold(600),
+              "warning", "training", "PCIe link downgraded on busy " + SHORT_REF,
+              f"{DCGM_GPU_REF} runs its PCIe link at {{{{ $labels.link }}}} {{{{ $value }}}}, below its maximum, "
+              "while busy: host-device transfers are slower.", dialect, (*pcie_fields, util.field)),
+        Alert(FELL_OFF_BUS,
+              norm(f"max by ({g}) (max_over_time({gpu_temp}[{t.window(3600)}])) "
+                   f"unless on ({g}) {gpu_temp} and on ({host}) {gpu_temp}"),
+              t.hold(60), "critical", "training", SHORT_REF + " fell off the bus",
+              f"{DCGM_GPU_REF} stopped reporting while its node's exporter is up: the GPU is lost (XID 79 or "
+              "similar); drain the node and reset or reseat the GPU.", dialect, (gpu_temp,)),
+    ))
+    health = Group("dcgm-exporter", (exporter_down(t, dcgm_job, gpu_temp, host, DCGM_EXPORTER_DOWN),))
+    file = RuleFile("dcgm.yaml", "NVIDIA dcgm-exporter metrics (DCGM_FI_*)", (recording, hardware, health))
+    needs = [f"{a.alert} ({a.labels.get('severity', a.severity)}): {', '.join(a.non_default_fields)}"
+             for a in file.alerts() if a.non_default_fields]
+    header = (
+        f"NVIDIA dcgm-exporter metrics (DCGM_FI_*, host label {host}).\n"
+        f"Effective utilization needs {sm_active} and {clock_max.field}, not in dcgm-exporter's default counters.\n"
+        "Alerts needing counters beyond dcgm-exporter's default list (add them to its counters CSV):\n"
+        + "\n".join(f"  {n}" for n in dict.fromkeys(needs))
+    )
+    return RuleFile(file.name, header, file.groups)
+
+
+# Analyzer findings and health -----------------------------------------------------------------
+def analyzer_file(t: Timing, analyzer_job: str = ANALYZER_JOB) -> RuleFile:
+    def finding(kind: str, **extra: str) -> str:
+        m = {"kind": kind, **extra}
+        return f"{sel(O.FINDING_SCORE.name, **m)} and {sel(O.FINDING_ACTIVE.name, **m)} == 1"
+
+    where = ("GPU {{ $labels.gpu }} on {{ $labels.hostname }} (job {{ $labels.namespace }}/{{ $labels.job }})")
+    score = "score {{ $value | humanizePercentage }}"
+    rules: list[Alert] = [
+        Alert("GpuIdleMasking", finding(F.IDLE_MASKING), t.hold(1800), "warning", "finops",
+              "GPU busy in nvidia-smi but its SMs mostly idle: " + SHORT_REF,
+              f"{where} reports high GPU utilization while its SMs are mostly idle ({score}): the job pays "
+              "for a whole GPU and uses a fraction of it."),
+        Alert("GpuIdleAllocated", finding(F.IDLE_ALLOCATED), t.hold(1800), "warning", "finops",
+              "Allocated GPU idle: " + SHORT_REF,
+              f"{where} is allocated but idle ({score}): release it or fix the job's input pipeline."),
+    ]
+    for alert, kind, what in (("GpuStraggler", F.STRAGGLER, "is the straggler slowing its training gang"),
+                              ("GpuDegraded", F.DEGRADED_GPU, "runs degraded (power cap, PCIe or NVLink)")):
+        for sev, match in (("critical", "critical"), ("warning", "!=critical")):
+            rules.append(Alert(alert, finding(kind, severity=match), t.hold(300), sev, "training",
+                               f"{alert.removeprefix('Gpu')}: " + SHORT_REF,
+                               f"{where} {what} ({score}); see the analyzer's finding for the evidence."))
+    stale = t.seconds(ANALYZER_STALE_SECONDS)
+    rules += [
+        Alert(ANALYZER_DOWN, f"{sel(UP, job=analyzer_job)} == 0", t.hold(300), "warning", "sre",
+              "truegpu analyzer {{ $labels.instance }} is down",
+              f"Prometheus cannot scrape the analyzer {{{{ $labels.instance }}}} for {t.hold(300)}: findings "
+              "(stragglers, idle GPUs) are not being raised.", {"reason": "down"}),
+        Alert(ANALYZER_DOWN, f"time() - {sel(O.ANALYZER_LAST_SUCCESS.name, job=analyzer_job)} > {stale:g}",
+              t.hold(300), "warning", "sre", "truegpu analyzer {{ $labels.instance }} is stuck",
+              "The analyzer {{ $labels.instance }} last finished an analysis {{ $value | humanizeDuration }} "
+              "ago: findings are stale.", {"reason": "stale"}),
+    ]
+    groups = (Group("truegpu-findings", tuple(rules[:-2])), Group("truegpu-analyzer", tuple(rules[-2:])))
+    return RuleFile("analyzer.yaml", "truegpu analyzer findings (truegpu_finding_active) and analyzer health", groups)
+
+
+def rule_files(
+    timing: Timing | None = None,
+    *,
+    exporter_job: str = EXPORTER_JOB,
+    analyzer_job: str = ANALYZER_JOB,
+    dcgm_job: str = DCGM_JOB,
+    dcgm_host_label: str = DCGM_HOST_LABEL,
+) -> list[RuleFile]:
+    t = timing or Timing()
+    return [truegpu_file(t, exporter_job), dcgm_file(t, dcgm_host_label, dcgm_job), analyzer_file(t, analyzer_job)]
+
+
+def alert_names() -> list[str]:
+    return list(dict.fromkeys(a.alert for f in rule_files() for a in f.alerts()))
+
+
+def record_names() -> list[str]:
+    return list(dict.fromkeys(r.record for f in rule_files() for r in f.records()))

@@ -1,0 +1,596 @@
+"""promtool unit tests for the generated rules (written to ``alerts/tests/*_test.yaml``).
+
+Every alert has a case where it fires, with its exact labels and rendered annotations, and
+cases where it must not (PCIe downgraded but idle, an application XID is ``info`` not
+``critical``, a throttled GPU is not "near" its limit, a whole node gone is not a GPU that
+fell off the bus, ...). Every recording rule is checked by value. The expected texts below are
+written out by hand from concrete values, never rendered from the rule templates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alerts.rules import (
+    ANALYZER_JOB,
+    DCGM_FLEET_EFFECTIVE_UTILIZATION,
+    DCGM_FLEET_MASKING_GAP,
+    DCGM_GPU_EFFECTIVE_UTILIZATION,
+    DCGM_GPU_MASKING_GAP,
+    DCGM_GPU_SM_CLOCK_RATIO,
+    DCGM_JOB,
+    DCGM_NODE_EFFECTIVE_UTILIZATION,
+    DCGM_NODE_MASKING_GAP,
+    EXPORTER_JOB,
+    FLEET_EFFECTIVE_UTILIZATION,
+    FLEET_MASKING_GAP,
+    GPU_EFFECTIVE_UTILIZATION,
+    GPU_MASKING_GAP,
+    GPU_SM_CLOCK_RATIO,
+    JOB_EFFECTIVE_UTILIZATION,
+    JOB_MASKING_GAP,
+    NODE_EFFECTIVE_UTILIZATION,
+    NODE_MASKING_GAP,
+    RUNBOOK_BASE_URL,
+    UP,
+    rule_files,
+)
+from analyzer import output_schema as O
+from exporter import schema as S
+
+HOST, HOST2 = "node-1", "node-2"
+SENTINEL = "9223372036854775794"  # DCGM int64 NOT_SUPPORTED as old exporters print it
+
+Labels = dict[str, str]
+
+
+def series(name: str, labels: Labels, values: str) -> dict[str, str]:
+    inner = ", ".join(f'{k}="{v}"' for k, v in labels.items())
+    return {"series": f"{name}{{{inner}}}", "values": values}
+
+
+def gpu(n: int, host: str = HOST, **extra: str) -> Labels:
+    return {S.HOSTNAME: host, S.GPU: str(n), S.UUID: f"GPU-{host}-{n}", **extra}
+
+
+def dgpu(n: int, host: str = HOST, **extra: str) -> Labels:
+    """dcgm-exporter labels of a GPU (older ``Hostname`` host label)."""
+    return {S.GPU: str(n), "UUID": f"GPU-{host}-{n}", "Hostname": host, **extra}
+
+
+def ref(n: int, host: str = HOST) -> str:
+    return f"GPU {n} (GPU-{host}-{n}) on {host}"
+
+
+def short(n: int, host: str = HOST) -> str:
+    return f"GPU {n} of {host}"
+
+
+def annotations(alert: str, summary: str, description: str, **extra: str) -> dict[str, str]:
+    return {"summary": summary, "description": description, "runbook_url": f"{RUNBOOK_BASE_URL}/{alert}.md", **extra}
+
+
+def expect(labels: Labels, severity: str, team: str, ann: dict[str, str], **extra: str) -> dict[str, Any]:
+    return {"exp_labels": {**labels, "severity": severity, "team": team, **extra}, "exp_annotations": ann}
+
+
+def check(at: str, alert: str, *alerts: dict[str, Any]) -> dict[str, Any]:
+    return {"eval_time": at, "alertname": alert, "exp_alerts": list(alerts)}
+
+
+def case(name: str, input_series: list[dict[str, str]], alerts: list[dict[str, Any]] = (),  # type: ignore[assignment]
+         exprs: list[dict[str, Any]] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    out: dict[str, Any] = {"name": name, "interval": "1m", "input_series": input_series}
+    if alerts:
+        out["alert_rule_test"] = list(alerts)
+    if exprs:
+        out["promql_expr_test"] = list(exprs)
+    return out
+
+
+def samples(expr: str, at: str, *rows: tuple[Labels, float]) -> dict[str, Any]:
+    """A recording rule's series (named ``expr``) at ``at``."""
+    return {"expr": expr, "eval_time": at, "exp_samples": [
+        {"labels": expr + "{" + ", ".join(f'{k}="{v}"' for k, v in lab.items()) + "}", "value": v} for lab, v in rows
+    ]}
+
+
+def _dcgm_counters(alert: str, severity: str | None = None) -> dict[str, str]:
+    """The static ``dcgm_counters`` annotation of a dcgm rule (not a template: taken from the rule)."""
+    dcgm = next(f for f in rule_files() if f.name == "dcgm.yaml")
+    for a in dcgm.alerts():
+        if a.alert == alert and (severity is None or a.severity == severity) and a.non_default_fields:
+            return {"dcgm_counters": "needs dcgm-exporter counters beyond the default list: "
+                    + ", ".join(a.non_default_fields)}
+    return {}
+
+
+# truegpu dialect -------------------------------------------------------------------------
+def truegpu_tests() -> list[dict[str, Any]]:
+    mig1 = {S.GPU_INSTANCE: "1", S.MIG_PROFILE: "3g.40gb"}
+    mig2 = {S.GPU_INSTANCE: "2", S.MIG_PROFILE: "3g.40gb"}
+    train = {"namespace": "ml", "pod": "train-0", "container": "main", "job": "train"}
+    serve = {"namespace": "inf", "pod": "serve-0", "container": "main", "job": "serve"}
+    recording = case("recording rules: effective utilization and masking gap at every level", [
+        series(S.SM_ACTIVE.name, gpu(0), "0.5x10"),
+        series(S.SM_CLOCK.name, gpu(0), "1500000000x10"),
+        series(S.SM_CLOCK_MAX.name, gpu(0), "2000000000x10"),
+        series(S.GPU_UTILIZATION.name, gpu(0), "0.9x10"),
+        series(S.GPU_ALLOCATION_INFO.name, gpu(0, **train), "1x10"),
+        series(S.SM_ACTIVE.name, gpu(1), "0.25x10"),
+        series(S.SM_CLOCK.name, gpu(1), "2000000000x10"),
+        series(S.SM_CLOCK_MAX.name, gpu(1), "2000000000x10"),
+        series(S.GPU_UTILIZATION.name, gpu(1), "0.75x10"),
+        # a MIG GPU: SM activity per instance, no GPU utilization, clocks per GPU
+        series(S.SM_ACTIVE.name, gpu(2, **mig1), "0.6x10"),
+        series(S.SM_ACTIVE.name, gpu(2, **mig2), "0.4x10"),
+        series(S.SM_CLOCK.name, gpu(2), "1000000000x10"),
+        series(S.SM_CLOCK_MAX.name, gpu(2), "2000000000x10"),
+        series(S.GPU_ALLOCATION_INFO.name, gpu(2, **mig1, **serve), "1x10"),
+        # clocks without SM activity: effective utilization unknown, never 0
+        series(S.SM_CLOCK.name, gpu(3), "2000000000x10"),
+        series(S.SM_CLOCK_MAX.name, gpu(3), "2000000000x10"),
+    ], exprs=[
+        samples(GPU_SM_CLOCK_RATIO, "5m", (gpu(0), 0.75), (gpu(1), 1), (gpu(2), 0.5), (gpu(3), 1)),
+        samples(GPU_EFFECTIVE_UTILIZATION, "5m", (gpu(0), 0.375), (gpu(1), 0.25), (gpu(2, **mig1), 0.3),
+                (gpu(2, **mig2), 0.2)),
+        samples(GPU_MASKING_GAP, "5m", (gpu(0), 0.4), (gpu(1), 0.5)),
+        samples(NODE_EFFECTIVE_UTILIZATION, "5m", ({S.HOSTNAME: HOST}, 0.28125)),
+        samples(NODE_MASKING_GAP, "5m", ({S.HOSTNAME: HOST}, 0.45)),
+        samples(JOB_EFFECTIVE_UTILIZATION, "5m", ({"namespace": "ml", "job": "train"}, 0.375),
+                ({"namespace": "inf", "job": "serve"}, 0.3)),
+        samples(JOB_MASKING_GAP, "5m", ({"namespace": "ml", "job": "train"}, 0.4)),
+        samples(FLEET_EFFECTIVE_UTILIZATION, "5m", ({"allocation": "all"}, 0.28125),
+                ({"allocation": "allocated"}, 0.3375)),
+        samples(FLEET_MASKING_GAP, "5m", ({"allocation": "all"}, 0.45), ({"allocation": "allocated"}, 0.4)),
+    ])
+
+    xid = S.XID_ERRORS.name
+    xid_cases = case("GpuXidError: severity by XID class; a counter that starts at 1 counts", [
+        series(xid, gpu(0, xid="79"), "0 0 1x30"),
+        series(xid, gpu(1, xid="63"), "0 0 1x30"),
+        series(xid, gpu(2, xid="13"), "0 0 1x30"),   # application XID: info, never critical
+        series(xid, gpu(3, xid="48"), "_ _ _ 1x30"),  # first seen already at 1
+        series(xid, gpu(4, xid="48"), "0x32"),        # never happened
+    ], alerts=[
+        check("5m", "GpuXidError",
+              expect(gpu(0, xid="79"), "critical", "training", annotations(
+                  "GpuXidError", f"Critical XID 79 on {short(0)}",
+                  f"{ref(0)} reported 1 XID 79 event(s) in the last 10m: the GPU cannot be trusted until it is "
+                  "drained and reset.")),
+              expect(gpu(1, xid="63"), "warning", "training", annotations(
+                  "GpuXidError", f"XID 63 on {short(1)}",
+                  f"{ref(1)} reported 1 XID 63 event(s) in the last 10m: a driver or hardware error, see the "
+                  "runbook's XID table.")),
+              expect(gpu(2, xid="13"), "info", "training", annotations(
+                  "GpuXidError", f"Application XID 13 on {short(2)}",
+                  f"{ref(2)} reported 1 XID 13 event(s) in the last 10m: usually the job's own bug (illegal memory "
+                  "access, kernel exception); the GPU itself is fine.")),
+              expect(gpu(3, xid="48"), "critical", "training", annotations(
+                  "GpuXidError", f"Critical XID 48 on {short(3)}",
+                  f"{ref(3)} reported 1 XID 48 event(s) in the last 10m: the GPU cannot be trusted until it is "
+                  "drained and reset."))),
+        check("25m", "GpuXidError"),  # no new event in the last 10m
+    ])
+
+    ecc = S.ECC_ERRORS.name
+    ecc_case = case("GpuUncorrectableEcc: uncorrectable errors or rows fire, correctable ones do not", [
+        series(ecc, gpu(0, type="uncorrectable", scope="volatile"), "0 0 1x20"),
+        series(S.REMAPPED_ROWS.name, gpu(1, type="uncorrectable"), "0 0 1x20"),
+        series(ecc, gpu(2, type="correctable", scope="volatile"), "0 5 10 15x20"),
+        series(ecc, gpu(2, type="uncorrectable", scope="volatile"), "0x22"),
+    ], alerts=[
+        check("5m", "GpuUncorrectableEcc", *(
+            expect(gpu(n), "critical", "training", annotations(
+                "GpuUncorrectableEcc", f"Uncorrectable ECC error on {short(n)}",
+                f"{ref(n)} had 1 uncorrectable memory error(s) in the last 10m: drain the GPU and reset it to apply "
+                "the row remap.")) for n in (0, 1))),
+        check("20m", "GpuUncorrectableEcc"),
+    ])
+
+    remap = case("GpuRowRemapFailure", [
+        series(S.ROW_REMAP_FAILURE.name, gpu(0), "0 1x5"),
+        series(S.ROW_REMAP_FAILURE.name, gpu(1), "0x5"),
+    ], alerts=[
+        check("0m", "GpuRowRemapFailure"),
+        check("2m", "GpuRowRemapFailure", expect(gpu(0), "critical", "training", annotations(
+            "GpuRowRemapFailure", f"Row remapping failed on {short(0)}",
+            f"{ref(0)} has no spare HBM rows left to remap memory errors: drain it and RMA it."))),
+    ])
+
+    ev, temp = S.CLOCK_EVENT_ACTIVE.name, S.TEMPERATURE.name
+    thermal = case("GpuThermalThrottling and GpuNearThermalLimit", [
+        # GPU 0 throttles for heat all along: throttling, not "near the limit"
+        series(ev, gpu(0, reason="sw_thermal"), "1x20"),
+        series(S.SM_CLOCK.name, gpu(0), "1200000000x20"),
+        series(S.SM_CLOCK_MAX.name, gpu(0), "2000000000x20"),
+        series(temp, gpu(0, sensor="gpu"), "88x20"),
+        # GPU 1 is power-capped: not a thermal problem
+        series(ev, gpu(1, reason="sw_power_cap"), "1x20"),
+        series(S.SM_CLOCK.name, gpu(1), "1500000000x20"),
+        series(S.SM_CLOCK_MAX.name, gpu(1), "2000000000x20"),
+        # GPU 2 throttles 5 minutes only
+        series(ev, gpu(2, reason="hw_thermal"), "1x4 0x16"),
+        series(S.SM_CLOCK.name, gpu(2), "1500000000x20"),
+        series(S.SM_CLOCK_MAX.name, gpu(2), "2000000000x20"),
+        # GPU 3 hot die, GPU 4 hot HBM, GPU 5 warm
+        series(temp, gpu(3, sensor="gpu"), "85x20"),
+        series(temp, gpu(4, sensor="gpu"), "70x20"),
+        series(temp, gpu(4, sensor="memory"), "92x20"),
+        series(temp, gpu(5, sensor="gpu"), "80x20"),
+        series(temp, gpu(5, sensor="memory"), "85x20"),
+    ], alerts=[
+        check("9m", "GpuThermalThrottling"),
+        check("12m", "GpuThermalThrottling", expect(gpu(0), "warning", "sre", annotations(
+            "GpuThermalThrottling", f"Thermal throttling on {short(0)}",
+            f"{ref(0)} has been slowed down for heat for 10m; its SM clock is at 60% of maximum."))),
+        check("14m", "GpuNearThermalLimit"),
+        check("16m", "GpuNearThermalLimit",
+              expect(gpu(3, sensor="gpu"), "warning", "facilities", annotations(
+                  "GpuNearThermalLimit", f"GPU gpu temperature near its limit on {short(3)}",
+                  f"{ref(3)}: gpu temperature 85 C for 15m, close to thermal slowdown; check airflow and inlet "
+                  "temperature of the rack.")),
+              expect(gpu(4, sensor="memory"), "warning", "facilities", annotations(
+                  "GpuNearThermalLimit", f"GPU memory temperature near its limit on {short(4)}",
+                  f"{ref(4)}: memory temperature 92 C for 15m, close to thermal slowdown; check airflow and inlet "
+                  "temperature of the rack."))),
+    ])
+
+    nvl = S.NVLINK_ERRORS.name
+    nvlink = case("GpuNvlinkErrors: errors that keep growing", [
+        series(nvl, gpu(0, type="replay"), "0+1x30"),
+        series(nvl, gpu(0, type="crc_flit"), "0x30"),
+        series(nvl, gpu(1, type="replay"), "5x30"),
+        series(nvl, gpu(2, type="recovery"), "0 1 2 2x28"),  # a short burst, then quiet
+    ], alerts=[
+        check("9m", "GpuNvlinkErrors"),
+        check("20m", "GpuNvlinkErrors", expect(gpu(0), "warning", "training", annotations(
+            "GpuNvlinkErrors", f"NVLink errors on {short(0)}",
+            f"{ref(0)} keeps logging NVLink errors (10 in the last 10m): collectives over this GPU slow down or "
+            "fail."))),
+    ])
+
+    gen, width, util = S.PCIE_LINK_GENERATION.name, S.PCIE_LINK_WIDTH.name, S.GPU_UTILIZATION.name
+    pcie = case("GpuPcieLinkDowngraded: only while busy", [
+        series(gen, gpu(0, state="current"), "3x20"),
+        series(gen, gpu(0, state="max"), "5x20"),
+        series(util, gpu(0), "0.9x20"),
+        series(gen, gpu(1, state="current"), "1x20"),   # idle GPU saving power: fine
+        series(gen, gpu(1, state="max"), "5x20"),
+        series(util, gpu(1), "0x20"),
+        series(width, gpu(2, state="current"), "8x20"),
+        series(width, gpu(2, state="max"), "16x20"),
+        series(util, gpu(2), "0.95x20"),
+        series(gen, gpu(3, state="current"), "5x20"),   # busy at full speed
+        series(gen, gpu(3, state="max"), "5x20"),
+        series(util, gpu(3), "0.9x20"),
+    ], alerts=[
+        check("9m", "GpuPcieLinkDowngraded"),
+        check("15m", "GpuPcieLinkDowngraded",
+              expect(gpu(0, link="generation"), "warning", "training", annotations(
+                  "GpuPcieLinkDowngraded", f"PCIe link downgraded on busy {short(0)}",
+                  f"{ref(0)} runs its PCIe link at generation 3, below its maximum, while busy: host-device "
+                  "transfers are slower.")),
+              expect(gpu(2, link="width"), "warning", "training", annotations(
+                  "GpuPcieLinkDowngraded", f"PCIe link downgraded on busy {short(2)}",
+                  f"{ref(2)} runs its PCIe link at width 8, below its maximum, while busy: host-device "
+                  "transfers are slower."))),
+    ])
+
+    info, node = S.GPU_INFO.name, S.NODE_INFO.name
+    ident = {"model": "H100", "driver_version": "550.90.07", "pci_bus_id": "0000:18:00.0", "numa_node": "0"}
+    lost = case("GpuFellOffBus: one GPU gone while its node reports; a whole node gone is not it", [
+        series(node, {S.HOSTNAME: HOST, "site": "dc1", "rack": "r1"}, "1x30"),
+        series(info, gpu(0, **ident), "1x30"),
+        series(info, gpu(1, **ident), "1x9 stale"),
+        series(node, {S.HOSTNAME: HOST2, "site": "dc1", "rack": "r1"}, "1x9 stale"),
+        series(info, gpu(0, HOST2, **ident), "1x9 stale"),
+    ], alerts=[
+        check("9m", "GpuFellOffBus"),
+        check("12m", "GpuFellOffBus", expect(gpu(1), "critical", "training", annotations(
+            "GpuFellOffBus", f"{short(1)} fell off the bus",
+            f"{ref(1)} stopped reporting while its node's exporter is up: the GPU is lost (XID 79 or similar); "
+            "drain the node and reset or reseat the GPU."))),
+    ])
+
+    exp = {"job": EXPORTER_JOB}
+    down = case("TruegpuExporterDown: down targets, with the hostname they served when known", [
+        series(UP, {**exp, "instance": "n1:9835"}, "1x9 0x20"),
+        series(node, {**exp, "instance": "n1:9835", S.HOSTNAME: HOST, "site": "dc1", "rack": "r1"}, "1x9 stale"),
+        series(UP, {**exp, "instance": "n2:9835"}, "1x30"),
+        series(node, {**exp, "instance": "n2:9835", S.HOSTNAME: HOST2, "site": "dc1", "rack": "r1"}, "1x30"),
+        series(UP, {**exp, "instance": "n3:9835"}, "0x30"),  # never scraped: no hostname to tell
+    ], alerts=[
+        check("3m", "TruegpuExporterDown"),
+        check("20m", "TruegpuExporterDown",
+              expect({**exp, "instance": "n1:9835", S.HOSTNAME: HOST}, "warning", "sre", annotations(
+                  "TruegpuExporterDown", "Exporter n1:9835 is down",
+                  f"Prometheus cannot scrape n1:9835 (job {EXPORTER_JOB}, host {HOST}) for 5m: the GPUs there are "
+                  "unobserved.")),
+              expect({**exp, "instance": "n3:9835"}, "warning", "sre", annotations(
+                  "TruegpuExporterDown", "Exporter n3:9835 is down",
+                  f"Prometheus cannot scrape n3:9835 (job {EXPORTER_JOB}) for 5m: the GPUs there are "
+                  "unobserved."))),
+    ])
+    return [recording, xid_cases, ecc_case, remap, thermal, nvlink, pcie, lost, down]
+
+
+# dcgm-exporter dialect --------------------------------------------------------------------
+def _d(dlabels: Labels, **extra: str) -> Labels:
+    """Alert labels of a dcgm rule: the series' labels plus ``hostname`` copied from ``Hostname``."""
+    return {**dlabels, S.HOSTNAME: dlabels["Hostname"], "dialect": "dcgm", **extra}
+
+
+def _gpu_keys(dlabels: Labels) -> Labels:
+    return {k: dlabels[k] for k in (S.GPU, "UUID", "Hostname")}
+
+
+def dcgm_tests() -> list[dict[str, Any]]:
+    def f(metric: S.Metric, **labels: str) -> str:
+        return next(x.field for x in metric.dcgm if all(dict(x.labels).get(k) == v for k, v in labels.items()))
+
+    sm, clk, clk_max, util = f(S.SM_ACTIVE), f(S.SM_CLOCK), f(S.SM_CLOCK_MAX), f(S.GPU_UTILIZATION)
+    pod = {"namespace": "ml", "pod": "train-0", "container": "main"}
+    mig = {"GPU_I_PROFILE": "3g.40gb", "GPU_I_ID": "1"}
+    recording = case("dcgm recording rules (percent GPU util, MHz clocks, MIG clocks per instance)", [
+        series(sm, dgpu(0, **pod), "0.5x10"),
+        series(clk, dgpu(0, **pod), "1500x10"),
+        series(clk_max, dgpu(0, **pod), "2000x10"),
+        series(util, dgpu(0, **pod), "90x10"),
+        series(sm, dgpu(1, **mig), "0.4x10"),
+        series(clk, dgpu(1, **mig), "1000x10"),
+        series(clk, dgpu(1, GPU_I_PROFILE="3g.40gb", GPU_I_ID="2"), "1000x10"),
+        series(clk_max, dgpu(1, **mig), "2000x10"),
+    ], exprs=[
+        samples(DCGM_GPU_SM_CLOCK_RATIO, "5m", (dgpu(0), 0.75), (dgpu(1), 0.5)),
+        samples(DCGM_GPU_EFFECTIVE_UTILIZATION, "5m", (dgpu(0, **pod), 0.375), (dgpu(1, **mig), 0.2)),
+        samples(DCGM_GPU_MASKING_GAP, "5m", (dgpu(0), 0.4)),
+        samples(DCGM_NODE_EFFECTIVE_UTILIZATION, "5m", ({"Hostname": HOST}, 0.2875)),
+        samples(DCGM_NODE_MASKING_GAP, "5m", ({"Hostname": HOST}, 0.4)),
+        samples(DCGM_FLEET_EFFECTIVE_UTILIZATION, "5m", ({}, 0.2875)),
+        samples(DCGM_FLEET_MASKING_GAP, "5m", ({}, 0.4)),
+    ])
+
+    xid = f(S.XID_ERRORS)
+    xdesc = "(the last XID the GPU reported changed within the last 10m)"
+    xid_cases = case("dcgm GpuXidError: a change of the last-XID gauge, classed by its value", [
+        series(xid, dgpu(0, err_code="0"), "0x9"),
+        series(xid, dgpu(0, err_code="79"), "_x10 79x20"),   # dcgm-exporter relabels err_code on a new XID
+        series(xid, dgpu(1), "0x9 13x20"),                   # application XID: info
+        series(xid, dgpu(2), "0x9 63x20"),
+        series(xid, dgpu(3), "0x30"),
+        series(xid, dgpu(4), "48x30"),                       # an old event, reported since before the window
+        series(xid, dgpu(5), f"0x9 {SENTINEL}x20"),          # NOT_SUPPORTED marker: unknown, not an XID
+    ], alerts=[
+        check("12m", "GpuXidError",
+              expect(_d(dgpu(0, err_code="79")), "critical", "training", annotations(
+                  "GpuXidError", f"Critical XID 79 on {short(0)}",
+                  f"{ref(0)} reported XID 79 {xdesc}: the GPU cannot be trusted until it is drained and reset.")),
+              expect(_d(dgpu(1)), "info", "training", annotations(
+                  "GpuXidError", f"Application XID 13 on {short(1)}",
+                  f"{ref(1)} reported XID 13 {xdesc}: usually the job's own bug (illegal memory access, kernel "
+                  "exception); the GPU itself is fine.")),
+              expect(_d(dgpu(2)), "warning", "training", annotations(
+                  "GpuXidError", f"XID 63 on {short(2)}",
+                  f"{ref(2)} reported XID 63 {xdesc}: a driver or hardware error, see the runbook's XID table."))),
+        check("25m", "GpuXidError"),
+    ])
+
+    dbe = f(S.ECC_ERRORS, type="uncorrectable", scope="volatile")
+    sbe = f(S.ECC_ERRORS, type="correctable", scope="volatile")
+    rows = f(S.REMAPPED_ROWS, type="uncorrectable")
+    ecc = case("dcgm GpuUncorrectableEcc", [
+        series(dbe, dgpu(0), "0 0 1x20"),
+        series(rows, dgpu(1), "0 0 1x20"),
+        series(sbe, dgpu(2), "0 5 10 15x20"),
+        series(dbe, dgpu(2), "0x22"),
+    ], alerts=[
+        check("5m", "GpuUncorrectableEcc", *(
+            expect(_d(_gpu_keys(dgpu(n))), "critical", "training", annotations(
+                "GpuUncorrectableEcc", f"Uncorrectable ECC error on {short(n)}",
+                f"{ref(n)} had 1 uncorrectable memory error(s) in the last 10m: drain the GPU and reset it to apply "
+                "the row remap.", **_dcgm_counters("GpuUncorrectableEcc"))) for n in (0, 1))),
+        check("20m", "GpuUncorrectableEcc"),
+    ])
+
+    failure = f(S.ROW_REMAP_FAILURE)
+    remap = case("dcgm GpuRowRemapFailure (a NOT_SUPPORTED marker is not a failure)", [
+        series(failure, dgpu(0), "0 1x5"),
+        series(failure, dgpu(1), "0x5"),
+        series(failure, dgpu(2), "2147483634x5"),
+    ], alerts=[
+        check("0m", "GpuRowRemapFailure"),
+        check("2m", "GpuRowRemapFailure", expect(_d(dgpu(0)), "critical", "training", annotations(
+            "GpuRowRemapFailure", f"Row remapping failed on {short(0)}",
+            f"{ref(0)} has no spare HBM rows left to remap memory errors: drain it and RMA it."))),
+    ])
+
+    reasons, old_reasons = (x.field for x in S.CLOCK_EVENT_ACTIVE.dcgm)
+    gtemp, mtemp = f(S.TEMPERATURE, sensor="gpu"), f(S.TEMPERATURE, sensor="memory")
+    thermal = case("dcgm GpuThermalThrottling (bitmask, both field names) and GpuNearThermalLimit", [
+        series(reasons, dgpu(0), "33x20"),          # GPU_IDLE | SW_THERMAL
+        series(clk, dgpu(0), "1200x20"),
+        series(gtemp, dgpu(0), "88x20"),
+        series(reasons, dgpu(1), "4x20"),           # SW_POWER_CAP: not thermal
+        series(clk, dgpu(1), "1500x20"),
+        series(old_reasons, dgpu(2), "64x20"),      # HW_THERMAL on the deprecated field
+        series(clk, dgpu(2), "1100x20"),
+        series(reasons, dgpu(3), f"{SENTINEL}x20"),
+        series(clk, dgpu(3), "1500x20"),
+        series(gtemp, dgpu(4), "85x20"),
+        series(mtemp, dgpu(4), "70x20"),
+        series(gtemp, dgpu(5), "60x20"),
+        series(mtemp, dgpu(5), "92x20"),
+        series(gtemp, dgpu(6), "80x20"),
+    ], alerts=[
+        check("9m", "GpuThermalThrottling"),
+        check("14m", "GpuNearThermalLimit"),
+        check("12m", "GpuThermalThrottling", *(
+            expect(_d(_gpu_keys(dgpu(n))), "warning", "sre", annotations(
+                "GpuThermalThrottling", f"Thermal throttling on {short(n)}",
+                f"{ref(n)} has been slowed down for heat for 10m; its SM clock is at {mhz}Hz.",
+                **_dcgm_counters("GpuThermalThrottling"))) for n, mhz in ((0, "1.2G"), (2, "1.1G")))),
+        check("16m", "GpuNearThermalLimit",
+              expect(_d(_gpu_keys(dgpu(4)), sensor="gpu"), "warning", "facilities", annotations(
+                  "GpuNearThermalLimit", f"GPU gpu temperature near its limit on {short(4)}",
+                  f"{ref(4)}: gpu temperature 85 C for 15m, close to thermal slowdown; check airflow and inlet "
+                  "temperature of the rack.")),
+              expect(_d(_gpu_keys(dgpu(5)), sensor="memory"), "warning", "facilities", annotations(
+                  "GpuNearThermalLimit", f"GPU memory temperature near its limit on {short(5)}",
+                  f"{ref(5)}: memory temperature 92 C for 15m, close to thermal slowdown; check airflow and inlet "
+                  "temperature of the rack."))),
+    ])
+
+    replay = f(S.NVLINK_ERRORS, type="replay")
+    nvlink = case("dcgm GpuNvlinkErrors", [
+        series(replay, dgpu(0), "0+1x30"),
+        series(replay, dgpu(1), "5x30"),
+    ], alerts=[
+        check("9m", "GpuNvlinkErrors"),
+        check("20m", "GpuNvlinkErrors", expect(_d(_gpu_keys(dgpu(0))), "warning", "training", annotations(
+            "GpuNvlinkErrors", f"NVLink errors on {short(0)}",
+            f"{ref(0)} keeps logging NVLink errors (10 in the last 10m): collectives over this GPU slow down or fail.",
+            **_dcgm_counters("GpuNvlinkErrors")))),
+    ])
+
+    gen, gen_max = f(S.PCIE_LINK_GENERATION, state="current"), f(S.PCIE_LINK_GENERATION, state="max")
+    pcie = case("dcgm GpuPcieLinkDowngraded: only while busy", [
+        series(gen, dgpu(0), "3x20"),
+        series(gen_max, dgpu(0), "5x20"),
+        series(util, dgpu(0), "90x20"),
+        series(gen, dgpu(1), "1x20"),
+        series(gen_max, dgpu(1), "5x20"),
+        series(util, dgpu(1), "0x20"),
+    ], alerts=[
+        check("9m", "GpuPcieLinkDowngraded"),
+        check("15m", "GpuPcieLinkDowngraded", expect(_d(_gpu_keys(dgpu(0)), link="generation"), "warning", "training",
+                                                     annotations(
+            "GpuPcieLinkDowngraded", f"PCIe link downgraded on busy {short(0)}",
+            f"{ref(0)} runs its PCIe link at generation 3, below its maximum, while busy: host-device transfers "
+            "are slower.", **_dcgm_counters("GpuPcieLinkDowngraded")))),
+    ])
+
+    lost = case("dcgm GpuFellOffBus: one GPU gone while its node reports; a whole node gone is not it", [
+        series(gtemp, dgpu(0), "40x30"),
+        series(gtemp, dgpu(1), "40x9 stale"),
+        series(gtemp, dgpu(0, HOST2), "40x9 stale"),
+    ], alerts=[
+        check("9m", "GpuFellOffBus"),
+        check("12m", "GpuFellOffBus", expect(_d(_gpu_keys(dgpu(1))), "critical", "training", annotations(
+            "GpuFellOffBus", f"{short(1)} fell off the bus",
+            f"{ref(1)} stopped reporting while its node's exporter is up: the GPU is lost (XID 79 or similar); "
+            "drain the node and reset or reseat the GPU."))),
+    ])
+
+    job = {"job": DCGM_JOB}
+    down = case("DcgmExporterDown", [
+        series(UP, {**job, "instance": "10.0.0.1:9400"}, "1x9 0x20"),
+        series(gtemp, {**job, "instance": "10.0.0.1:9400", **dgpu(0)}, "40x9 stale"),
+        series(UP, {**job, "instance": "10.0.0.2:9400"}, "1x30"),
+    ], alerts=[
+        check("3m", "DcgmExporterDown"),
+        check("20m", "DcgmExporterDown", expect(
+            {**job, "instance": "10.0.0.1:9400", "Hostname": HOST, S.HOSTNAME: HOST}, "warning", "sre", annotations(
+                "DcgmExporterDown", "Exporter 10.0.0.1:9400 is down",
+                f"Prometheus cannot scrape 10.0.0.1:9400 (job {DCGM_JOB}, host {HOST}) for 5m: the GPUs there are "
+                "unobserved."))),
+    ])
+    return [recording, xid_cases, ecc, remap, thermal, nvlink, pcie, lost, down]
+
+
+# analyzer findings ---------------------------------------------------------------------------
+def finding(kind: str, severity: str, n: int = 0, **extra: str) -> Labels:
+    return {"kind": kind, "severity": severity, S.HOSTNAME: HOST, S.GPU: str(n), "rack": "r1",
+            "namespace": "ml", "job": "train", **extra}
+
+
+def analyzer_tests() -> list[dict[str, Any]]:
+    active, score = O.FINDING_ACTIVE.name, O.FINDING_SCORE.name
+
+    def open_finding(labels: Labels, values: str, value: str) -> list[dict[str, str]]:
+        return [series(active, labels, values), series(score, labels, values.replace("1x", f"{value}x"))]
+
+    def alert_labels(labels: Labels, severity: str) -> Labels:
+        return {k: v for k, v in labels.items() if k != "severity"}
+
+    where = "GPU 0 on node-1 (job ml/train)"
+    waste = case("GpuIdleMasking and GpuIdleAllocated: sustained waste findings open a FinOps ticket", [
+        *open_finding(finding("idle_masking", "warning"), "1x40", "0.8"),
+        *open_finding(finding("idle_masking", "info", 1), "1x20 stale", "0.5"),  # closed after 20m
+        *open_finding(finding("idle_allocated", "warning", 2), "1x40", "0.95"),
+    ], alerts=[
+        check("25m", "GpuIdleMasking"),
+        check("35m", "GpuIdleMasking", expect(alert_labels(finding("idle_masking", ""), ""), "warning", "finops",
+                                              annotations(
+            "GpuIdleMasking", "GPU busy in nvidia-smi but its SMs mostly idle: GPU 0 of node-1",
+            f"{where} reports high GPU utilization while its SMs are mostly idle (score 80%): the job pays for a "
+            "whole GPU and uses a fraction of it."))),
+        check("25m", "GpuIdleAllocated"),
+        check("35m", "GpuIdleAllocated", expect(alert_labels(finding("idle_allocated", "", 2), ""), "warning",
+                                                "finops", annotations(
+            "GpuIdleAllocated", "Allocated GPU idle: GPU 2 of node-1",
+            "GPU 2 on node-1 (job ml/train) is allocated but idle (score 95%): release it or fix the job's input "
+            "pipeline."))),
+    ])
+
+    gangs = case("GpuStraggler and GpuDegraded: the finding's severity decides page or ticket", [
+        *open_finding(finding("straggler", "critical"), "1x20", "0.9"),
+        *open_finding(finding("straggler", "warning", 1), "1x20", "0.4"),
+        *open_finding(finding("degraded_gpu", "critical", 2), "1x20", "0.7"),
+        *open_finding(finding("degraded_gpu", "info", 3), "1x20", "0.2"),
+        *open_finding(finding("thermal", "critical", 4), "1x20", "0.9"),  # not these alerts' kind
+        *open_finding(finding("straggler", "critical", 5), "1x2 stale", "0.9"),  # a blip shorter than for:
+    ], alerts=[
+        check("4m", "GpuStraggler"),
+        check("10m", "GpuStraggler",
+              expect(alert_labels(finding("straggler", ""), ""), "critical", "training", annotations(
+                  "GpuStraggler", "Straggler: GPU 0 of node-1",
+                  f"{where} is the straggler slowing its training gang (score 90%); see the analyzer's finding for "
+                  "the evidence.")),
+              expect(alert_labels(finding("straggler", "", 1), ""), "warning", "training", annotations(
+                  "GpuStraggler", "Straggler: GPU 1 of node-1",
+                  "GPU 1 on node-1 (job ml/train) is the straggler slowing its training gang (score 40%); see the "
+                  "analyzer's finding for the evidence."))),
+        check("4m", "GpuDegraded"),
+        check("10m", "GpuDegraded",
+              expect(alert_labels(finding("degraded_gpu", "", 2), ""), "critical", "training", annotations(
+                  "GpuDegraded", "Degraded: GPU 2 of node-1",
+                  "GPU 2 on node-1 (job ml/train) runs degraded (power cap, PCIe or NVLink) (score 70%); see the "
+                  "analyzer's finding for the evidence.")),
+              expect(alert_labels(finding("degraded_gpu", "", 3), ""), "warning", "training", annotations(
+                  "GpuDegraded", "Degraded: GPU 3 of node-1",
+                  "GPU 3 on node-1 (job ml/train) runs degraded (power cap, PCIe or NVLink) (score 20%); see the "
+                  "analyzer's finding for the evidence."))),
+    ])
+
+    job = {"job": ANALYZER_JOB, "instance": "analyzer:8000"}
+    health = case("TruegpuAnalyzerDown: not scraped, or no successful run for too long", [
+        series(UP, job, "1x9 0x30"),
+        series(O.ANALYZER_LAST_SUCCESS.name, job, "0x40"),  # last success at t=0, never again
+        series(UP, {**job, "instance": "analyzer-2:8000"}, "1x40"),
+        series(O.ANALYZER_LAST_SUCCESS.name, {**job, "instance": "analyzer-2:8000"}, "0+60x40"),  # healthy
+    ], alerts=[
+        check("12m", "TruegpuAnalyzerDown"),
+        check("25m", "TruegpuAnalyzerDown",
+              expect(job, "warning", "sre", annotations(
+                  "TruegpuAnalyzerDown", "truegpu analyzer analyzer:8000 is down",
+                  "Prometheus cannot scrape the analyzer analyzer:8000 for 5m: findings (stragglers, idle GPUs) are "
+                  "not being raised."), reason="down"),
+              expect(job, "warning", "sre", annotations(
+                  "TruegpuAnalyzerDown", "truegpu analyzer analyzer:8000 is stuck",
+                  "The analyzer analyzer:8000 last finished an analysis 25m 0s ago: findings are stale."),
+                  reason="stale")),
+    ])
+    return [waste, gangs, health]
+
+
+def test_files() -> dict[str, dict[str, Any]]:
+    """``alerts/tests/<name>``: promtool test files (rule paths relative to alerts/tests/)."""
+    def file(rules: str, tests: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"rule_files": [f"../generated/{rules}"], "evaluation_interval": "1m", "tests": tests}
+
+    return {
+        "truegpu_test.yaml": file("truegpu.yaml", truegpu_tests()),
+        "dcgm_test.yaml": file("dcgm.yaml", dcgm_tests()),
+        "analyzer_test.yaml": file("analyzer.yaml", analyzer_tests()),
+    }

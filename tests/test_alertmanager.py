@@ -1,0 +1,195 @@
+"""Generated Alertmanager config: amtool checks, route tests, and a real Alertmanager on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import requests
+import yaml
+
+from alerts import ALERTMANAGER_YML, generate
+from alerts.alertmanager import RECEIVERS, webhook_url_map
+from tests.conftest import find_binary, free_port
+
+
+@pytest.fixture(scope="module")
+def amtool() -> str:
+    return find_binary("amtool")
+
+
+def _amtool(amtool: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([amtool, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_amtool_check_config(amtool):
+    out = _amtool(amtool, "check-config", str(ALERTMANAGER_YML))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout and f"{len(RECEIVERS)} receivers" in out.stdout
+
+
+ROUTES = [
+    ({"alertname": "GpuStraggler", "severity": "critical", "team": "training", "job": "train"}, "training-page"),
+    ({"alertname": "GpuStraggler", "severity": "warning", "team": "training", "job": "train"}, "training-ticket"),
+    ({"alertname": "GpuXidError", "severity": "critical", "team": "training", "hostname": "n1"}, "training-page"),
+    ({"alertname": "GpuXidError", "severity": "info", "team": "training", "hostname": "n1"}, "info-log"),
+    ({"alertname": "GpuFellOffBus", "severity": "critical", "team": "training"}, "training-page"),
+    ({"alertname": "GpuPcieLinkDowngraded", "severity": "warning", "team": "training"}, "training-ticket"),
+    ({"alertname": "GpuThermalThrottling", "severity": "warning", "team": "sre"}, "facilities-ticket,sre-ticket"),
+    ({"alertname": "GpuNearThermalLimit", "severity": "warning", "team": "facilities"}, "facilities-ticket"),
+    ({"alertname": "GpuIdleMasking", "severity": "warning", "team": "finops", "job": "train"}, "finops-ticket"),
+    ({"alertname": "GpuIdleAllocated", "severity": "warning", "team": "finops"}, "finops-ticket"),
+    ({"alertname": "TruegpuExporterDown", "severity": "warning", "team": "sre"}, "sre-ticket"),
+    ({"alertname": "TruegpuAnalyzerDown", "severity": "warning", "team": "sre"}, "sre-ticket"),
+    ({"alertname": "SomethingElse", "severity": "critical", "team": "sre"}, "sre-page"),
+    ({"alertname": "Unlabelled"}, "sre-ticket"),
+]
+
+
+@pytest.mark.parametrize(("labels", "receivers"), ROUTES, ids=[f"{r[0]['alertname']}-{r[1]}" for r in ROUTES])
+def test_routes(amtool, labels, receivers):
+    args = [f"{k}={v}" for k, v in labels.items()]
+    out = _amtool(amtool, "config", "routes", "test", f"--config.file={ALERTMANAGER_YML}",
+                  f"--verify.receivers={receivers}", *args)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_route_test_can_fail(amtool):
+    out = _amtool(amtool, "config", "routes", "test", f"--config.file={ALERTMANAGER_YML}",
+                  "--verify.receivers=training-page", "alertname=GpuIdleMasking", "team=finops", "severity=warning")
+    assert out.returncode != 0
+
+
+def test_webhook_urls_override():
+    urls = webhook_url_map({"*": "http://a/x", "finops-ticket": "http://b/y"})
+    assert urls["finops-ticket"] == "http://b/y" and urls["training-page"] == "http://a/x"
+    assert webhook_url_map()["sre-page"].endswith("/sre-page")
+    with pytest.raises(ValueError, match="unknown receivers"):
+        webhook_url_map({"pager": "http://c"})
+
+
+class _Hook(BaseHTTPRequestHandler):
+    received: ClassVar[list[dict]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).received.append(json.loads(body))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def _webhook() -> Iterator[tuple[str, list[dict]]]:
+    received: ClassVar[list[dict]] = []
+    handler = type("Hook", (_Hook,), {"received": received})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/hook", received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def _alertmanager(config: Path, tmp: Path) -> Iterator[str]:
+    binary = find_binary("alertmanager")
+    port = free_port()
+    log = tmp / "alertmanager.log"
+    with open(log, "w") as log_f:
+        proc = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.path={tmp / 'am-data'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+            stdout=log_f, stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"alertmanager exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                if requests.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"alertmanager not ready:\n{log.read_text()[-3000:]}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _alert(name: str, severity: str, team: str, **labels: str) -> dict:
+    now = datetime.now(UTC)
+    return {"labels": {"alertname": name, "severity": severity, "team": team, **labels},
+            "annotations": {"summary": name},
+            "startsAt": now.isoformat(), "endsAt": (now + timedelta(hours=1)).isoformat()}
+
+
+def test_real_alertmanager_loads_the_committed_config(tmp_path):
+    with _alertmanager(ALERTMANAGER_YML, tmp_path) as url:
+        status = requests.get(f"{url}/api/v2/status", timeout=5).json()
+        loaded = yaml.safe_load(status["config"]["original"])
+        assert [r["name"] for r in loaded["receivers"]] == list(RECEIVERS)
+        assert status["cluster"]["status"] == "disabled"
+
+
+def test_real_alertmanager_routes_and_inhibits(tmp_path):
+    with _webhook() as (hook, received):
+        generate(tmp_path / "cfg", scale=0.01, webhook_urls={"*": hook})
+        with _alertmanager(tmp_path / "cfg" / "alertmanager.yml", tmp_path) as url:
+            status = requests.get(f"{url}/api/v2/status", timeout=5).json()
+            assert hook in status["config"]["original"]
+            gpu3 = {"hostname": "n1", "gpu": "3"}
+            alerts = [
+                _alert("GpuFellOffBus", "critical", "training", **gpu3),
+                _alert("GpuStraggler", "warning", "training", **gpu3, job="train"),    # muted: the GPU is gone
+                _alert("GpuStraggler", "warning", "training", hostname="n1", gpu="4", job="train"),
+                _alert("GpuXidError", "critical", "training", hostname="n2", gpu="0", xid="48"),
+                _alert("GpuXidError", "warning", "training", hostname="n2", gpu="0", xid="63"),  # muted by critical
+                _alert("GpuIdleMasking", "warning", "finops", hostname="n5", gpu="1", job="notebook"),
+            ]
+            assert requests.post(f"{url}/api/v2/alerts", json=alerts, timeout=5).status_code == 200
+
+            def state() -> dict[tuple[str, str, str], str]:
+                got = requests.get(f"{url}/api/v2/alerts", timeout=5).json()
+                return {(a["labels"]["alertname"], a["labels"]["hostname"], a["labels"].get("xid", a["labels"]["gpu"])):
+                        a["status"]["state"] for a in got}
+
+            deadline = time.monotonic() + 20
+            want_sent = {("training-page", "GpuFellOffBus"), ("training-ticket", "GpuStraggler"),
+                         ("training-page", "GpuXidError"), ("finops-ticket", "GpuIdleMasking")}
+            while time.monotonic() < deadline:
+                sent = {(p["receiver"], a["labels"]["alertname"]) for p in received for a in p["alerts"]}
+                if want_sent <= sent and len(state()) == len(alerts):
+                    break
+                time.sleep(0.2)
+            st = state()
+            assert st[("GpuStraggler", "n1", "3")] == "suppressed"
+            assert st[("GpuXidError", "n2", "63")] == "suppressed"
+            assert st[("GpuStraggler", "n1", "4")] == "active"
+            assert st[("GpuFellOffBus", "n1", "3")] == "active"
+            sent_alerts = [(p["receiver"], a["labels"]) for p in received for a in p["alerts"]]
+            assert want_sent <= {(r, lab["alertname"]) for r, lab in sent_alerts}
+            assert not [lab for _, lab in sent_alerts if lab.get("gpu") == "3" and lab["alertname"] == "GpuStraggler"]
+            assert not [lab for _, lab in sent_alerts if lab.get("xid") == "63"]
