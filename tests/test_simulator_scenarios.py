@@ -12,8 +12,21 @@ from exporter.simulator.scenario import DEFAULT_START, parse_time
 REQUIRED = {
     "healthy-fleet", "mixed-fleet", "thermal-straggler", "input-starved-node", "power-capped", "pcie-downgrade",
     "nvlink-errors", "xid-faults", "rack-cooling", "wan-split", "mig-training", "idle-waste",
+    "straggler-slowdowns", "multi-fault", "noisy-neighbours", "healthy-long", "degraded-gpus", "topology-mistakes",
 }
-KINDS = {"straggler", "gpu_fault", "degraded_gpu", "thermal", "topology", "idle_masking", "idle_allocated"}
+#: Scenarios without any ground truth (healthy; every finding on them is false).
+HEALTHY = {"healthy-fleet", "noisy-neighbours", "healthy-long"}
+#: The detectors' taxonomy: kind -> the attribution tokens its records may carry.
+ATTRIBUTION = {
+    "straggler": {"thermal", "power", "pcie", "nvlink", "input", "unknown"},
+    "gpu_fault": {"xid48", "xid63", "xid64", "xid79", "xid94", "xid95", "pcie_downgrade", "nvlink"},
+    "degraded_gpu": {"power_cap", "thermal_degradation", "power_inefficiency", "hbm_hot"},
+    "thermal": {"gpu_cooling", "rack_cooling"},
+    "topology": {"wan", "mig", "numa", "no_nvlink"},
+    "idle_masking": {"memory_bound"},
+    "idle_allocated": {"unused_allocation"},
+}
+KINDS = set(ATTRIBUTION)
 
 
 def test_required_scenarios_exist_and_load():
@@ -82,19 +95,26 @@ def test_bad_topology_and_duration(tmp_path):
         load_scenario(str(p))
 
 
-def test_healthy_fleet_has_no_ground_truth():
-    assert Cluster(load_scenario("healthy-fleet")).ground_truth() == []
+@pytest.mark.parametrize("name", sorted(HEALTHY))
+def test_healthy_scenarios_have_no_ground_truth(name):
+    assert Cluster(load_scenario(name)).ground_truth() == []
 
 
-@pytest.mark.parametrize("name", sorted(REQUIRED - {"healthy-fleet"}))
+def test_healthy_long_is_a_day_of_48_gpus():
+    c = Cluster(load_scenario("healthy-long"))
+    assert c.duration == 24 * 3600 and len(c.gpus) == 48
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED - HEALTHY))
 def test_every_fault_and_waste_pattern_has_ground_truth(name):
     sc = load_scenario(name)
     c = Cluster(sc)
     gt = c.ground_truth()
     assert gt, name
     for rec in gt:
-        assert set(rec) == {"kind", "hostname", "gpu", "job", "start", "end", "cause"}
+        assert set(rec) == {"kind", "hostname", "gpu", "job", "start", "end", "cause", "attribution"}
         assert rec["kind"] in KINDS and rec["cause"]
+        assert rec["attribution"] in ATTRIBUTION[rec["kind"]], rec
         assert c.start <= rec["start"] < rec["end"] <= c.start + c.duration
         assert rec["hostname"] in c.layout.nodes
         assert rec["gpu"] is None or rec["gpu"] in set(c.gpus.gpu[c.gpus.hostname == rec["hostname"]])
@@ -114,8 +134,60 @@ def test_expected_kinds_per_scenario():
     assert kinds("input-starved-node") == {"straggler"}
     assert kinds("wan-split") == {"topology"}
     assert kinds("idle-waste") == {"idle_masking", "idle_allocated"}
-    assert kinds("xid-faults") == {"gpu_fault", "degraded_gpu"}
-    assert {"thermal", "straggler", "gpu_fault", "degraded_gpu", "idle_masking", "idle_allocated"} <= kinds(
-        "mixed-fleet")
+    assert kinds("xid-faults") == {"gpu_fault"}  # XID 63 too: a hard signal
+    assert kinds("pcie-downgrade") == {"gpu_fault"} and kinds("nvlink-errors") == {"gpu_fault"}
+    assert kinds("power-capped") == {"degraded_gpu", "straggler"}
+    assert {"thermal", "straggler", "gpu_fault", "idle_masking", "idle_allocated"} <= kinds("mixed-fleet")
+    assert kinds("degraded-gpus") == {"degraded_gpu", "idle_masking"}
+    assert kinds("topology-mistakes") == {"topology"}
+    assert kinds("multi-fault") == {"thermal", "straggler", "gpu_fault", "degraded_gpu"}
     starved = [r for r in Cluster(load_scenario("input-starved-node")).ground_truth()]
     assert starved[0]["gpu"] is None and starved[0]["hostname"] == "dc1-r1-n03" and starved[0]["job"]
+
+
+def _truth(name: str) -> list[dict]:
+    return Cluster(load_scenario(name)).ground_truth()
+
+
+def test_attributions_per_scenario():
+    def attr(name: str, kind: str) -> list[tuple[str | None, str | None, str]]:
+        return sorted((r["hostname"], r["gpu"], r["attribution"]) for r in _truth(name) if r["kind"] == kind)
+
+    assert {a for *_, a in attr("xid-faults", "gpu_fault")} == {"xid48", "xid63", "xid64", "xid79", "xid94", "xid95"}
+    assert attr("nvlink-errors", "gpu_fault") == [("dc1-r1-n01", "3", "nvlink")]
+    assert attr("pcie-downgrade", "gpu_fault") == [("dc1-r1-n02", "2", "pcie_downgrade")]
+    assert attr("power-capped", "straggler") == [("dc1-r1-n02", "1", "power")]
+    assert attr("input-starved-node", "straggler") == [("dc1-r1-n03", None, "input")]
+    assert attr("thermal-straggler", "thermal") == [("dc1-r1-n01", "5", "gpu_cooling")]
+    assert {a for *_, a in attr("wan-split", "topology")} == {"wan"}
+    assert attr("mig-training", "topology") == [("dc1-r1-n01", None, "mig")]
+    assert attr("topology-mistakes", "topology") == [
+        ("dc1-r1-n01", None, "numa"), ("dc1-r2-n01", None, "no_nvlink"), ("dc1-r3-n01", None, "mig")]
+    assert {(r["job"], r["attribution"]) for r in _truth("topology-mistakes")} == {
+        ("numa-split", "numa"), ("pcie-gang", "no_nvlink"), ("mig-train", "mig")}
+    # 2 of 18 NVLink links down costs ~1% of a step: a gpu_fault, not a straggler
+    assert attr("mixed-fleet", "straggler") == [("dc1-r1-n01", "5", "thermal"), ("dc2-r1-n02", None, "input")]
+    # rack cooling: thermal per node; a gang half in the hot rack gets a node-level straggler once it throttles
+    rc = _truth("rack-cooling")
+    assert {(r["hostname"], r["attribution"]) for r in rc if r["kind"] == "thermal"} == {
+        (f"dc1-r1-n0{i}", "rack_cooling") for i in (1, 2, 3)}
+    (st,) = [r for r in rc if r["kind"] == "straggler"]
+    assert (st["hostname"], st["gpu"], st["job"], st["attribution"]) == ("dc1-r1-n03", None, "train-b", "thermal")
+    fault_start = next(r["start"] for r in rc if r["kind"] == "thermal")
+    assert fault_start + 10 * 60 < st["start"] < fault_start + 60 * 60  # from the throttle onset, not the fault start
+
+
+def test_straggler_slowdowns_and_multi_fault_truth():
+    gt = _truth("straggler-slowdowns")
+    st = sorted((r["job"], r["attribution"]) for r in gt if r["kind"] == "straggler")
+    assert st == [("train-10", "thermal"), ("train-20", "power"), ("train-50", "thermal")]
+    assert {r["job"] for r in gt if r["kind"] == "thermal"} == {"train-10", "train-50"}
+    assert [r["job"] for r in gt if r["kind"] == "degraded_gpu"] == ["train-20"]
+    mf = _truth("multi-fault")
+    on_n01 = {(r["kind"], r["attribution"]) for r in mf if r["hostname"] == "dc1-r1-n01"}
+    assert on_n01 == {("thermal", "gpu_cooling"), ("straggler", "thermal"), ("degraded_gpu", "thermal_degradation")}
+    assert {r["attribution"] for r in mf if r["kind"] == "gpu_fault"} == {"xid94"}
+    # the whole gangs inside the hot rack are slowed together: a cooling problem, not stragglers
+    assert {r["hostname"] for r in mf if r["kind"] == "thermal" and r["gpu"] is None} == {
+        "dc1-r2-n01", "dc1-r2-n02", "dc1-r2-n03"}
+    assert [r["job"] for r in mf if r["kind"] == "straggler"] == ["train-a"]

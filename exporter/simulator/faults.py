@@ -1,26 +1,60 @@
 """Injected faults and intentional waste, resolved onto rows, with their ground truth.
 
+Ground-truth records follow the detectors' taxonomy. Every record has ``kind``
+(straggler, gpu_fault, degraded_gpu, thermal, topology, idle_masking, idle_allocated),
+``hostname``, ``gpu`` (None = the whole node), ``job``, ``start``/``end`` (absolute
+seconds), ``cause`` (one sentence) and ``attribution``, a machine-readable token:
+
+* straggler: ``thermal`` | ``power`` | ``pcie`` | ``nvlink`` | ``input`` | ``unknown``
+* gpu_fault: ``xid48`` ``xid63`` ``xid64`` ``xid79`` ``xid94`` ``xid95`` | ``pcie_downgrade`` | ``nvlink``
+* degraded_gpu: ``power_cap`` | ``thermal_degradation`` | ``power_inefficiency`` | ``hbm_hot``
+* thermal: ``gpu_cooling`` (one GPU) | ``rack_cooling`` (one record per node of the rack)
+* topology: ``wan`` | ``mig`` | ``numa`` | ``no_nvlink`` (one record per node of the job, ``job`` set)
+* idle_masking: ``memory_bound``; idle_allocated: ``unused_allocation``
+
+Straggler truth is computed, not assumed: for each fault that can slow a synchronous
+training gang (thermal_straggler, power_cap, slow_gpu, input_starved, pcie_downgrade,
+nvlink_errors, rack_cooling), the model evaluates the gang's noise-free step time with
+that fault alone against the healthy step (``Cluster._fault_slowdown``) on a 30 s grid; the
+straggler record covers the span where the step is >= ``STRAGGLER_MIN_SLOWDOWN`` (5%)
+slower (the issue's hardest case is 10%). Below that, the fault still has its own record.
+
 What each fault looks like in the signals (what a detector should find):
 
-* ``thermal_straggler`` (one GPU, ``extra_celsius``): the GPU runs hotter than its
-  neighbours (failing fan / paste). Above 85 C it throttles: ``sw_thermal`` (and, far
-  above, ``hw_thermal``/``hw_slowdown``) clock events, SM clock well below max, the die
-  pinned at ~86-90 C. In a training gang it is the slowest member: it keeps computing
-  (SM activity stays high, cycle-counted) while its peers wait at the barrier: their GPU
-  util stays ~97% but SM and tensor activity fall by the same factor.
-  Ground truth: ``thermal`` + ``straggler`` (when in a training gang).
-* ``power_cap`` (one GPU, ``limit_watts``): the enforced power limit drops; power flat at
-  the cap, ``sw_power_cap`` active, lower SM clock; gang peers wait as above.
-  Ground truth: ``degraded_gpu`` + ``straggler`` (when in a training gang).
+* ``thermal_straggler`` (one GPU, ``extra_celsius`` or ``slowdown``): the GPU runs hotter than
+  its neighbours (failing fan). Above 85 C it throttles: ``sw_thermal`` (and, far above,
+  ``hw_thermal``/``hw_slowdown``) clock events, SM clock below max, the die pinned at
+  ~86-90 C. In a training gang it is the slowest member: it keeps computing (SM activity
+  stays high, cycle-counted) while its peers wait at the barrier: their GPU util stays ~97%
+  but SM and tensor activity fall by the same factor. ``slowdown`` (e.g. 0.1) sets the
+  gang's step-time slowdown exactly; the temperature excess is derived from it.
+  Ground truth: ``thermal``/gpu_cooling + ``straggler``/thermal (in a gang).
+* ``power_cap`` (one GPU, ``limit_watts`` or ``slowdown``): the enforced power limit drops
+  below its peers'; power flat at the cap, ``sw_power_cap`` active, lower SM clock (clock vs
+  throttle state: the GPU is not hot, its limit is low); gang peers wait as above.
+  Ground truth: ``degraded_gpu``/power_cap + ``straggler``/power (in a gang).
+* ``slow_gpu`` (one GPU, ``slowdown``): a member computes slower with no visible reason (full
+  clock, no clock event, normal temperature and power): peers wait at the barrier.
+  Ground truth: ``straggler``/unknown.
 * ``input_starved`` (one node of a training job, ``starve`` = data wait per step in units
   of compute time): every GPU of that node has true idle gaps, so GPU util drops too
   (unlike a compute straggler); the peers on other nodes wait at the barrier (high util,
-  low SM). Ground truth: ``straggler`` with ``gpu`` None.
-* ``pcie_downgrade`` (one GPU, ``gen``, ``width``): current PCIe generation/width below
-  max while busy, replay counter grows, PCIe throughput drops. Ground truth: ``degraded_gpu``.
+  low SM). Ground truth: ``straggler``/input with ``gpu`` None.
+* ``pcie_downgrade`` (one GPU, ``gen``, ``width``): current PCIe generation/width below max
+  while busy, replay counter grows, PCIe throughput drops. In a training gang, the member's
+  host<->device copies and GPUDirect RDMA traffic to the NIC cross the slower link: per step it
+  idles ``xfer * (bandwidth ratio - 1)`` extra (xfer: ``PCIE_XFER_SINGLE_NODE`` 0.01 /
+  ``PCIE_XFER_MULTI_NODE`` 0.03 of the compute time at full link speed), so its GPU util
+  dips a little and its peers wait at the barrier: H100 gen3 x8 (1/8 of gen5 x16) slows a
+  2-node gang ~18%, a single-node one ~6%. Ground truth: ``gpu_fault``/pcie_downgrade
+  (+ ``straggler``/pcie where the gang is >= 5% slower).
 * ``nvlink_errors`` (one GPU, ``crc_per_second``, ``links_down``): NVLink CRC flit/data,
   replay and recovery counters grow; ``links_down`` links report state=down and NVLink
-  traffic shrinks in proportion. Ground truth: ``degraded_gpu``.
+  traffic shrinks in proportion. CRC replays cost microseconds (no slowdown); links down cut
+  the GPU's NVLink bandwidth and the gang's all-reduce runs at its slowest member's
+  bandwidth: all members spend ``NVLINK_COMM * (links / up - 1)`` longer in the collective
+  (2 of 18 down: ~1%, no straggler truth; 12 of 18 down: ~14%). Ground truth:
+  ``gpu_fault``/nvlink (+ ``straggler``/nvlink where the gang is >= 5% slower).
 * ``xid`` (one GPU, ``code``):
   79 fallen off the bus: the XID counter ticks, 30 s later every series of the GPU is
   NaN (absent) while the node's other GPUs go on; gang peers hang in NCCL (util ~97%,
@@ -29,31 +63,71 @@ What each fault looks like in the signals (what a detector should find):
   and gang peers hang. 94/95 contained/uncontained ECC: as 48 (94 kills only the
   process on that GPU, 95 needs a GPU reset). 63 row-remap event: correctable ECC grow,
   a correctable remapped row, remap pending; the job continues. 64 row-remap failure:
-  ``row_remap_failure`` 1. Ground truth: ``gpu_fault`` (63: ``degraded_gpu``).
+  ``row_remap_failure`` 1. Ground truth: ``gpu_fault``/xidNN (all codes: hard signals).
 * ``rack_cooling`` (a rack, ``nodes`` = how many of its nodes, 0 = all;
   ``ramp_celsius`` over ``ramp_seconds``): inlet temperature ramps up on those nodes, all
   their GPUs warm together; busy ones eventually cross 85 C and throttle (thermal clock
-  events, lower clock, gang peers elsewhere wait). Ground truth: ``thermal`` per node.
+  events, lower clock, gang peers elsewhere wait). Ground truth: ``thermal``/rack_cooling
+  per node; a gang with members both inside and outside the hot nodes also gets
+  ``straggler``/thermal per hot node (gpu None) while it is >= 5% slower. A gang entirely
+  inside the hot nodes is slowed as a whole: that is the rack's thermal finding, no straggler.
 
-Waste patterns from workloads (ground truth, no fault needed): ``memory_bound`` jobs
-(GPU util ~95%, SM ~20%, DRAM ~75%) -> ``idle_masking`` per GPU; ``idle_allocated``
-(allocated to a pod, util ~0) -> ``idle_allocated`` per GPU; a training job whose nodes
-span sites (WAN, communication-bound: low SM/tensor, long barrier waits) -> ``topology``
-per node.
+Soft degradations (``degraded_gpu``; no clock event, no XID, no error counter, normal
+clocks and util: only a relation between signals is off, found against peers running the
+same job):
+
+* ``thermal_degradation`` (one GPU, ``extra_celsius`` 12): dried thermal paste / a weak
+  fan: the die-to-inlet thermal resistance rises so the GPU runs ``extra_celsius`` hotter at
+  60% of its power limit (scales with power: ~+13 C in training, ~+2 C idle); it stays below
+  the 85 C throttle point in the bundled scenarios. Relation: temperature vs power.
+* ``power_inefficiency`` (one GPU, ``extra_fraction`` 0.25): the dynamic power (above idle)
+  is 25% higher for the same SM/tensor/DRAM activity and clock (leaky silicon, VRM losses);
+  energy and temperature follow. Relation: power vs SM activity.
+* ``hbm_hot`` (one HBM GPU, ``extra_celsius`` 10): memory temperature ``extra_celsius``
+  above what the die temperature and DRAM activity predict. Relation: memory temperature
+  vs GPU temperature (HBM otherwise reads ~26 + 0.6 x die + 6 x DRAM activity).
+
+Waste patterns and placement mistakes from workloads (ground truth, no fault needed):
+``memory_bound`` jobs (GPU util ~95%, SM ~20%, DRAM ~75%; power per SM activity and HBM
+temperature high for the *whole job*: a workload difference, not a degraded GPU) ->
+``idle_masking`` per GPU; ``idle_allocated`` (allocated to a pod, util ~0) ->
+``idle_allocated`` per GPU; training jobs placed badly -> ``topology`` per node of the job:
+``wan`` (nodes span sites: all-reduce over the WAN, comm-bound: low SM/tensor, long barrier
+waits), ``mig`` (a data-parallel gang on MIG slices: no NVLink P2P between instances),
+``numa`` (a gang's GPUs on one node span both NUMA nodes although they would fit in one:
+labels only, ``numa_node`` of ``gpu_info``), ``no_nvlink`` (a gang on PCIe-only GPUs such as
+L40S: ``PCIE_ONLY_COMM`` more all-reduce time per step, SM/tensor lower, topology links
+``pcie_switch``/``numa``/``system``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from exporter.simulator.scenario import FaultSpec, Scenario, ScenarioError
-from exporter.simulator.topology import Layout
+from exporter.simulator.topology import MODEL_KEYS, MODELS, Job, Layout
 
 #: Seconds from the XID 79 event until the GPU's telemetry disappears.
 LOST_AFTER = 30.0
-GPU_FAULTS = ("thermal_straggler", "power_cap", "pcie_downgrade", "nvlink_errors", "xid")
+GPU_FAULTS = ("thermal_straggler", "power_cap", "pcie_downgrade", "nvlink_errors", "xid", "slow_gpu",
+              "thermal_degradation", "power_inefficiency", "hbm_hot")
+#: A fault makes its gang member a straggler while the gang's step is at least this much slower.
+STRAGGLER_MIN_SLOWDOWN = 0.05
+#: Host<->device (and GPUDirect RDMA) transfer time per step at full PCIe speed, in compute units.
+PCIE_XFER_SINGLE_NODE = 0.01
+PCIE_XFER_MULTI_NODE = 0.03
+#: NVLink part of a gang's all-reduce per step (compute units) and NVLink vs PCIe fallback bandwidth.
+NVLINK_COMM = 0.08
+NVLINK_SPEEDUP = 8.0
+#: Extra all-reduce time per step of a gang without NVLink between its members (PCIe-only GPUs).
+PCIE_ONLY_COMM = 0.3
+#: Faults that can slow a training gang, and the straggler attribution they carry.
+STRAGGLER_CAUSE = {"thermal_straggler": "thermal", "power_cap": "power", "slow_gpu": "unknown",
+                   "input_starved": "input", "pcie_downgrade": "pcie", "nvlink_errors": "nvlink",
+                   "rack_cooling": "thermal"}
 KILLING_XIDS = (48, 94, 95)
 
 
@@ -142,67 +216,126 @@ def compile_faults(sc: Scenario, lay: Layout) -> list[Fault]:
     return out
 
 
-def _rec(kind: str, host: str, gpu: str | None, job: str | None, s: float, e: float, cause: str) -> dict:
-    return {"kind": kind, "hostname": host, "gpu": gpu, "job": job, "start": s, "end": e, "cause": cause}
+def _rec(kind: str, host: str, gpu: str | None, job: str | None, s: float, e: float, cause: str,
+         attribution: str) -> dict:
+    return {"kind": kind, "hostname": host, "gpu": gpu, "job": job, "start": s, "end": e, "cause": cause,
+            "attribution": attribution}
 
 
-def ground_truth(sc: Scenario, lay: Layout, faults: list[Fault], t0: float) -> list[dict]:
-    """One record per injected problem and per intentional waste pattern (absolute times)."""
+_XID_CAUSE = {
+    48: "XID 48: double-bit ECC error, row remap pending, process killed",
+    63: "XID 63: row remapping event recorded, remap pending",
+    64: "XID 64: row remapping failed, GPU should be replaced",
+    79: "XID 79: GPU has fallen off the bus, telemetry lost",
+    94: "XID 94: contained ECC error, process killed, remap pending",
+    95: "XID 95: uncontained ECC error, GPU needs a reset",
+}
+_STRAGGLER_WHY = {
+    "thermal_straggler": "thermally throttled GPU",
+    "power_cap": "power-capped GPU",
+    "slow_gpu": "GPU computing slower for no visible reason (full clock, no throttling)",
+    "input_starved": "node starved for input data: its GPUs idle between steps and it",
+    "pcie_downgrade": "GPU on a downgraded PCIe link (slow host/NIC transfers)",
+    "nvlink_errors": "GPU with NVLink links down (the all-reduce runs at its bandwidth)",
+    "rack_cooling": "node throttled by its rack's cooling failure",
+}
+
+SlowdownFn = Callable[[Fault, Job], tuple[np.ndarray, np.ndarray]]
+
+
+def _straggler_span(f: Fault, job: Job, slowdown: SlowdownFn) -> tuple[float, float, float] | None:
+    """(start, end, max slowdown) relative, where ``f`` alone slows ``job`` by >= the threshold."""
+    t, sd = slowdown(f, job)
+    ok = np.flatnonzero(sd >= STRAGGLER_MIN_SLOWDOWN)
+    if not len(ok):
+        return None
+    end = min(f.end, job.end)
+    e = float(t[ok[-1] + 1]) if ok[-1] + 1 < len(t) else end
+    return float(t[ok[0]]), e, float(sd[ok].max())
+
+
+def ground_truth(sc: Scenario, lay: Layout, faults: list[Fault], t0: float,
+                 slowdown: SlowdownFn | None = None) -> list[dict]:
+    """One record per injected problem and per intentional waste pattern (absolute times).
+
+    ``slowdown(fault, job)`` (``Cluster._fault_slowdown``) gives the step-time slowdown a
+    fault alone causes its gang; without it every gang fault is taken to make a straggler.
+    """
     out: list[dict] = []
     jobs = {j.name: j for j in lay.jobs}
+    host_arr, gpu_arr = lay.gpus.hostname, lay.gpus.gpu
 
     def gang(job: str | None) -> bool:
         return job is not None and jobs[job].kind == "training" and len(jobs[job].rows) > 1
 
-    def window(f: Fault, job: str | None) -> tuple[float, float]:
-        s, e = f.start, f.end
-        if job is not None:
-            s, e = max(s, jobs[job].start), min(e, jobs[job].end)
-        return t0 + s, t0 + max(e, s)
+    def straggler(f: Fault, job: Job, host: str, gpu: str | None) -> None:
+        if slowdown is None:
+            a, b = max(f.start, job.start), min(f.end, job.end)
+            span = (a, max(a, b), float("nan")) if b > a else None
+        else:
+            span = _straggler_span(f, job, slowdown)
+        if span is None:
+            return
+        a, b, worst = span
+        how = "" if worst != worst else f" by up to {worst:.0%}"
+        out.append(_rec("straggler", host, gpu, job.name, t0 + a, t0 + b,
+                        f"{_STRAGGLER_WHY[f.kind]} slows its training gang{how}; peers wait at the barrier",
+                        STRAGGLER_CAUSE[f.kind]))
 
     for f in faults:
         p = f.params
         s, e = t0 + f.start, t0 + f.end
         if f.kind == "thermal_straggler":
             out.append(_rec("thermal", f.hostname, f.gpu, f.job, s, e,
-                            f"GPU runs {p['extra_celsius']:g} C hotter than its neighbours and thermally throttles"))
-            if gang(f.job):
-                ws, we = window(f, f.job)
-                out.append(_rec("straggler", f.hostname, f.gpu, f.job, ws, we,
-                                "thermally throttled GPU slows its training gang; peers wait at the barrier"))
+                            f"GPU runs {p['extra_celsius']:.0f} C hotter than its neighbours and thermally throttles",
+                            "gpu_cooling"))
         elif f.kind == "power_cap":
             out.append(_rec("degraded_gpu", f.hostname, f.gpu, f.job, s, e,
-                            f"power limit lowered to {p['limit_watts']:g} W: sw_power_cap throttling"))
-            if gang(f.job):
-                ws, we = window(f, f.job)
-                out.append(_rec("straggler", f.hostname, f.gpu, f.job, ws, we,
-                                "power-capped GPU slows its training gang; peers wait at the barrier"))
-        elif f.kind == "input_starved":
-            ws, we = window(f, f.job)
-            out.append(_rec("straggler", f.hostname, None, f.job, ws, we,
-                            "node starved for input data: its GPUs idle between steps and the gang waits for it"))
+                            f"power limit lowered to {p['limit_watts']:.0f} W (below its peers'): sw_power_cap "
+                            "throttling", "power_cap"))
         elif f.kind == "pcie_downgrade":
-            out.append(_rec("degraded_gpu", f.hostname, f.gpu, f.job, s, e,
-                            f"PCIe link trained down to gen{p['gen']:g} x{p['width']:g} with replays"))
+            out.append(_rec("gpu_fault", f.hostname, f.gpu, f.job, s, e,
+                            f"PCIe link trained down to gen{p['gen']:g} x{p['width']:g} with replays",
+                            "pcie_downgrade"))
         elif f.kind == "nvlink_errors":
             down = int(p["links_down"])
-            out.append(_rec("degraded_gpu", f.hostname, f.gpu, f.job, s, e,
-                            "NVLink CRC errors growing" + (f", {down} link(s) down" if down else "")))
+            out.append(_rec("gpu_fault", f.hostname, f.gpu, f.job, s, e,
+                            "NVLink CRC errors growing" + (f", {down} link(s) down" if down else ""), "nvlink"))
         elif f.kind == "xid":
-            cause = {
-                48: "XID 48: double-bit ECC error, row remap pending, process killed",
-                63: "XID 63: row remapping event recorded, remap pending",
-                64: "XID 64: row remapping failed, GPU should be replaced",
-                79: "XID 79: GPU has fallen off the bus, telemetry lost",
-                94: "XID 94: contained ECC error, process killed, remap pending",
-                95: "XID 95: uncontained ECC error, GPU needs a reset",
-            }[f.code]
-            out.append(_rec("degraded_gpu" if f.code == 63 else "gpu_fault", f.hostname, f.gpu, f.job, s, e, cause))
+            out.append(_rec("gpu_fault", f.hostname, f.gpu, f.job, s, e, _XID_CAUSE[f.code], f"xid{f.code}"))
         elif f.kind == "rack_cooling":
             for host in f.hostname.split(","):
                 out.append(_rec("thermal", host, None, None, s, e,
-                                f"rack cooling failure: inlet temperature ramps up by {p['ramp_celsius']:g} C"))
-    host_arr, gpu_arr = lay.gpus.hostname, lay.gpus.gpu
+                                f"rack cooling failure: inlet temperature ramps up by {p['ramp_celsius']:g} C",
+                                "rack_cooling"))
+        elif f.kind == "thermal_degradation":
+            out.append(_rec("degraded_gpu", f.hostname, f.gpu, f.job, s, e,
+                            f"GPU runs ~{p['extra_celsius']:g} C hotter than its peers at the same power "
+                            "(thermal paste / fan), not throttling yet", "thermal_degradation"))
+        elif f.kind == "power_inefficiency":
+            out.append(_rec("degraded_gpu", f.hostname, f.gpu, f.job, s, e,
+                            f"GPU draws {p['extra_fraction']:.0%} more dynamic power than its peers for the same "
+                            "SM activity", "power_inefficiency"))
+        elif f.kind == "hbm_hot":
+            out.append(_rec("degraded_gpu", f.hostname, f.gpu, f.job, s, e,
+                            f"HBM runs ~{p['extra_celsius']:g} C hotter than its peers' at the same die temperature",
+                            "hbm_hot"))
+        # stragglers: the fault's gang member(s) when the fault slows the gang enough
+        if f.kind == "rack_cooling":
+            hot = set(f.hostname.split(","))
+            for job in lay.jobs:
+                if job.kind != "training" or len(job.rows) < 2:
+                    continue
+                hosts = list(dict.fromkeys(host_arr[job.rows]))
+                inside = [h for h in hosts if h in hot]
+                if inside and len(inside) < len(hosts):
+                    for h in inside:
+                        straggler(f, job, str(h), None)
+        elif f.kind == "input_starved":
+            straggler(f, jobs[f.job], f.hostname, None)
+        elif f.kind in STRAGGLER_CAUSE and gang(f.job):
+            straggler(f, jobs[f.job], f.hostname, f.gpu)
+    numa, model_links = lay.gpus.numa_node, np.array([MODELS[m].nvlink_links for m in MODEL_KEYS])[lay.row_model]
     for job in lay.jobs:
         s, e = t0 + job.start, t0 + job.end
         if job.kind in ("memory_bound", "idle_allocated"):
@@ -210,9 +343,33 @@ def ground_truth(sc: Scenario, lay: Layout, faults: list[Fault], t0: float) -> l
             cause = ("memory-bound job: GPU util ~95% but SM activity ~20%" if kind == "idle_masking"
                      else "GPU allocated to a pod that does not use it")
             for host, gpu in dict.fromkeys(zip(host_arr[job.rows], gpu_arr[job.rows], strict=True)):
-                out.append(_rec(kind, str(host), str(gpu), job.name, s, e, cause))
-        if job.kind == "training" and len(set(lay.gpus.site[job.rows])) > 1:
-            for host in dict.fromkeys(host_arr[job.rows]):
-                out.append(_rec("topology", str(host), None, job.name, s, e,
-                                "training gang split across sites: all-reduce over the WAN, GPUs wait at barriers"))
+                out.append(_rec(kind, str(host), str(gpu), job.name, s, e, cause,
+                                "memory_bound" if kind == "idle_masking" else "unused_allocation"))
+        if job.kind != "training" or len(job.rows) < 2:
+            continue
+        rows = job.rows
+        hosts = list(dict.fromkeys(host_arr[rows]))
+        mistakes: list[tuple[list[str], str, str]] = []
+        if len(set(lay.gpus.site[rows])) > 1:
+            mistakes.append((hosts, "wan", "training gang split across sites: all-reduce over the WAN, GPUs wait "
+                                           "at barriers"))
+        if (lay.gpus.mig_profile[rows] != "").any():
+            mig_hosts = list(dict.fromkeys(host_arr[rows][lay.gpus.mig_profile[rows] != ""]))
+            mistakes.append((mig_hosts, "mig", "data-parallel training on MIG slices: no NVLink peer-to-peer "
+                                               "between instances, each member a fraction of a GPU"))
+        if (model_links[rows] == 0).any():
+            mistakes.append((hosts, "no_nvlink", "training gang on GPUs without NVLink between members: "
+                                                 "all-reduce over PCIe / the CPU interconnect"))
+        split = []
+        for h in hosts:
+            on = rows[(host_arr[rows] == h) & (lay.gpus.mig_profile[rows] == "")]
+            per_node = lay.node_gpus[lay.nodes.index(str(h))]
+            if len(on) and len(set(numa[on])) > 1 and len(set(gpu_arr[on])) <= per_node // 2:
+                split.append(h)
+        if split:
+            mistakes.append((split, "numa", "training gang's GPUs span both NUMA nodes of a node although they "
+                                            "fit in one"))
+        for mhosts, attribution, cause in mistakes:
+            for host in mhosts:
+                out.append(_rec("topology", str(host), None, job.name, s, e, cause, attribution))
     return out

@@ -36,13 +36,24 @@ rows in ``sample()`` and appear once per physical GPU (without MIG labels) in ``
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from exporter import schema as S
 from exporter.schema import Metric
-from exporter.simulator.faults import KILLING_XIDS, LOST_AFTER, Fault, compile_faults, ground_truth
+from exporter.simulator.faults import (
+    KILLING_XIDS,
+    LOST_AFTER,
+    NVLINK_COMM,
+    NVLINK_SPEEDUP,
+    PCIE_ONLY_COMM,
+    PCIE_XFER_MULTI_NODE,
+    PCIE_XFER_SINGLE_NODE,
+    Fault,
+    compile_faults,
+    ground_truth,
+)
 from exporter.simulator.scenario import XID_CODES, Scenario
 from exporter.simulator.topology import (
     GIB,
@@ -207,8 +218,13 @@ class Cluster:
         job_mem = rng.uniform(0.7, 0.92, nj + 1)
         job_nodes = np.array([len(set(node[j.rows])) for j in self.jobs] + [1])
         job_sites = np.array([len(set(self.gpus.site[j.rows])) for j in self.jobs] + [1])
-        # communication time per step, in units of one member's compute time
-        comm = np.where(job_sites > 1, 1.8, np.where(job_nodes > 1, 0.14, 0.08))
+        # communication time per step, in units of one member's compute time; a gang without
+        # NVLink between its members (PCIe-only GPUs) all-reduces over PCIe / the CPU interconnect.
+        links_row = per_model("nvlink_links")
+        job_pcie_only = np.array([len(j.rows) > 1 and bool((links_row[j.rows] == 0).any()) for j in self.jobs]
+                                 + [False])
+        comm = np.where(job_sites > 1, 1.8, np.where(job_nodes > 1, 0.14, 0.08)) + np.where(
+            job_pcie_only, PCIE_ONLY_COMM, 0.0)
         mem_total = per_model("memory_bytes")
         mig = self.gpus.mig_profile != ""
         if mig.any():
@@ -237,16 +253,61 @@ class Cluster:
             "nvl0": np.where(per_model("nvlink_links") > 0, 150e9 * 0.14, 0.0),
             "pcie0": np.where(job_nodes[row_job] > 1, 12e9 * 0.14, 1.5e9),
             "load": np.array([j.load for j in self.jobs] + [0.0])[row_job] * rng.uniform(0.9, 1.1, n),
+            "burst": np.array([j.burst for j in self.jobs] + [0.0])[row_job],
+            "xfer": np.where(job_nodes[row_job] > 1, PCIE_XFER_MULTI_NODE, PCIE_XFER_SINGLE_NODE),
             "wander": rng.uniform(0, 2 * np.pi, n), "period": rng.uniform(900, 2400, n),
             "e_base": rng.uniform(2e8, 5e9, nphys)[phys], "nvl_base": rng.uniform(1e12, 1e15, nphys)[phys],
             "pcie_base": rng.uniform(1e11, 1e14, nphys)[phys],
             "ecc_agg": np.where(rng.random(nphys) < 0.2, rng.integers(1, 40, nphys), 0)[phys].astype(float),
         }
+        self._derive_slowdown_params()
         self._alloc_labels = [
             None if j < 0 else {"namespace": self.jobs[j].namespace, "pod": str(lay.row_pod[r]),
                                 "container": self.jobs[j].container, "job": self.jobs[j].name}
             for r, j in enumerate(row_job)
         ]
+
+    def _derive_slowdown_params(self) -> None:
+        """Faults given as a gang slowdown: derive the clock factor and, from it, the physical cause.
+
+        A member computing at clock factor f makes the step ``1/f + comm`` instead of ``1 + comm``
+        (its peers wait), so a slowdown s needs ``f = 1 / (1 + s (1 + comm))``. Thermal: the die
+        temperature the throttle curve maps to f (``extra_celsius`` above this GPU's busy
+        temperature); power: the limit the power-cap curve maps to f (``limit_watts``); slow_gpu:
+        the factor itself (``factor``), with no clock change.
+        """
+        p = self.p
+        for f in self.faults:
+            s = f.params.get("slowdown", 0.0)
+            if f.kind not in ("thermal_straggler", "power_cap", "slow_gpu") or s <= 0:
+                continue
+            r = int(f.rows[0])
+            fac = 1.0 / (1.0 + s * (1.0 + p["comm"][r]))
+            f.params["factor"] = fac
+            idle, limit = p["idle"][r], p["limit"][r]
+            pnom = idle + (limit - idle) * p["nomfrac"][r]
+            if f.kind == "thermal_straggler":
+                need = THROTTLE_C + (1.0 - fac) / 0.025
+                f.params["extra_celsius"] = float(max(need - (p["inlet"][r] + p["r"][r] * pnom), 0.0))
+            elif f.kind == "power_cap":
+                f.params["limit_watts"] = float(idle + (pnom - idle) * fac ** (1.0 / 0.7))
+
+    def _fault_slowdown(self, fault: Fault, job: Job) -> tuple[np.ndarray, np.ndarray]:
+        """Noise-free step-time slowdown of training ``job`` caused by ``fault`` alone.
+
+        Returns (relative times on a GRID_DT grid over the fault's window within the job,
+        slowdown = step / healthy step - 1). Ground truth labels stragglers with it.
+        """
+        a, b = max(fault.start, job.start), min(fault.end, job.end)
+        t = np.arange(a, b, GRID_DT) if b > a else np.zeros(0)
+        if not len(t) or not len(job.rows):
+            return t, np.zeros(len(t))
+        ctx = self._ctx(np.sort(job.rows))
+        with_f = replace(ctx, faults=[(f, c) for f, c in ctx.faults if f is fault], grid={})
+        healthy = replace(ctx, faults=[], grid={})
+        s1 = self._levels(t, with_f, noise=False)["step"]
+        s0 = self._levels(t, healthy, noise=False)["step"]
+        return t, s1[:, 0] / s0[:, 0] - 1.0
 
     @property
     def allocation_labels(self) -> list[dict[str, str] | None]:
@@ -255,7 +316,7 @@ class Cluster:
 
     def ground_truth(self) -> list[dict]:
         """Every injected problem and intentional waste pattern (see ``faults``), absolute times."""
-        return ground_truth(self.scenario, self.layout, self.faults, self.start)
+        return ground_truth(self.scenario, self.layout, self.faults, self.start, self._fault_slowdown)
 
     def rows_for(self, hostnames: Collection[str] | None) -> np.ndarray:
         """Row indices of the given hosts (all rows for None); unknown hosts raise KeyError."""
@@ -318,6 +379,7 @@ class Cluster:
         t2 = tr[:, None]
         active = (t2 >= p["js"]) & (t2 < p["je"])
         heat = cap = starve = dead = lost = gen_cap = width_cap = down = None
+        slow = xcomm = rscale = pscale = memheat = None
 
         def mat(fill: float = 0.0) -> np.ndarray:
             return np.full((T, n), fill)
@@ -334,6 +396,19 @@ class Cluster:
                 heat = mat() if heat is None else heat
                 ramp = np.clip((tr - f.start) / max(fp["ramp_seconds"], 1.0), 0, 1) * fp["ramp_celsius"] * on
                 heat[:, cols] += ramp[:, None]
+            elif f.kind == "slow_gpu":
+                slow = mat(1.0) if slow is None else slow
+                slow[:, cols] *= np.where(oc, fp.get("factor", 1.0), 1.0)
+            elif f.kind == "thermal_degradation":  # higher thermal resistance: +extra at 60% of the limit
+                rscale = mat(1.0) if rscale is None else rscale
+                rs = 1.0 + fp["extra_celsius"] / (p["r"][cols] * 0.6 * p["limit"][cols])
+                rscale[:, cols] = np.where(oc, rscale[:, cols] * rs, rscale[:, cols])
+            elif f.kind == "power_inefficiency":
+                pscale = mat(1.0) if pscale is None else pscale
+                pscale[:, cols] *= np.where(oc, 1.0 + fp["extra_fraction"], 1.0)
+            elif f.kind == "hbm_hot":
+                memheat = mat() if memheat is None else memheat
+                memheat[:, cols] += np.where(oc, fp["extra_celsius"], 0.0)
             elif f.kind == "power_cap":
                 cap = np.broadcast_to(p["limit"], (T, n)).copy() if cap is None else cap
                 cap[:, cols] = np.where(oc, np.minimum(cap[:, cols], fp["limit_watts"]), cap[:, cols])
@@ -345,9 +420,22 @@ class Cluster:
                 width_cap = mat(np.inf) if width_cap is None else width_cap
                 gen_cap[:, cols] = np.where(oc, np.minimum(gen_cap[:, cols], fp["gen"]), gen_cap[:, cols])
                 width_cap[:, cols] = np.where(oc, np.minimum(width_cap[:, cols], fp["width"]), width_cap[:, cols])
+                # host<->device copies (and GPUDirect RDMA to the NIC) of a gang member crawl over the
+                # slower link: the member idles (no kernel runs) while its peers wait at the barrier
+                g_max, w_max = p["gen"][cols], p["width"][cols]
+                ratio = 2.0 ** (g_max - np.minimum(fp["gen"], g_max)) * w_max / np.clip(fp["width"], 1.0, w_max)
+                starve = mat() if starve is None else starve
+                starve[:, cols] += np.where(oc, p["xfer"][cols] * (ratio - 1.0), 0.0)
             elif f.kind == "nvlink_errors":
                 down = mat() if down is None else down
                 down[:, cols] += np.where(oc, fp["links_down"], 0.0)
+                links = p["links"][cols]
+                if fp["links_down"] > 0 and (links > 0).any():
+                    # the gang's all-reduce runs at its slowest GPU's NVLink bandwidth
+                    up = np.maximum(links - fp["links_down"], links / NVLINK_SPEEDUP)
+                    extra = np.where(links > 0, NVLINK_COMM * (links / np.maximum(up, 1e-9) - 1.0), 0.0)
+                    xcomm = mat() if xcomm is None else xcomm
+                    xcomm[:, cols] = np.maximum(xcomm[:, cols], np.where(oc, extra, 0.0))
             elif f.kind == "xid" and (f.code in KILLING_XIDS or f.code == 79):
                 dead = np.zeros((T, n), bool) if dead is None else dead
                 dead[:, cols] |= oc
@@ -356,11 +444,13 @@ class Cluster:
                     lost[:, cols] |= (oc & (tr >= f.start + LOST_AFTER)[:, None])
 
         idle, limit = p["idle"], p["limit"]
-        pnom = np.where(active, idle + (limit - idle) * p["nomfrac"], idle)
+        dyn = p["nomfrac"] if pscale is None else p["nomfrac"] * pscale
+        pnom = np.where(active, idle + (limit - idle) * dyn, idle)
         if ctx.mig is not None:  # a MIG GPU heats and throttles as one device
             starts, grp = ctx.mig
             pnom = idle + np.add.reduceat((pnom - idle) * p["slice"], starts, axis=1)[:, grp]
-        temp_pre = p["inlet"] + p["r"] * pnom
+        r_th = p["r"] if rscale is None else p["r"] * rscale
+        temp_pre = p["inlet"] + r_th * pnom
         if heat is not None:
             temp_pre = temp_pre + heat
         f = np.clip(1.0 - 0.025 * (temp_pre - THROTTLE_C), 0.4, 1.0)
@@ -381,16 +471,19 @@ class Cluster:
             n2 = _uniforms(_hash(tsec, p["dkey"]))  # device-level: shared by a GPU's MIG instances
 
         tc = ctx.tc
+        step = None
         if len(tc):
-            ft = f[:, tc]
+            ft = f[:, tc] if slow is None else f[:, tc] * slow[:, tc]
             comp = 1.0 / ft
             st = starve[:, tc] if starve is not None else 0.0
             ready = comp + st
             dt_ = dead[:, tc] if dead is not None else None
             if dt_ is not None:
                 ready = np.where(dt_, _BIG, ready)
-            step = np.maximum.reduceat(ready, ctx.bounds, axis=1)[:, ctx.jl] + p["comm"][tc]
             comm = p["comm"][tc]
+            if xcomm is not None:
+                comm = comm + np.maximum.reduceat(xcomm[:, tc], ctx.bounds, axis=1)[:, ctx.jl]
+            step = np.maximum.reduceat(ready, ctx.bounds, axis=1)[:, ctx.jl] + comm
             wait = np.maximum(step - comm - ready, 0.0)
             inv = 1.0 / step
             smp, tp = p["smp"][tc], p["tp"][tc]
@@ -410,7 +503,7 @@ class Cluster:
             diurnal = 1.0 + 0.5 * np.sin(2 * np.pi * (day / 86400.0 - 9 / 24))
             bh = _uniforms(_hash(np.floor((tr + self.start) / 300.0).astype(np.int64).astype(np.uint64),
                                  p["jkey"][ic]))[0]
-            load = np.clip(p["load"][ic] * diurnal[:, None] + np.where(bh < 0.08, 0.35, 0.0), 0.02, 1.0)
+            load = np.clip(p["load"][ic] * diurnal[:, None] + np.where(bh < p["burst"][ic], 0.35, 0.0), 0.02, 1.0)
             act = active[:, ic] if dead is None else active[:, ic] & ~dead[:, ic]
             u[:, ic] = np.where(act, np.minimum(0.1 + 1.05 * load, 0.99), 0.0)
             sm[:, ic] = np.where(act, 0.5 * load, 0.0)
@@ -455,23 +548,30 @@ class Cluster:
         if ctx.mig is not None:
             act_p = np.add.reduceat(act_p * p["slice"], starts, axis=1)[:, grp]
         power = idle + (limit - idle) * 0.8 * np.minimum(act_p, 1.0) * p["eff"]
+        if pscale is not None:
+            power = idle + (power - idle) * pscale
         if noise:
             power = power * (1.0 + (n2[0] - 0.5) * 0.06)
         plimit = limit if cap is None else cap
         if cap is not None:
             power = np.minimum(power, plimit * 0.99)
         lv = {"active": active, "u": u, "sm": sm, "ten": ten, "dram": dram, "nvl": nvl, "pcie": pcie,
-              "power": power, "lost": lost, "dead": dead}
+              "power": power, "lost": lost, "dead": dead, "step": step}
         if not noise:
             return lv
-        temp = p["inlet"] + p["r"] * power
+        temp = p["inlet"] + r_th * power
         if heat is not None:
             temp = temp + heat
         thr = temp_pre > THROTTLE_C
         temp = np.where(thr, THROTTLE_C + 1.0 + 0.12 * (temp_pre - THROTTLE_C), temp) + (n2[1] - 0.5) * 1.6
         clk = np.where(busy_dev, p["maxclk"] * f * (1.0 - 0.02 * n2[2]), p["idleclk"])
+        # HBM warms with the die and with DRAM traffic (device-level: a MIG GPU's instances add up)
+        dram_dev = np.add.reduceat(dram * p["slice"], starts, axis=1)[:, grp] if ctx.mig is not None else dram
+        memtemp = 26.0 + 0.6 * temp + 6.0 * np.minimum(dram_dev, 1.0) + (n2[3] - 0.5) * 1.2
+        if memheat is not None:
+            memtemp = memtemp + memheat
         lv.update(
-            temp=temp, memtemp=np.where(p["hbm"], 26.0 + 0.6 * temp + (n2[3] - 0.5) * 1.2, np.nan),
+            temp=temp, memtemp=np.where(p["hbm"], memtemp, np.nan),
             clk=np.round(clk / 1e6) * 1e6, busy=busy_dev, thr=thr, hw=temp_pre > HW_THROTTLE_C,
             capped=capped if capped is not None else None, plimit=plimit, gen_cur=gen_cur, width_cur=width_cur,
             up=up, down=down, occ=sm * 0.5,

@@ -11,7 +11,7 @@ Top-level keys::
     name, description, seed, duration, start (ISO-8601, default 2026-01-05T00:00:00Z)
     topology: {sites: [dc1, dc2] | 2, racks_per_site, nodes_per_rack, gpus_per_node, model: H100 | [H100, L40S]}
     workloads: [{name, kind, namespace, container, nodes | gpus | instances, mig_profile,
-                 sites, model, start, end, load}]
+                 sites, model, start, end, load, burst}]
     fill: {training, inference, unallocated (fractions of the remaining free nodes), gang_nodes, namespace}
     faults: [{kind, target: {job, rank | node_rank} | {hostname, gpu} | {rack, nodes}, start, end, ...params}]
 """
@@ -34,6 +34,7 @@ DEFAULT_START = "2026-01-05T00:00:00Z"
 WORKLOAD_KINDS = ("training", "inference", "memory_bound", "idle_allocated")
 FAULT_KINDS = (
     "thermal_straggler", "power_cap", "input_starved", "pcie_downgrade", "nvlink_errors", "xid", "rack_cooling",
+    "slow_gpu", "thermal_degradation", "power_inefficiency", "hbm_hot",
 )
 XID_CODES = (48, 63, 64, 79, 94, 95)
 MIG_PROFILES = {"1g.10gb": 7, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1}
@@ -42,13 +43,19 @@ FILL_KINDS = ("training", "inference", "unallocated")
 
 #: Parameters each fault kind accepts (besides kind/target/start/end) with their defaults.
 FAULT_PARAMS: dict[str, dict[str, float]] = {
-    "thermal_straggler": {"extra_celsius": 40.0},
-    "power_cap": {"limit_watts": 250.0},
+    # slowdown > 0: the gang's step time is slowed by exactly this fraction (0.1 = 10%); the
+    # temperature excess / power limit are then derived from it and extra_celsius / limit_watts ignored.
+    "thermal_straggler": {"extra_celsius": 40.0, "slowdown": 0.0},
+    "power_cap": {"limit_watts": 250.0, "slowdown": 0.0},
     "input_starved": {"starve": 0.8},
     "pcie_downgrade": {"gen": 3.0, "width": 8.0, "replays_per_second": 0.2},
     "nvlink_errors": {"crc_per_second": 2.0, "links_down": 0.0},
     "xid": {"code": 79.0, "events": 1.0},
     "rack_cooling": {"ramp_celsius": 45.0, "ramp_seconds": 3600.0, "nodes": 0.0},
+    "slow_gpu": {"slowdown": 0.2},
+    "thermal_degradation": {"extra_celsius": 12.0},
+    "power_inefficiency": {"extra_fraction": 0.25},
+    "hbm_hot": {"extra_celsius": 10.0},
 }
 
 
@@ -82,6 +89,8 @@ class WorkloadSpec:
     end: float | None = None
     #: Mean inference load 0..1 (inference only).
     load: float = 0.4
+    #: Share of 5-minute windows with a load burst (+0.35), inference only.
+    burst: float = 0.08
 
 
 @dataclass(frozen=True)
@@ -194,7 +203,7 @@ def _topology(ctx: _Ctx, raw: Any) -> TopologySpec:
 
 
 _WL_KEYS = ("name", "kind", "namespace", "container", "nodes", "gpus", "instances", "mig_profile", "sites",
-            "model", "start", "end", "load")
+            "model", "start", "end", "load", "burst")
 
 
 def _workload(ctx: _Ctx, raw: Any, i: int, topo: TopologySpec) -> WorkloadSpec:
@@ -219,6 +228,7 @@ def _workload(ctx: _Ctx, raw: Any, i: int, topo: TopologySpec) -> WorkloadSpec:
         start=ctx.dur(raw.get("start", 0), f"{key}.start"),
         end=ctx.dur(raw["end"], f"{key}.end") if raw.get("end") is not None else None,
         load=ctx.num(raw.get("load", 0.4), f"{key}.load", 0.0, 1.0),
+        burst=ctx.num(raw.get("burst", 0.08), f"{key}.burst", 0.0, 1.0),
     )
     sizes = [k for k in ("nodes", "gpus", "instances") if getattr(wl, k)]
     if len(sizes) != 1:
@@ -259,6 +269,8 @@ def _fault(ctx: _Ctx, raw: Any, i: int) -> FaultSpec:
     if not target:
         raise ctx.err(f"{key}.target", "empty target")
     params = {k: ctx.num(raw.get(k, d), f"{key}.{k}", 0.0) for k, d in defaults.items()}
+    if "slowdown" in params and params["slowdown"] > 4.0:
+        raise ctx.err(f"{key}.slowdown", "at most 4 (the slowest clock is 40% of max)")
     if kind == "xid" and int(params["code"]) not in XID_CODES:
         raise ctx.err(f"{key}.code", f"unsupported XID {params['code']:g} (supported: {XID_CODES})")
     start = ctx.dur(raw.get("start", 0), f"{key}.start")

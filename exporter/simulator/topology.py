@@ -99,6 +99,7 @@ class Job:
     rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     load: float = 0.4
     sites: tuple[str, ...] = ()
+    burst: float = 0.08
 
 
 @dataclass
@@ -330,7 +331,7 @@ def build_layout(sc: Scenario, seed: int) -> Layout:
     for j, wl in enumerate(specs):
         end = wl.end if wl.end is not None else sc.duration
         jobs.append(Job(wl.name, wl.kind, wl.namespace, wl.container or _CONTAINERS[wl.kind], wl.start, end,
-                        np.flatnonzero(row_job == j), wl.load, wl.sites))
+                        np.flatnonzero(row_job == j), wl.load, wl.sites, wl.burst))
     return Layout(gpus, p.nodes, p.node_site, p.node_rack, p.node_model, arr("node", np.int64),
                   arr("phys", np.int64), arr("gidx", np.int64), arr("mkey", np.int64), arr("slice", float),
                   row_job, arr("pod"), jobs, [p.g] * len(p.nodes))
