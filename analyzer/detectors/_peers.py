@@ -1,0 +1,241 @@
+"""Peer groups as matrices: robust "compared with its peers" statistics without per-row Python.
+
+Detectors that compare a device with its peers (the other members of its job, of the same
+role and GPU model) need, at every timestamp, the peers' median and spread of a signal.
+The tidy frame is device-major on a regular time grid, so a peer group is a set of
+*slots* (one device while it belongs to the group) and each signal becomes a
+``(slots, T)`` matrix; group statistics are then a ``nanmedian`` over a contiguous block
+of slot rows (slots are ordered by group), one numpy call per group and signal.
+
+Reference choice (the "peers" of a member):
+
+* 3 or more members: the group median, including the member itself. With a minority of
+  outliers the median is the healthy level (a leave-one-out median differs by at most one
+  order statistic, a fraction of the spread);
+* 2 members: the *other* member. The median of two is their mean, which would halve any
+  difference and call both members half-odd.
+
+Spread is the MAD (median absolute deviation from the median) scaled by 1.4826 to a
+standard deviation of normal noise; a floor (``mad_floor``) keeps a perfectly quiet group
+(simulated, or integer-rounded telemetry) from turning a negligible difference into a
+huge z-score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from analyzer.episodes import column
+from analyzer.frame import Fleet
+
+#: MAD -> standard deviation of normally distributed noise.
+MAD_TO_SIGMA = 1.4826
+
+
+def _combine(codes: list[np.ndarray]) -> np.ndarray:
+    """One int64 per row for a tuple of code columns (mixed radix; re-factorized only when the
+    radix would overflow)."""
+    out = np.zeros(len(codes[0]) if codes else 0, np.int64)
+    span = 1
+    for c in codes:
+        radix = int(c.max()) + 2 if len(c) else 1
+        if span * radix >= 2**62:
+            out = pd.factorize(out)[0].astype(np.int64)
+            span = int(out.max()) + 1
+        out = out * radix + (c + 1)
+        span *= radix
+    return out
+
+
+def _codes(s: pd.Series) -> np.ndarray:
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        return s.cat.codes.to_numpy(dtype=np.int64)
+    return pd.factorize(s, use_na_sentinel=True)[0].astype(np.int64)
+
+
+@dataclass
+class PeerGroups:
+    """Slots (device x group) of a fleet as rows of (slots, T) matrices.
+
+    ``slot_of_row`` (-1 for rows outside any group: unallocated devices) and ``ti`` map
+    frame rows onto matrix cells; ``bounds[g]:bounds[g + 1]`` are group g's slot rows.
+    ``slot_host``/``slot_gpu``/``slot_uuid``/``slot_instance`` name each slot's device,
+    ``group_labels`` the group's key values (e.g. job, container, model).
+    """
+
+    fleet: Fleet
+    slot_of_row: np.ndarray
+    ti: np.ndarray
+    n_slots: int
+    T: int
+    slot_group: np.ndarray
+    bounds: np.ndarray
+    slot_host: np.ndarray
+    slot_gpu: np.ndarray
+    slot_uuid: np.ndarray
+    slot_instance: np.ndarray
+    slot_share: np.ndarray
+    group_labels: list[dict[str, str | None]]
+    blocks: Blocks
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.bounds) - 1
+
+    def matrix(self, values: np.ndarray | str) -> np.ndarray:
+        """(slots, T) float64 matrix of a per-row array or a signal name; NaN where unknown or absent."""
+        v = column(self.fleet, values) if isinstance(values, str) else np.asarray(values, dtype=np.float64)
+        out = np.full((self.n_slots, self.T), np.nan)
+        sel = self.slot_of_row >= 0
+        out[self.slot_of_row[sel], self.ti[sel]] = v[sel]
+        return out
+
+    def to_rows(self, m: np.ndarray, fill: float = np.nan) -> np.ndarray:
+        """A (slots, T) matrix back onto the frame's rows (``fill`` outside any group)."""
+        out = np.full(len(self.slot_of_row), fill)
+        sel = self.slot_of_row >= 0
+        out[sel] = m[self.slot_of_row[sel], self.ti[sel]]
+        return out
+
+    def reference(self, m: np.ndarray, spread: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Per cell: the peers' reference level (median, or the other member of a pair) and the
+        group's robust spread (MAD x 1.4826; all NaN unless ``spread``), both (slots, T)."""
+        return self.blocks.robust(m, spread)
+
+
+class Blocks:
+    """Sets of slot rows (a job's members, a node's GPUs), batched by size so that a statistic
+    over every set is a few vectorized numpy calls (sort along the member axis), never a
+    Python loop per set or ``np.nanmedian`` (masked arrays, slow on small sets)."""
+
+    def __init__(self, sets: Sequence[np.ndarray], n_slots: int) -> None:
+        by: dict[int, list[np.ndarray]] = {}
+        for st in sets:
+            if len(st):
+                by.setdefault(len(st), []).append(np.asarray(st, np.int64))
+        self.batches = [np.stack(v) for v in by.values()]
+        self.n_slots = n_slots
+
+    def median(self, m: np.ndarray) -> np.ndarray:
+        """Every member gets its set's NaN-skipping median (NaN outside any set)."""
+        out = np.full((self.n_slots, m.shape[1]), np.nan)
+        for idx in self.batches:
+            med, _ = _nanmedian(m[idx])
+            out[idx] = med[:, None, :]
+        return out
+
+    def robust(self, m: np.ndarray, spread: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Reference and spread of every member against its set (see the module docstring)."""
+        ref = np.full((self.n_slots, m.shape[1]), np.nan)
+        sp_out = np.full_like(ref, np.nan)
+        for idx in self.batches:
+            x = m[idx]  # (sets, k, T)
+            med, n = _nanmedian(x)
+            r = np.broadcast_to(med[:, None, :], x.shape).copy()
+            pair = np.broadcast_to((n == 2)[:, None, :], x.shape)
+            other = np.nansum(x, axis=1)[:, None, :] - x  # the other member of a pair
+            r = np.where(pair, other, r)
+            r = np.where(np.broadcast_to((n < 2)[:, None, :], x.shape), np.nan, r)  # no peer
+            ref[idx] = r
+            if spread:
+                mad, _ = _nanmedian(np.abs(x - med[:, None, :]))
+                sp = np.where(n >= 3, mad * MAD_TO_SIGMA, np.nan)  # two values have no meaningful spread
+                sp_out[idx] = sp[:, None, :]
+        return ref, sp_out
+
+
+def _nanmedian(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Median over axis 1 of (sets, k, T) skipping NaN, and the count of known values."""
+    s = np.sort(x, axis=1)  # NaN sort last
+    n = np.sum(~np.isnan(x), axis=1)
+    lo = np.maximum((n - 1) // 2, 0)[:, None, :]
+    hi = np.maximum(n // 2, 0)[:, None, :]
+    hi = np.minimum(hi, x.shape[1] - 1)
+    a = np.take_along_axis(s, lo, axis=1)[:, 0]
+    b = np.take_along_axis(s, hi, axis=1)[:, 0]
+    return np.where(n > 0, (a + b) / 2.0, np.nan), n
+
+
+def peer_groups(fleet: Fleet, keys: Sequence[str] = ("job", "container", "model", "mig_profile"),
+                require: str = "job") -> PeerGroups:
+    """Group allocated devices by ``keys`` (rows whose ``require`` label is unknown stay out)."""
+    f = fleet.frame
+    n = len(f)
+    ts = f["timestamp"].to_numpy(dtype=np.float64) if n else np.zeros(0)
+    ti = np.rint((ts - fleet.start) / fleet.step).astype(np.int64) if n else np.zeros(0, np.int64)
+    T = int(ti.max()) + 1 if n else 0
+    keys = [k for k in keys if k in f.columns]
+    dev_keys = [k for k in ("uuid", "gpu_instance") if k in f.columns] or ["hostname", "gpu"]
+    ok = (_codes(f[require]) >= 0) if require in f.columns else np.zeros(n, bool)
+    empty = PeerGroups(fleet, np.full(n, -1, np.int64), ti, 0, T, np.zeros(0, np.int64), np.zeros(1, np.int64),
+                       *(np.zeros(0, object) for _ in range(4)), np.zeros(0), [], Blocks([], 0))
+    if not ok.any():
+        return empty
+    gcode = _combine([_codes(f[k])[ok] for k in keys])
+    dcode = _combine([_codes(f[k])[ok] for k in dev_keys])
+    # Group id, then slot id = (group, device); slots sorted by group so each group is a block.
+    g_inv, g_uni = pd.factorize(gcode, sort=True)
+    dcode = pd.factorize(dcode)[0].astype(np.int64)
+    s_inv, s_uni = pd.factorize(g_inv.astype(np.int64) * (int(dcode.max()) + 1) + dcode, sort=True)
+    s_inv, s_uni = s_inv.astype(np.int64), np.asarray(s_uni, np.int64)
+    slot_of_row = np.full(n, -1, np.int64)
+    slot_of_row[ok] = s_inv
+    slot_group = s_uni // (int(dcode.max()) + 1)
+    bounds = np.searchsorted(slot_group, np.arange(len(g_uni) + 1))
+    first = np.full(len(s_uni), -1, np.int64)
+    rows_ok = np.flatnonzero(ok)
+    first[s_inv[::-1]] = rows_ok[::-1]  # first frame row of each slot
+
+    def names(col: str) -> np.ndarray:
+        if col not in f.columns:
+            return np.full(len(first), None, object)
+        vals = f[col].iloc[first].astype(object).to_numpy()
+        return np.array([None if v is None or (isinstance(v, float) and np.isnan(v)) else str(v) for v in vals],
+                        dtype=object)
+
+    share = f["gpu_share"].to_numpy(dtype=np.float64)[first] if "gpu_share" in f.columns else np.ones(len(first))
+    grp_first = first[bounds[:-1]]
+    lab_cols = {k: f[k].iloc[grp_first].astype(object).to_numpy() for k in (*keys, "namespace") if k in f.columns}
+    labels = [{k: (None if pd.isna(v[i]) else str(v[i])) for k, v in lab_cols.items()} for i in range(len(grp_first))]
+    blocks = Blocks([np.arange(bounds[g], bounds[g + 1]) for g in range(len(g_uni))], len(s_uni))
+    return PeerGroups(fleet, slot_of_row, ti, len(s_uni), T, slot_group, bounds, names("hostname"), names("gpu"),
+                      names("uuid"), names("gpu_instance"), share, labels, blocks)
+
+
+def rolling_count(m: np.ndarray, window: int) -> np.ndarray:
+    """Centered count of True cells over ``window`` steps along time, per slot row (bool (S, T) input)."""
+    if window <= 1:
+        return m.astype(np.int64)
+    return np.rint(_window_sum(m.astype(np.float64), window)).astype(np.int64)
+
+
+def rolling_mean(m: np.ndarray, window: int) -> np.ndarray:
+    """Centered NaN-skipping mean over ``window`` steps along time, per slot row (NaN where none known)."""
+    if window <= 1:
+        return m
+    known = ~np.isnan(m)
+    sums = _window_sum(np.where(known, m, 0.0), window)
+    counts = _window_sum(known.astype(np.float64), window)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / counts, np.nan)
+
+
+def _window_sum(m: np.ndarray, window: int) -> np.ndarray:
+    c = np.cumsum(np.pad(m, ((0, 0), (1, 0))), axis=1)
+    T = m.shape[1]
+    idx = np.arange(T)
+    lo = np.clip(idx - window // 2, 0, T)
+    hi = np.clip(idx + window - window // 2, 0, T)
+    return c[:, hi] - c[:, lo]
+
+
+def persistent(cond: np.ndarray, window: int, k: int) -> np.ndarray:
+    """k-of-n persistence of a (S, T) tristate condition (1/0/NaN): 1 where at least ``k`` of the
+    ``window`` centered steps hold, 0 where some step is known and fewer hold, NaN where none is known."""
+    true = rolling_count(cond == 1.0, window)
+    known = rolling_count(~np.isnan(cond), window)
+    return np.where(true >= k, 1.0, np.where(known > 0, 0.0, np.nan))

@@ -1,0 +1,485 @@
+"""Stragglers: the one member (GPU or node) of a synchronous job that the rest waits for.
+
+In a synchronous data-parallel job every member does the same work per step and waits
+for the slowest at the barrier (all-reduce). Three signatures follow, compared with the
+member's *peers*: the other devices of the same job, role (container) and GPU model at
+the same timestamp, by median (the other member of a pair; ``_peers``):
+
+* **compute straggler** (throttled, power-capped, slow for an unseen reason): it needs more
+  time for the same work, so it spends the most cycles computing and the least waiting.
+  Its tensor-core activity (SM activity where the job uses no tensor cores) is *higher*
+  than its peers' by the factor it is slower (``lead``), while the peers, spinning in
+  NCCL at the barrier, keep GPU util ~97% with lower tensor/SM activity: the victims look
+  *less* busy, never more, so they are never named. A lower SM clock than the peers'
+  explains the lead (cycles are slower): same work / lower clock = more active cycles.
+* **input straggler** (starved data loader): its GPUs sit truly idle between steps, so
+  its GPU util drops below its peers' (whose barrier wait happens inside a kernel and
+  counts as "busy"), while per second it still does the same work as its peers
+  (clock-normalized activity within ``same_work`` of theirs: a dead or hung member does
+  none and belongs to gpu_fault).
+
+* **NVLink straggler** (links down): the all-reduce runs at its slowest member's bandwidth,
+  so every member waits alike (no lead); the culprit moves far less NVLink traffic than its
+  peers: ``nvlink_bps`` <= ``nvlink_ratio_max`` 0.67 of the peers' median (where the peers
+  move >= ``nvlink_min_bps`` 1 GB/s). Communication is ~10% of a well-tuned step
+  (``comm_share``), stretched by 1/ratio: below 2/3 the job loses >= 5%; the slowdown
+  reported is ``comm_share * (1/ratio - 1)`` (an assumption, said with "~").
+
+A compute straggler also needs its peers at full clock (peer median >= 95% of the max SM
+clock, the max being, where not reported, the highest clock seen on that GPU model): when
+the peers are throttled too the job shares a cause (a rack's cooling, a capped job) that
+the thermal/degraded detectors own; the worst of a slowed group is not the one to drain.
+The lead is compared on activity averaged over the persistence window (per-sample
+profiling noise of ~±5% averages out; the members' slow kernel-mix drift is what the MAD
+then measures) and must also be > 1 in the sample itself.
+
+Both are judged per GPU and per node (node medians against the job's other nodes): when
+the node stands out (all its GPUs late: input starvation, a node cooling problem) one
+node finding (``gpu`` None) replaces its GPU findings.
+
+Thresholds (configurable; why these values):
+
+* ``busy_util`` 0.8: the peers must be waiting *inside* kernels (util stays high at a
+  barrier: ~0.97 in AcmeTrace busy GPUs and the simulator); an inference service with
+  idle replicas or a job between phases is not a synchronous gang at work.
+* ``progress_sm`` 0.1 / ``min_tensor`` 0.02: the job must be making progress. A gang hung
+  on a dead peer spins at SM ~0.05 with no tensor work (idle_masking's ``stalled_sm``);
+  comparing leads there would name noise. Tensor activity is the lead signal when peers
+  show at least 2% of it (training matmuls run at ~0.2, AcmeTrace), else SM activity.
+* ``clock_drop`` 0.05: GPUs of one model running the same kernels at the same power sit
+  within ~2% of each other's boost clock (voltage/frequency binning, the simulator's
+  2% jitter); 5% below the peers' median is outside that spread and already a 5% slower
+  member. With a clock drop the lead needs only ``clock_lead_min`` 0.04 (the lower clock
+  must actually cost time: a throttled GPU that is not the limiter has no lead).
+* ``lead_min`` 0.10 and ``z_min`` 3: without a clock explanation the activity lead alone
+  must exceed the members' natural spread: per-sample noise of profiling counters is
+  ~±5% and the kernel mix of members drifts by a few percent, so 10% and 3 robust
+  standard deviations (MAD) of the group are needed.
+* ``util_gap`` 0.05: members of a synchronous job report util within 1-2 points of each
+  other (integer percent plus jitter); 5 points lower while still doing the same work is
+  ~5% of each step spent idle outside any kernel.
+* ``same_work`` 0.8: clock-normalized activity at least 80% of the peers' (the same work
+  per second give or take the drift and noise above).
+* persistence ``window_s`` 300 with ``persist`` 0.6 (3 of 5 one-minute samples): a
+  straggler is a property of the member for minutes, not one noisy sample; then episodes
+  (``analyzer.episodes``) of at least ``min_duration_s`` 600 s.
+
+Impact (upper bounds, stated as "~"): the job runs ``lead - 1`` slower (compute) or
+``peer_util / util - 1`` (input): the member's extra time per step, not diluted by
+communication time that is not visible; each other member spends ``1 - 1/(1 + slowdown)``
+of its time waiting, which summed over the peers and the episode gives the lost
+GPU-hours. Severity "critical" when the slowdown >= ``critical_slowdown`` 0.3 (a third
+of the job's GPU-time lost) or the lost GPU-hours >= ``critical_gpu_hours`` 8 (a whole
+8-GPU node-hour), else "warning".
+
+Cause (``evidence["cause"]``, one of thermal | power | pcie | nvlink | input | unknown),
+from the straggler's own evidence over the episode: thermal/power clock-event reasons
+(or, where not collected, die temperature >= ``thermal_celsius`` 85 / power >= 97% of
+its limit together with the clock drop), a PCIe link below its max generation/width or
+replays (also for an idle-gap straggler: copies over a slow link), NVLink traffic far
+below its peers' (with errors or links down as detail), util gap (input); otherwise unknown (with "SM
+clock lower, no throttle reason reported" when the clock is lower).
+
+Missing signals: without tensor activity the lead uses SM activity (same physics, a bit
+diluted by the barrier spin); without SM activity tensor activity alone is used and the
+finding is "low" confidence (tensor cores are only part of the work); with neither,
+nothing is reported (a victim cannot be told from its straggler). Without clocks only the
+activity path (``lead_min``) and the input path work, also "low".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.detectors import gpu_busy, register
+from analyzer.detectors._peers import Blocks, PeerGroups, peer_groups, persistent, rolling_mean
+from analyzer.episodes import column, find_episodes, format_duration
+from analyzer.findings import STRAGGLER, Finding
+from analyzer.frame import Fleet
+
+CAUSES: tuple[str, ...] = ("thermal", "power", "pcie", "nvlink", "input", "unknown")
+_ADVICE = {
+    "thermal": "check cooling/airflow of that node (fans, inlet temperature, thermal paste)",
+    "power": "check its power limit (nvidia-smi -q -d POWER) and the node's power delivery",
+    "pcie": "reseat or replace the GPU/riser and check the PCIe link (lspci -vv)",
+    "nvlink": "check the NVLink errors (nvidia-smi nvlink -e) and drain the node for repair",
+    "input": "check the data loader, storage and network throughput of that node",
+    "unknown": ("compare its clocks and kernels with a peer's (nvidia-smi -q, Nsight Systems) and drain it if it "
+                "stays slow"),
+}
+
+
+@dataclass
+class _Cells:
+    """Per (slot, t) matrices of one comparison level (GPU or node)."""
+
+    compute: np.ndarray
+    input: np.ndarray
+    nvlink: np.ndarray
+    nvl_rel: np.ndarray
+    known: np.ndarray
+    lead: np.ndarray
+    clk_rel: np.ndarray
+    util: np.ndarray
+    ref_util: np.ndarray
+    ref_clk: np.ndarray
+    clk: np.ndarray
+
+
+@register
+@dataclass
+class Straggler:
+    kind = STRAGGLER
+    busy_util: float = 0.8
+    progress_sm: float = 0.1
+    min_tensor: float = 0.02
+    clock_drop: float = 0.05
+    clock_lead_min: float = 0.04
+    lead_min: float = 0.10
+    z_min: float = 3.0
+    mad_floor: float = 0.01
+    util_gap: float = 0.05
+    same_work: float = 0.8
+    thermal_celsius: float = 85.0
+    power_cap_ratio: float = 0.97
+    nvlink_ratio_max: float = 0.67
+    nvlink_min_bps: float = 1e9
+    comm_share: float = 0.1
+    window_s: float = 300.0
+    persist: float = 0.6
+    min_duration_s: float = 600.0
+    max_gap_steps: int = 2
+    max_unknown_steps: int = 2
+    critical_slowdown: float = 0.3
+    critical_gpu_hours: float = 8.0
+
+    # Per-cell conditions ---------------------------------------------------------------
+    def _cells(self, U: np.ndarray, TEN: np.ndarray, SM: np.ndarray, CLK: np.ndarray, CLKMAX: np.ndarray,
+               NVL: np.ndarray, ref: Any, steps: int) -> _Cells:
+        """Straggler conditions of every cell against its peers (``ref`` = PeerGroups.reference or
+        the node-level equivalent; ``steps`` = the persistence window in samples)."""
+        rU, _ = ref(U, False)
+        rK, _ = ref(CLK, False)
+        rKmax, _ = ref(CLKMAX, False)
+        # Activity compared raw (this sample) and smoothed over the window: per-sample profiling
+        # noise (~±5%) averages out, the member's kernel-mix drift does not and sets the spread.
+        rT, _ = ref(TEN, False)
+        rS, _ = ref(SM, False)
+        TEN_s, SM_s = rolling_mean(TEN, steps), rolling_mean(SM, steps)
+        rTs, sTs = ref(TEN_s)
+        rSs, sSs = ref(SM_s)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            use_t = rT >= self.min_tensor
+            lead_now = np.where(use_t, TEN / rT, np.where(rS > 0, SM / rS, np.nan))
+            lead = np.where(use_t, TEN_s / rTs, np.where(rSs > 0, SM_s / rSs, np.nan))
+            noise = np.fmax(np.where(use_t, sTs / rTs, sSs / rSs), self.mad_floor)
+            clk_rel = CLK / rK
+            peers_clock = rK / rKmax
+        sm_known = ~np.isnan(rS)
+        progress = np.where(sm_known, rS >= self.progress_sm, use_t)
+        peers_busy = rU >= self.busy_util
+        throttled = clk_rel <= 1.0 - self.clock_drop  # NaN clock -> False: no clock evidence
+        # Peers throttled too (their clock well below max): a shared cause (rack cooling, a capped
+        # job), owned by the thermal/degraded detectors; the worst of a slowed group is no straggler.
+        peers_full = ~(peers_clock < 1.0 - self.clock_drop)
+        # A group's spread is unknown with fewer than 3 members (NaN noise -> the floor): the relative test decides.
+        significant = ~((lead - 1.0) < self.z_min * noise)
+        ahead = (lead_now > 1.0) & (self.busy_util <= U)  # it computes more than its peers in this very sample
+        compute = (peers_busy & progress & peers_full & ahead
+                   & ((throttled & (lead >= 1.0 + self.clock_lead_min))
+                      | ((lead >= 1.0 + self.lead_min) & significant)))
+        work = lead * np.where(np.isnan(clk_rel), 1.0, clk_rel)
+        starved = peers_busy & progress & (U - rU <= -self.util_gap) & (work >= self.same_work)
+        # NVLink: the all-reduce runs at its slowest member's bandwidth, so every member waits the same
+        # (no lead); the culprit is the member moving far less NVLink traffic than its peers.
+        rN, _ = ref(NVL, False)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            nvl_rel = np.where(rN >= self.nvlink_min_bps, NVL / rN, np.nan)
+        nvlink = peers_busy & progress & (self.busy_util <= U) & (nvl_rel <= self.nvlink_ratio_max)
+        known = ~np.isnan(lead) & ~np.isnan(U) & ~np.isnan(rU)
+        return _Cells(compute & known, starved & known, nvlink & known, nvl_rel, known, lead, clk_rel, U, rU, rK,
+                      CLK)
+
+    def _tristate(self, cells: _Cells, steps: int) -> np.ndarray:
+        cond = np.where(cells.known, (cells.compute | cells.input | cells.nvlink).astype(np.float64), np.nan)
+        k = max(1, math.ceil(self.persist * steps))
+        return persistent(cond, steps, k)
+
+    # Main ------------------------------------------------------------------------------
+    def detect(self, fleet: Fleet) -> list[Finding]:
+        f = fleet.frame
+        if not len(f) or "job" not in f.columns:
+            return []
+        if not (fleet.has("tensor_active") or fleet.has("sm_active")):
+            fleet.notes.append("straggler: neither tensor nor SM activity is collected: a straggler cannot be told "
+                               "from the peers waiting for it, no straggler findings")
+            return []
+        pg = peer_groups(fleet)
+        if pg.n_slots == 0:
+            return []
+        U, TEN, SM = pg.matrix(gpu_busy(fleet)), pg.matrix("tensor_active"), pg.matrix("sm_active")
+        CLK, CLKMAX, NVL = pg.matrix("sm_clock"), pg.matrix(_clock_max(fleet)), pg.matrix("nvlink_bps")
+        steps = max(1, round(self.window_s / fleet.step))
+        gpu = self._cells(U, TEN, SM, CLK, CLKMAX, NVL, pg.reference, steps)
+        gpu_cond = self._tristate(gpu, steps)
+
+        # Node level: host medians of each group against the group's other hosts.
+        hosts = _NodeView(pg)
+        node = self._cells(hosts.median(U), hosts.median(TEN), hosts.median(SM), hosts.median(CLK),
+                           hosts.median(CLKMAX), hosts.median(NVL), hosts.reference, steps) if hosts.any else None
+        out: list[Finding] = []
+        if node is not None:
+            node_cond = self._tristate(node, steps)
+            node_cond = np.where(hosts.multi, node_cond, np.nan)  # a node of one GPU is that GPU
+            # A node that stands out names its GPUs: drop their GPU-level condition meanwhile.
+            gpu_cond = np.where(node_cond == 1.0, 0.0, gpu_cond)
+            out += self._node_findings(fleet, pg, hosts, node, node_cond, U)
+        out += self._gpu_findings(fleet, pg, gpu, gpu_cond)
+        return out
+
+    # Findings -------------------------------------------------------------------------
+    def _gpu_findings(self, fleet: Fleet, pg: PeerGroups, cells: _Cells, cond: np.ndarray) -> list[Finding]:
+        if not (cond == 1.0).any():
+            return []
+        eps = find_episodes(fleet, pg.to_rows(cond), max_gap_steps=self.max_gap_steps,
+                            max_unknown_steps=self.max_unknown_steps, min_duration_s=self.min_duration_s,
+                            split_on=("job",))
+        if not len(eps):
+            return []
+        m = {
+            "lead": eps.mean(pg.to_rows(cells.lead)), "clk_rel": eps.mean(pg.to_rows(cells.clk_rel)),
+            "clk": eps.mean(pg.to_rows(cells.clk)), "ref_clk": eps.mean(pg.to_rows(cells.ref_clk)),
+            "util": eps.mean(pg.to_rows(cells.util)), "ref_util": eps.mean(pg.to_rows(cells.ref_util)),
+            "input": eps.mean(pg.to_rows(cells.input.astype(np.float64))),
+            "compute": eps.mean(pg.to_rows(cells.compute.astype(np.float64))),
+            "nvlink": eps.mean(pg.to_rows(cells.nvlink.astype(np.float64))),
+            "nvl_rel": eps.mean(pg.to_rows(cells.nvl_rel)),
+        }
+        for s in ("thermal_throttle", "power_throttle", "temp", "power", "power_limit", "pcie_gen", "pcie_gen_max",
+                  "pcie_width", "pcie_width_max", "pcie_replay_rate", "nvlink_error_rate", "nvlink_links_down"):
+            m[s] = eps.mean(column(fleet, s))
+        members = _members(pg)
+        conf = "high" if fleet.has("sm_active") and fleet.has("sm_clock") else "low"
+        out = []
+        for i, ep in enumerate(eps.table.itertuples(index=False)):
+            v = {k: float(a[i]) for k, a in m.items()}
+            n_members = members.get((ep.job, ep.hostname, ep.gpu, ep.gpu_instance or None), 1)
+            who = f"GPU {ep.hostname}/{ep.gpu}" + (f" (MIG {ep.gpu_instance})" if ep.gpu_instance else "")
+            out.append(self._finding(ep, v, who, n_members - 1, conf, gpu=_int(ep.gpu)))
+        return out
+
+    def _node_findings(self, fleet: Fleet, pg: PeerGroups, hosts: _NodeView, cells: _Cells, cond: np.ndarray,
+                       U: np.ndarray) -> list[Finding]:
+        # Episodes on a small fleet with one row per (group, host, t): the node-slot's first GPU stands for it.
+        if not (cond == 1.0).any():
+            return []
+        rep = hosts.rep_slot
+        sel = hosts.multi[:, 0] & (np.arange(pg.n_slots) == rep)
+        idx = np.flatnonzero(sel)
+        if not len(idx):
+            return []
+        T = pg.T
+        times = fleet.start + np.arange(T) * fleet.step
+        labels = [pg.group_labels[g] for g in pg.slot_group[idx]]
+        frame = pd.DataFrame({
+            "timestamp": np.tile(times, len(idx)),
+            "hostname": pd.Categorical(np.repeat(pg.slot_host[idx].astype(str), T)),
+            "gpu": pd.Categorical(np.repeat([""] * len(idx), T)),
+            "uuid": pd.Categorical(np.repeat([""] * len(idx), T)),
+            "gpu_instance": pd.Categorical(np.repeat([""] * len(idx), T)),
+            "job": pd.Categorical(np.repeat([str(lb.get("job")) for lb in labels], T)),
+            "namespace": pd.Categorical(np.repeat([str(lb.get("namespace") or "") for lb in labels], T)),
+            "gpu_share": np.repeat(hosts.share[idx], T),
+        })
+        small = Fleet(frame=frame, step=fleet.step, start=fleet.start, end=fleet.end)
+        eps = find_episodes(small, cond[idx].reshape(-1), max_gap_steps=self.max_gap_steps,
+                            max_unknown_steps=self.max_unknown_steps, min_duration_s=self.min_duration_s,
+                            split_on=("job",))
+        if not len(eps):
+            return []
+
+        def flat(mx: np.ndarray) -> np.ndarray:
+            return mx[idx].reshape(-1)
+
+        m = {
+            "lead": eps.mean(flat(cells.lead)), "clk_rel": eps.mean(flat(cells.clk_rel)),
+            "clk": eps.mean(flat(cells.clk)), "ref_clk": eps.mean(flat(cells.ref_clk)),
+            "util": eps.mean(flat(cells.util)), "ref_util": eps.mean(flat(cells.ref_util)),
+            "input": eps.mean(flat(cells.input.astype(np.float64))),
+            "compute": eps.mean(flat(cells.compute.astype(np.float64))),
+            "nvlink": eps.mean(flat(cells.nvlink.astype(np.float64))),
+            "nvl_rel": eps.mean(flat(cells.nvl_rel)),
+        }
+        for s in ("thermal_throttle", "power_throttle", "temp", "power", "power_limit", "pcie_gen", "pcie_gen_max",
+                  "pcie_width", "pcie_width_max", "pcie_replay_rate", "nvlink_error_rate", "nvlink_links_down"):
+            m[s] = eps.mean(flat(hosts.median(pg.matrix(s))))
+        size = hosts.size
+        conf = "high" if fleet.has("sm_active") and fleet.has("sm_clock") else "low"
+        out = []
+        for i, ep in enumerate(eps.table.itertuples(index=False)):
+            v = {k: float(a[i]) for k, a in m.items()}
+            s = idx[np.flatnonzero((pg.slot_host[idx] == ep.hostname)
+                                   & np.array([pg.group_labels[g].get("job") == ep.job
+                                               for g in pg.slot_group[idx]]))[0]]
+            g = pg.slot_group[s]
+            n_here = int(size[s])
+            n_group = int(pg.bounds[g + 1] - pg.bounds[g])
+            who = f"Node {ep.hostname}"
+            fnd = self._finding(ep, v, who, n_group - n_here, conf, gpu=None, n_node=n_here)
+            out.append(fnd)
+        return out
+
+    def _cause(self, v: dict[str, float]) -> tuple[str, str]:
+        """(cause, detail) from the member's episode means; see the module docstring."""
+        clk, ref = v["clk"], v["ref_clk"]
+        clock_txt = (f"SM clock {clk / 1e9:.2f} GHz vs {ref / 1e9:.2f} GHz"
+                     if math.isfinite(clk) and math.isfinite(ref) else "clocks not reported")
+        lower = math.isfinite(v["clk_rel"]) and v["clk_rel"] <= 1.0 - self.clock_drop
+        pcie_low = v["pcie_gen"] < v["pcie_gen_max"] - 0.5 or v["pcie_width"] < v["pcie_width_max"] - 0.5
+        pcie_txt = (f"PCIe link at gen{v['pcie_gen']:.0f} x{v['pcie_width']:.0f} of "
+                    f"gen{v['pcie_gen_max']:.0f} x{v['pcie_width_max']:.0f}")
+        if v["input"] >= 0.5 and v["input"] >= v["compute"]:
+            # Idle gaps outside kernels: waiting for data, over a downgraded link or from the loader.
+            if pcie_low:
+                return "pcie", f"{pcie_txt}: idle {1 - v['util'] / max(v['ref_util'], 1e-6):.0%} of each step on copies"
+            unseen = " (PCIe link state not collected)" if math.isnan(v["pcie_gen"]) else ""
+            return "input", (f"input starvation: GPUs busy only {v['util']:.0%} of the time vs "
+                             f"{v['ref_util']:.0%} on its peers{unseen}")
+        if v["compute"] >= 0.5 or v["nvlink"] < 0.5:
+            if v["thermal_throttle"] >= 0.5 or (math.isnan(v["thermal_throttle"]) and lower
+                                                and v["temp"] >= self.thermal_celsius):
+                return "thermal", f"thermal throttling at {v['temp']:.0f} C, {clock_txt}"
+            capped = v["power"] >= self.power_cap_ratio * v["power_limit"]
+            if v["power_throttle"] >= 0.5 or (math.isnan(v["power_throttle"]) and lower and capped):
+                return "power", (f"power capping at {v['power']:.0f} W of a {v['power_limit']:.0f} W limit, "
+                                 f"{clock_txt}")
+            if pcie_low or v["pcie_replay_rate"] > 0:
+                return "pcie", pcie_txt
+        if v["nvlink"] >= 0.5 or v["nvlink_error_rate"] > 0 or v["nvlink_links_down"] > 0:
+            down = f", {v['nvlink_links_down']:.0f} link(s) down" if v["nvlink_links_down"] > 0 else ""
+            errs = f", errors {v['nvlink_error_rate']:.2g}/s" if v["nvlink_error_rate"] > 0 else ""
+            return "nvlink", f"NVLink traffic {v['nvl_rel']:.0%} of its peers'{down}{errs}"
+        if lower:
+            return "unknown", f"{clock_txt} with no throttle reason reported"
+        return "unknown", "no throttling, link or input evidence; it computes longer for the same work"
+
+    def _finding(self, ep: Any, v: dict[str, float], who: str, n_peers: int, conf: str, *, gpu: int | None,
+                 n_node: int | None = None) -> Finding:
+        cause, detail = self._cause(v)
+        if v["input"] >= 0.5 and v["input"] >= v["compute"]:
+            slowdown = v["ref_util"] / max(v["util"], 1e-6) - 1.0
+        elif v["compute"] >= 0.5 or not v["nvlink"] >= 0.5:
+            slowdown = v["lead"] - 1.0
+        else:  # the collective stretched by 1/bandwidth share, on the assumed communication share of a step
+            slowdown = self.comm_share * (1.0 / max(v["nvl_rel"], 1e-3) - 1.0)
+        slowdown = max(slowdown, 0.0)
+        waiting = 1.0 - 1.0 / (1.0 + slowdown)  # share of each peer's time spent at the barrier
+        hours = float(ep.duration_s) / 3600.0
+        lost = max(n_peers, 0) * hours * waiting * float(ep.gpu_share if n_node is None else 1.0)
+        severity = "critical" if slowdown >= self.critical_slowdown or lost >= self.critical_gpu_hours else "warning"
+        job = ep.job or "its job"
+        peers = f"the other {n_peers} GPU{'s' if n_peers != 1 else ''}"
+        summary = (f"{who} is slowing job {job} by ~{slowdown:.0%} ({detail}): {peers} lost ~{lost:.1f} GPU-hours "
+                   f"waiting over {format_duration(float(ep.duration_s))}; {_ADVICE[cause]}.")
+        evidence = {
+            "cause": cause, "cause_detail": detail, "level": "gpu" if n_node is None else "node",
+            "slowdown": slowdown, "lost_gpu_hours": lost, "peers": n_peers, "activity_lead": v["lead"],
+            "sm_clock_hz": v["clk"], "peer_sm_clock_hz": v["ref_clk"], "clock_ratio_to_peers": v["clk_rel"],
+            "gpu_util": v["util"], "peer_gpu_util": v["ref_util"], "temp_celsius": v["temp"],
+            "power_watts": v["power"], "power_limit_watts": v["power_limit"],
+            "thermal_throttle_share": v["thermal_throttle"], "power_throttle_share": v["power_throttle"],
+            "minutes": float(ep.duration_s) / 60.0,
+        }
+        if n_node is not None:
+            evidence["node_gpus"] = n_node
+        return Finding(
+            kind=self.kind, severity=severity, summary=summary, start=float(ep.start),
+            end=None if ep.open else float(ep.end), score=float(np.clip(slowdown, 0.0, 1.0)),
+            hostname=ep.hostname, gpu=gpu, uuid=(ep.uuid or None) if gpu is not None else None,
+            gpu_instance=(ep.gpu_instance or None) if gpu is not None else None, job=ep.job,
+            namespace=ep.namespace or None, pod=getattr(ep, "pod", None) if gpu is not None else None,
+            rack=ep.rack or None if hasattr(ep, "rack") and ep.rack else None, confidence=conf, evidence=evidence,
+        )
+
+
+def _clock_max(fleet: Fleet) -> np.ndarray:
+    """Per row: the GPU's max SM clock; where not reported (dcgm-exporter's default counters lack
+    DCGM_FI_DEV_MAX_SM_CLOCK), the highest SM clock any GPU of the same model reached in the data:
+    busy GPUs of one model boost to the same clock, so that is their unthrottled clock."""
+    mx = column(fleet, "sm_clock_max")
+    missing = np.isnan(mx)
+    if not missing.any() or not fleet.has("sm_clock"):
+        return mx
+    clk = column(fleet, "sm_clock")
+    f = fleet.frame
+    model = f["model"] if "model" in f.columns else pd.Series(np.zeros(len(f)))
+    codes = pd.factorize(model)[0]
+    best = pd.Series(clk).groupby(codes).max()
+    return np.where(missing, best.reindex(codes).to_numpy(dtype=np.float64), mx)
+
+
+def _int(v: object) -> int | None:
+    return int(v) if v is not None and str(v).isdigit() else None
+
+
+def _members(pg: PeerGroups) -> dict[tuple, int]:
+    """(job, hostname, gpu, instance) -> number of members of that slot's group."""
+    out = {}
+    for s in range(pg.n_slots):
+        g = pg.slot_group[s]
+        out[(pg.group_labels[g].get("job"), pg.slot_host[s], pg.slot_gpu[s], pg.slot_instance[s] or None)] = int(
+            pg.bounds[g + 1] - pg.bounds[g])
+    return out
+
+
+class _NodeView:
+    """The slots of each group gathered by host: host medians and the other hosts as peers.
+
+    ``median(m)`` gives every slot its host's median (over the group's GPUs on that host);
+    ``reference`` compares host medians with the median over the group's hosts (the other
+    host when there are two), each host counted once. ``multi`` marks slots whose host has
+    at least two of the group's GPUs in a group spanning at least two hosts.
+    """
+
+    def __init__(self, pg: PeerGroups) -> None:
+        n = pg.n_slots
+        self.size = np.zeros(n, np.int64)
+        self.rep_slot = np.full(n, -1, np.int64)
+        self.share = np.zeros(n)
+        host_sets: list[np.ndarray] = []
+        across: list[np.ndarray] = []  # per group with >= 2 hosts: one representative slot per host
+        multi = np.zeros(n, bool)
+        for g in range(pg.n_groups):  # per job: a handful of numpy calls
+            a, b = pg.bounds[g], pg.bounds[g + 1]
+            _, first, inv = np.unique(pg.slot_host[a:b].astype(str), return_index=True, return_inverse=True)
+            counts = np.bincount(inv)
+            self.size[a:b] = counts[inv]
+            self.rep_slot[a:b] = a + first[inv]
+            self.share[a:b] = np.bincount(inv, weights=pg.slot_share[a:b])[inv]
+            order = np.argsort(inv, kind="stable")
+            host_sets += np.split(a + order, np.cumsum(counts)[:-1])
+            if len(counts) >= 2:
+                across.append(a + first)
+                multi[a:b] = counts[inv] >= 2
+        self.hosts = Blocks(host_sets, n)
+        self.across = Blocks(across, n)
+        self.multi = multi[:, None]
+        self.any = bool(multi.any())
+
+    def median(self, m: np.ndarray) -> np.ndarray:
+        return self.hosts.median(m)
+
+    def reference(self, hm: np.ndarray, spread: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Reference and spread of host medians ``hm`` (already broadcast to slots) across the group's hosts."""
+        ref, spread_ = self.across.robust(hm, spread)
+        reps = self.rep_slot
+        ok = reps >= 0
+        out_r = np.full_like(hm, np.nan)
+        out_s = np.full_like(hm, np.nan)
+        out_r[ok], out_s[ok] = ref[reps[ok]], spread_[reps[ok]]
+        return out_r, out_s
