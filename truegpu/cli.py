@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "analyze": "analyzer.cli",
     "demo": "analyzer.cli",
     "evaluate": "analyzer.cli",
+    "serve": "analyzer.serve_cli",
 }
 
 

@@ -1,0 +1,158 @@
+"""``truegpu serve``: the analyzer as a service, re-analyzing Prometheus every interval.
+
+Serves the latest results on /metrics (analyzer/output_schema.py) and the loop's state on
+/healthz through uvicorn; SIGTERM/SIGINT stop both cleanly (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from analyzer.cli import DEFAULT_STEP, _arg, _client_kwargs, _matcher
+from exporter.server import parse_listen
+from exporter.timeparse import parse_positive_duration
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9836
+DEFAULT_LISTEN = f":{DEFAULT_PORT}"
+DEFAULT_INTERVAL = 60.0
+DEFAULT_WINDOW = 1800.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve", help="run the analyzer as a service: analyze Prometheus every interval, serve /metrics",
+        description="Every --interval, analyze the last --window of GPU telemetry in a Prometheus-compatible "
+        "API and publish the open findings, job and fleet utilization and the analyzer's health on /metrics "
+        "(for Prometheus to scrape, alert on and graph) and /healthz.",
+    )
+    p.add_argument("--prometheus", metavar="URL", required=True,
+                   help="Prometheus, Thanos, Mimir or VictoriaMetrics base URL")
+    p.add_argument("--listen", type=parse_listen, default=parse_listen(DEFAULT_LISTEN), metavar="[HOST]:PORT",
+                   help=f"address to serve on: :PORT, HOST:PORT or [IPV6]:PORT (default {DEFAULT_LISTEN})")
+    loop = p.add_argument_group("analysis")
+    loop.add_argument("--interval", type=_arg(parse_positive_duration), default=DEFAULT_INTERVAL,
+                      help=f"how often to analyze, e.g. 60s, 5m (default {DEFAULT_INTERVAL:g}s)")
+    loop.add_argument("--window", type=_arg(parse_positive_duration), default=DEFAULT_WINDOW,
+                      help=f"how much history each run analyzes, ending now (default {DEFAULT_WINDOW / 60:g}m)")
+    loop.add_argument("--step", type=_arg(parse_positive_duration), default=DEFAULT_STEP,
+                      help=f"analysis resolution (default {DEFAULT_STEP:g}s)")
+    loop.add_argument("--kinds", type=lambda s: [k for k in s.split(",") if k], default=None,
+                      help="comma-separated finding kinds to run (default: all)")
+    loop.add_argument("--job-label", help="label naming the job (e.g. hpc_job); default: derived from the pod")
+    loop.add_argument("--stale-after", type=_arg(parse_positive_duration), default=None,
+                      help="/healthz reports stale when the last good analysis is older (default 2 x interval + 60s)")
+    # The same Prometheus connection options as `truegpu analyze` (read by analyzer.cli._client_kwargs).
+    prom = p.add_argument_group("Prometheus")
+    prom.add_argument("--matcher", action="append", type=_arg(_matcher), default=[], metavar="LABEL=VALUE",
+                      help="narrow every query, e.g. Hostname=node-7 (repeatable)")
+    prom.add_argument("--bearer-token-file", type=Path, help="file holding a bearer token")
+    prom.add_argument("--basic-auth-user", help="basic auth user (password from --basic-auth-password-file)")
+    prom.add_argument("--basic-auth-password-file", type=Path)
+    prom.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
+                      help="extra HTTP header, e.g. X-Scope-OrgID:tenant-1 (repeatable)")
+    prom.add_argument("--ca-file", type=Path, help="CA bundle for TLS verification")
+    prom.add_argument("--insecure-skip-verify", action="store_true", help="do not verify TLS certificates")
+    prom.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP request (default 30)")
+    p.set_defaults(func=run)
+
+
+def _error(message: str) -> int:
+    print(f"truegpu serve: error: {message}", file=sys.stderr)
+    return 2
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``; "" is every interface (IPv6 dual stack when available)."""
+    if host == "":
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            addr: tuple[Any, ...] = ("::", port)
+        except OSError:
+            sock, addr = socket.socket(socket.AF_INET, socket.SOCK_STREAM), ("0.0.0.0", port)
+    else:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        sock, addr = socket.socket(family, socket.SOCK_STREAM), (host, port)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(128)
+        sock.set_inheritable(True)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def run(args: argparse.Namespace, stop: threading.Event | None = None,
+        ready: Any = None) -> int:
+    """Serve until SIGTERM/SIGINT (or ``stop`` is set); exit code 0 on a clean shutdown.
+
+    ``ready(service, (host, port))`` is called once the HTTP server accepts connections (tests).
+    """
+    import uvicorn
+
+    from analyzer.service import AnalyzerService, make_app, prometheus_loader
+
+    try:
+        client_kwargs = _client_kwargs(args)
+        loader = prometheus_loader(args.prometheus, args.step, matchers=dict(args.matcher) or None,
+                                   job_label=args.job_label, **client_kwargs)
+        if args.kinds:
+            from analyzer.detectors import load_detectors
+
+            unknown = sorted(set(args.kinds) - set(load_detectors()))
+            if unknown:
+                raise ValueError(f"unknown kind(s) {', '.join(unknown)}; known: {', '.join(sorted(load_detectors()))}")
+        service = AnalyzerService(loader, url=args.prometheus, interval=args.interval, window=args.window,
+                                  step=args.step, kinds=args.kinds, stale_after=args.stale_after)
+    except (ValueError, OSError) as exc:
+        return _error(str(exc))
+    host, port = args.listen
+    try:
+        sock = bind(host, port)
+    except OSError as exc:
+        return _error(f"cannot listen on {host or '*'}:{port}: {exc}")
+
+    config = uvicorn.Config(make_app(service), log_config=None, access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    http = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="http", daemon=True)
+
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: stop.set())
+    http.start()
+    service.start()
+    bound = sock.getsockname()[:2]
+    shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+    try:
+        while not server.started and http.is_alive() and not stop.wait(0.05):
+            pass
+        if not http.is_alive():
+            return _error("HTTP server stopped unexpectedly; see the log above")
+        log.info("truegpu serve: analyzing the last %gs of %s every %gs; listening on http://%s:%d/metrics",
+                 args.window, args.prometheus, args.interval, shown, bound[1])
+        if ready is not None:
+            ready(service, bound)
+        while not stop.wait(1.0):
+            if not http.is_alive():
+                return _error("HTTP server stopped unexpectedly; see the log above")
+    finally:
+        log.info("shutting down")
+        server.should_exit = True
+        http.join(timeout=10)
+        service.stop()
+        sock.close()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,394 @@
+"""The analyzer service: a loop that re-analyzes the last ``window`` of telemetry every ``interval``.
+
+Each run loads ``[now - window, now)`` from a Prometheus-compatible API, scores it and runs
+the detectors; a complete run is swapped in as one immutable :class:`Analysis`, so readers
+(/metrics, and the HTTP API built on :func:`make_app`) always see one consistent result set.
+A failed run (Prometheus down, slow, or returning nothing) is logged with the URL and
+recorded in :class:`Health`; the last good analysis keeps being served, and the next tick
+retries. Nothing a run does can stop the loop.
+
+Heavy imports (pandas via the analyzer) happen in the loop thread, not at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from exporter.timeparse import iso
+
+if TYPE_CHECKING:
+    from analyzer.findings import Finding
+    from analyzer.frame import Fleet
+    from analyzer.scores import Scores
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL = 60.0
+DEFAULT_WINDOW = 1800.0
+DEFAULT_STEP = 60.0
+
+#: (start, end) -> Fleet; the production loader wraps load_prometheus.
+Loader = Callable[[float, float], "Fleet"]
+
+
+def label_value(value: Any) -> str:
+    """A finding/job field as a label value: "" for None/NaN, integral floats without ".0"."""
+    if value is None:
+        return ""
+    if isinstance(value, float) or hasattr(value, "dtype"):
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            return str(value)
+        if math.isnan(f):
+            return ""
+        if f.is_integer():
+            return str(int(f))
+        return str(f)
+    return str(value)
+
+
+_QUERY = re.compile(r"(/api/v1/[\w/]*)\?\S*")
+
+
+def short_error(exc: BaseException, limit: int = 600) -> str:
+    """One readable line: the exception without the (long) query strings of the URLs it quotes."""
+    text = _QUERY.sub(r"\1?...", f"{type(exc).__name__}: {exc}".strip())
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _number(value: Any) -> float | None:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+@dataclass(frozen=True)
+class JobUtilization:
+    namespace: str
+    job: str
+    effective_util: float | None
+    reported_util: float | None
+    allocated_gpus: float | None
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One complete run's results; never mutated once published."""
+
+    #: Window analyzed, [start, end).
+    start: float
+    end: float
+    step: float
+    #: Unix time the run finished.
+    finished: float
+    duration: float
+    findings: tuple[Finding, ...]
+    jobs: tuple[JobUtilization, ...] = ()
+    #: allocation ("allocated" | "all") -> utilization; None where unknown.
+    fleet_effective: Mapping[str, float | None] = field(default_factory=dict)
+    fleet_reported: Mapping[str, float | None] = field(default_factory=dict)
+    #: The full inputs/outputs, for the HTTP API (findings, scores, cost reports).
+    fleet: Fleet | None = None
+    scores: Scores | None = None
+
+    @property
+    def open_findings(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.end is None)
+
+    @classmethod
+    def build(
+        cls, fleet: Fleet, scores: Scores, findings: Sequence[Finding], *, finished: float, duration: float
+    ) -> Analysis:
+        """Derive what /metrics publishes from one run's fleet, scores and findings."""
+        return cls(
+            start=float(fleet.start), end=float(fleet.end), step=float(fleet.step),
+            finished=finished, duration=duration, findings=tuple(findings),
+            jobs=_job_rows(fleet, scores),
+            fleet_effective=_fleet_values(scores, "effective_util"),
+            fleet_reported=_fleet_values(scores, "reported_util"),
+            fleet=fleet, scores=scores,
+        )
+
+
+def _fleet_values(scores: Scores, column: str) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for allocation, tables in (("allocated", scores.allocated), ("all", scores.levels)):
+        table = tables.get("fleet")
+        out[allocation] = _number(table[column].iloc[0]) if table is not None and len(table) else None
+    return out
+
+
+def _job_rows(fleet: Fleet, scores: Scores) -> tuple[JobUtilization, ...]:
+    """Allocated-only job table, each job with its namespace (the one most of its rows carry)."""
+    table = scores.allocated.get("job")
+    if table is None or table.empty:
+        return ()
+    frame = fleet.frame
+    namespaces: dict[str, str] = {}
+    if "job" in frame.columns and "namespace" in frame.columns:
+        pairs = frame[["job", "namespace"]].astype(object).dropna()
+        if not pairs.empty:
+            counts = pairs.groupby(["job", "namespace"], sort=False).size().sort_values(ascending=False)
+            for job, ns in counts.index:
+                namespaces.setdefault(label_value(job), label_value(ns))
+    hours = max(float(fleet.end) - float(fleet.start), 0.0) / 3600.0
+    rows = []
+    for rec in table.to_dict("records"):
+        job = label_value(rec["job"])
+        if not job:
+            continue
+        gpu_hours = _number(rec["allocated_gpu_hours"])
+        rows.append(JobUtilization(
+            namespace=namespaces.get(job, ""), job=job,
+            effective_util=_number(rec["effective_util"]), reported_util=_number(rec["reported_util"]),
+            allocated_gpus=gpu_hours / hours if gpu_hours is not None and hours > 0 else None,
+        ))
+    return tuple(rows)
+
+
+@dataclass(frozen=True)
+class Health:
+    """The loop's state: what /healthz and the analyzer_* metrics report."""
+
+    started: float
+    last_success: float | None = None
+    last_error: str | None = None
+    last_error_time: float | None = None
+    last_attempt: float | None = None
+    last_duration: float | None = None
+    runs_ok: int = 0
+    runs_error: int = 0
+
+    def stale(self, now: float, stale_after: float) -> bool:
+        """No analysis yet, or the last good one is older than ``stale_after`` seconds."""
+        return self.last_success is None or now - self.last_success > stale_after
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What readers get in one atomic read: the latest good analysis (None before the first) and health."""
+
+    analysis: Analysis | None
+    health: Health
+
+
+class AnalyzerService:
+    """Runs the analysis every ``interval`` seconds in a background thread and publishes the results.
+
+    ``loader(start, end)`` returns the Fleet of ``[start, end)``; ``url`` only names the source
+    in logs and /healthz. ``stale_after`` (default 2 x interval + 60 s) is how old the last good
+    analysis may be before /healthz calls it stale.
+    """
+
+    def __init__(
+        self,
+        loader: Loader,
+        *,
+        url: str = "",
+        interval: float = DEFAULT_INTERVAL,
+        window: float = DEFAULT_WINDOW,
+        step: float = DEFAULT_STEP,
+        kinds: Sequence[str] | None = None,
+        stale_after: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if interval <= 0 or window <= 0 or step <= 0:
+            raise ValueError("interval, window and step must be > 0")
+        if window < step:
+            raise ValueError(f"window ({window:g}s) must be at least one step ({step:g}s)")
+        self.loader = loader
+        self.url = url
+        self.interval = float(interval)
+        self.window = float(window)
+        self.step = float(step)
+        self.kinds = list(kinds) if kinds is not None else None
+        self.stale_after = float(stale_after) if stale_after is not None else 2 * self.interval + 60.0
+        self.clock = clock
+        self._snapshot = Snapshot(None, Health(started=clock()))
+        self._lock = threading.Lock()  # serialises writers; readers take the snapshot reference as is
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: Set after each run (ok or not), for tests and start-up waits.
+        self.ran = threading.Condition()
+
+    # -- reading ---------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    def health_json(self) -> dict[str, Any]:
+        """/healthz body: the process is up ("ok") plus the last run's state."""
+        snap = self._snapshot
+        h, now = snap.health, self.clock()
+        a = snap.analysis
+        return {
+            "status": "ok",
+            "prometheus": self.url,
+            "last_success": None if h.last_success is None else iso(h.last_success),
+            "last_success_age_seconds": None if h.last_success is None else round(now - h.last_success, 3),
+            "last_error": h.last_error,
+            "last_error_time": None if h.last_error_time is None else iso(h.last_error_time),
+            "last_run_duration_seconds": None if h.last_duration is None else round(h.last_duration, 3),
+            "stale": h.stale(now, self.stale_after),
+            "runs": {"ok": h.runs_ok, "error": h.runs_error},
+            "interval_seconds": self.interval,
+            "window_seconds": self.window,
+            "open_findings": None if a is None else len(a.open_findings),
+            "window": None if a is None else {"start": iso(a.start), "end": iso(a.end)},
+        }
+
+    # -- running ---------------------------------------------------------------------------
+    def window_at(self, now: float) -> tuple[float, float]:
+        """[end - window, end) with end aligned down to the step, so rows line up from run to run."""
+        end = math.floor(now / self.step) * self.step
+        return end - self.window, end
+
+    def run_once(self) -> bool:
+        """One analysis run; publishes the results on success, records the error otherwise. Never raises."""
+        from analyzer.detectors import run_detectors
+        from analyzer.scores import compute_scores
+
+        t0 = time.perf_counter()
+        now = self.clock()
+        start, end = self.window_at(now)
+        try:
+            fleet = self.loader(start, end)
+            scores = compute_scores(fleet)
+            findings = run_detectors(fleet, self.kinds)
+            duration = time.perf_counter() - t0
+            analysis = Analysis.build(fleet, scores, findings, finished=self.clock(), duration=duration)
+        except Exception as exc:  # the loop must survive anything a run does
+            duration = time.perf_counter() - t0
+            message = short_error(exc)
+            with self._lock:
+                snap = self._snapshot
+                h = snap.health
+                self._snapshot = Snapshot(snap.analysis, replace(
+                    h, last_error=message, last_error_time=self.clock(), last_attempt=now,
+                    last_duration=duration, runs_error=h.runs_error + 1,
+                ))
+            kept = (f"keeping the results of {iso(h.last_success)} ({now - h.last_success:.0f}s old)"
+                    if h.last_success is not None else "no results yet")
+            log.error("analysis of %s failed after %.1fs: %s; %s; retrying in %gs",
+                      self.url or "the source", duration, message, kept, self.interval,
+                      exc_info=log.isEnabledFor(logging.DEBUG))
+            self._notify()
+            return False
+        with self._lock:
+            h = self._snapshot.health
+            self._snapshot = Snapshot(analysis, replace(
+                h, last_success=analysis.finished, last_error=None, last_attempt=now,
+                last_duration=duration, runs_ok=h.runs_ok + 1,
+            ))
+        if h.last_error is not None:
+            log.info("analysis of %s works again", self.url or "the source")
+        log.info("analyzed %s .. %s in %.1fs: %d finding(s), %d open",
+                 iso(analysis.start), iso(analysis.end), duration, len(analysis.findings),
+                 len(analysis.open_findings))
+        self._notify()
+        return True
+
+    def _notify(self) -> None:
+        with self.ran:
+            self.ran.notify_all()
+
+    def wait_for_run(self, timeout: float, runs: int = 1) -> bool:
+        """Block until at least ``runs`` runs (ok or error) have finished in total; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self.ran:
+            while True:
+                h = self._snapshot.health
+                if h.runs_ok + h.runs_error >= runs:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.ran.wait(left)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            self.run_once()
+            # Ticks are `interval` apart from run start; a run longer than that starts the next at once.
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - began)))
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("service already started")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="analyzer-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop; a run in progress finishes (its HTTP requests are bounded by their timeout)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("analysis run still in progress at shutdown; not waiting for it")
+            self._thread = None
+
+
+def prometheus_loader(
+    url: str,
+    step: float,
+    *,
+    matchers: Mapping[str, Any] | None = None,
+    job_label: str | None = None,
+    **client_kwargs: Any,
+) -> Loader:
+    """A Loader over ``load_prometheus`` with fixed step, matchers and client settings."""
+
+    def load(start: float, end: float) -> Fleet:
+        from analyzer.load import load_prometheus
+
+        return load_prometheus(url, start, end, step, matchers=matchers, job_label=job_label, **client_kwargs)
+
+    return load
+
+
+def make_app(service: AnalyzerService) -> FastAPI:
+    """The service's HTTP app: /metrics and /healthz now; the findings/scores API mounts here later."""
+    from prometheus_client.exposition import choose_encoder
+
+    from analyzer.service_metrics import build_registry
+    from exporter import __version__
+
+    registry = build_registry(service.snapshot)
+    app = FastAPI(title="truegpu analyzer", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.service = service
+    app.state.registry = registry
+
+    @app.get("/metrics")
+    def metrics(request: Request) -> Response:  # sync: runs in the threadpool, not on the event loop
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encoder(registry), media_type=None, headers={"Content-Type": content_type})
+
+    @app.get("/healthz")
+    def healthz() -> JSONResponse:
+        return JSONResponse(service.health_json())
+
+    @app.get("/")
+    def index() -> PlainTextResponse:
+        return PlainTextResponse(f"truegpu analyzer {__version__}: /metrics, /healthz\n")
+
+    return app
+
+
+__all__ = [
+    "Analysis", "AnalyzerService", "Health", "JobUtilization", "Snapshot", "label_value", "make_app",
+    "prometheus_loader", "short_error",
+]

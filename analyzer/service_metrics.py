@@ -1,0 +1,122 @@
+"""prometheus_client collector over the analyzer service's latest results (analyzer/output_schema.py).
+
+Like the exporter's collector it builds brand-new families on every scrape from one
+snapshot, so the series are exactly the latest analysis: one finding series per OPEN
+finding (a finding that ended is gone from the next scrape), the job and fleet utilization
+of the last window, and the loop's health. Unknown values are left out, never written as 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import CollectorRegistry
+
+from analyzer import output_schema as O
+from exporter.schema import Metric as SchemaMetric
+
+if TYPE_CHECKING:
+    from analyzer.findings import Finding
+    from analyzer.service import Snapshot
+
+
+def _gauge(m: SchemaMetric, labels: tuple[str, ...] | None = None) -> GaugeMetricFamily:
+    unit = m.unit if m.unit and m.name.endswith("_" + m.unit) else ""
+    return GaugeMetricFamily(m.name, m.help, labels=m.labels if labels is None else labels, unit=unit)
+
+
+def finding_labels(f: Finding) -> tuple[str, ...]:
+    """Label values of a finding series, in FINDING_LABELS order ("" where not applicable)."""
+    from analyzer.service import label_value
+
+    values = {
+        "kind": f.kind, "severity": f.severity, "hostname": f.hostname, "gpu": f.gpu,
+        "gpu_instance": f.gpu_instance, "rack": f.rack, "namespace": f.namespace, "job": f.job,
+    }
+    return tuple(label_value(values[name]) for name in O.FINDING_LABELS)
+
+
+def open_finding_series(findings: tuple[Finding, ...] | list[Finding]) -> dict[tuple[str, ...], tuple[float, float]]:
+    """labels -> (score, start) per open finding; findings that map to the same series merge
+    (highest score, earliest start), so the exposition never holds a duplicate series."""
+    out: dict[tuple[str, ...], tuple[float, float]] = {}
+    for f in findings:
+        if f.end is not None:
+            continue
+        key = finding_labels(f)
+        score, start = float(f.score), float(f.start)
+        if key in out:
+            s0, t0 = out[key]
+            score, start = max(score, s0), min(start, t0)
+        out[key] = (score, start)
+    return out
+
+
+class ServiceCollector:
+    """Reads ``snapshot()`` once per scrape and yields the analyzer's families."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+        self.snapshot = snapshot
+
+    def describe(self) -> list[Metric]:  # no collect() at registration time
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot()
+        a, h = snap.analysis, snap.health
+
+        active, score, started = _gauge(O.FINDING_ACTIVE), _gauge(O.FINDING_SCORE), _gauge(O.FINDING_STARTED)
+        if a is not None:
+            for labels, (s, t) in sorted(open_finding_series(a.findings).items()):
+                active.add_metric(labels, 1.0)
+                score.add_metric(labels, s)
+                started.add_metric(labels, t)
+        yield active
+        yield score
+        yield started
+
+        job_eff, job_rep, job_gpus = (_gauge(O.JOB_EFFECTIVE_UTILIZATION), _gauge(O.JOB_REPORTED_UTILIZATION),
+                                      _gauge(O.JOB_ALLOCATED_GPUS))
+        fleet_eff, fleet_rep = _gauge(O.FLEET_EFFECTIVE_UTILIZATION), _gauge(O.FLEET_REPORTED_UTILIZATION)
+        if a is not None:
+            seen: set[tuple[str, str]] = set()
+            for j in a.jobs:
+                key = (j.namespace, j.job)
+                if key in seen:
+                    continue
+                seen.add(key)
+                for fam, value in ((job_eff, j.effective_util), (job_rep, j.reported_util),
+                                   (job_gpus, j.allocated_gpus)):
+                    if value is not None:
+                        fam.add_metric(key, value)
+            for fam, values in ((fleet_eff, a.fleet_effective), (fleet_rep, a.fleet_reported)):
+                for allocation in ("allocated", "all"):
+                    value = values.get(allocation)
+                    if value is not None:
+                        fam.add_metric((allocation,), value)
+        yield from (job_eff, job_rep, job_gpus, fleet_eff, fleet_rep)
+
+        # Before the first success the timestamp is 0, so `time() - last_success > N` alerts fire.
+        last = _gauge(O.ANALYZER_LAST_SUCCESS)
+        last.add_metric((), h.last_success or 0.0)
+        yield last
+        duration = _gauge(O.ANALYZER_RUN_DURATION)
+        if h.last_duration is not None:
+            duration.add_metric((), h.last_duration)
+        yield duration
+        runs = CounterMetricFamily(O.ANALYZER_RUNS.family_name, O.ANALYZER_RUNS.help, labels=O.ANALYZER_RUNS.labels)
+        runs.add_metric(("ok",), float(h.runs_ok))
+        runs.add_metric(("error",), float(h.runs_error))
+        yield runs
+
+
+def build_registry(snapshot: Callable[[], Snapshot]) -> CollectorRegistry:
+    """A registry holding only the service collector (no process/platform collectors)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServiceCollector(snapshot))
+    return registry
+
+
+__all__ = ["ServiceCollector", "build_registry", "finding_labels", "open_finding_series"]
