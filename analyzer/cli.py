@@ -42,6 +42,20 @@ def _matcher(text: str) -> tuple[str, str]:
     return name.strip(), value
 
 
+def add_prometheus_arguments(prom: argparse._ArgumentGroup) -> None:
+    """Connection options for a Prometheus-compatible API (analyze and serve share them)."""
+    prom.add_argument("--matcher", action="append", type=_arg(_matcher), default=[], metavar="LABEL=VALUE",
+                      help="narrow every query, e.g. Hostname=node-7 (repeatable)")
+    prom.add_argument("--bearer-token-file", type=Path, help="file holding a bearer token")
+    prom.add_argument("--basic-auth-user", help="basic auth user (password from --basic-auth-password-file)")
+    prom.add_argument("--basic-auth-password-file", type=Path)
+    prom.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
+                      help="extra HTTP header, e.g. X-Scope-OrgID:tenant-1 (repeatable)")
+    prom.add_argument("--ca-file", type=Path, help="CA bundle for TLS verification")
+    prom.add_argument("--insecure-skip-verify", action="store_true", help="do not verify TLS certificates")
+    prom.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP request (default 30)")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "analyze", help="score GPU telemetry and report findings",
@@ -58,17 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     win.add_argument("--end", type=_arg(parse_time), help="as --start (Prometheus default: now)")
     win.add_argument("--step", type=_arg(parse_positive_duration), default=None,
                      help=f"analysis resolution, e.g. 60s (Prometheus default {DEFAULT_STEP:g}s; files: inferred)")
-    prom = p.add_argument_group("Prometheus")
-    prom.add_argument("--matcher", action="append", type=_arg(_matcher), default=[], metavar="LABEL=VALUE",
-                      help="narrow every query, e.g. Hostname=node-7 (repeatable)")
-    prom.add_argument("--bearer-token-file", type=Path, help="file holding a bearer token")
-    prom.add_argument("--basic-auth-user", help="basic auth user (password from --basic-auth-password-file)")
-    prom.add_argument("--basic-auth-password-file", type=Path)
-    prom.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
-                      help="extra HTTP header, e.g. X-Scope-OrgID:tenant-1 (repeatable)")
-    prom.add_argument("--ca-file", type=Path, help="CA bundle for TLS verification")
-    prom.add_argument("--insecure-skip-verify", action="store_true", help="do not verify TLS certificates")
-    prom.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP request (default 30)")
+    add_prometheus_arguments(p.add_argument_group("Prometheus"))
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help='print {"findings": [...], "summary": {...}} to stdout')
     out.add_argument("--report", type=Path, metavar="DIR", help="also write an HTML report to DIR/index.html")

@@ -12,10 +12,9 @@ import signal
 import socket
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
-from analyzer.cli import DEFAULT_STEP, _arg, _client_kwargs, _matcher
+from analyzer.cli import DEFAULT_STEP, _arg, _client_kwargs, add_prometheus_arguments
 from exporter.server import parse_listen
 from exporter.timeparse import parse_positive_duration
 
@@ -51,17 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     loop.add_argument("--stale-after", type=_arg(parse_positive_duration), default=None,
                       help="/healthz reports stale when the last good analysis is older (default 2 x interval + 60s)")
     # The same Prometheus connection options as `truegpu analyze` (read by analyzer.cli._client_kwargs).
-    prom = p.add_argument_group("Prometheus")
-    prom.add_argument("--matcher", action="append", type=_arg(_matcher), default=[], metavar="LABEL=VALUE",
-                      help="narrow every query, e.g. Hostname=node-7 (repeatable)")
-    prom.add_argument("--bearer-token-file", type=Path, help="file holding a bearer token")
-    prom.add_argument("--basic-auth-user", help="basic auth user (password from --basic-auth-password-file)")
-    prom.add_argument("--basic-auth-password-file", type=Path)
-    prom.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
-                      help="extra HTTP header, e.g. X-Scope-OrgID:tenant-1 (repeatable)")
-    prom.add_argument("--ca-file", type=Path, help="CA bundle for TLS verification")
-    prom.add_argument("--insecure-skip-verify", action="store_true", help="do not verify TLS certificates")
-    prom.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP request (default 30)")
+    add_prometheus_arguments(p.add_argument_group("Prometheus"))
     p.set_defaults(func=run)
 
 
