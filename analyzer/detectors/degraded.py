@@ -1,0 +1,534 @@
+"""Degraded GPU: a GPU that still works but worse than its peers at the same load (soft anomalies).
+
+Hard faults (XID, ECC, fallen off the bus, link errors) are ``gpu_fault``; a GPU that
+thermally throttles is ``thermal``. What is left is a GPU that runs hotter, burns more
+power or clocks lower than identical GPUs doing the same work: failing thermal paste or
+fan, a leaky or aging part, HBM running hot, a power limit someone lowered. Raw levels
+say nothing here (a busy GPU is hotter than an idle one, a memory-bound job draws power
+with SMs idle), so every feature is *load-adjusted* and *peer-relative*:
+
+Features, per physical GPU (uuid) and window (``window_s``, aggregates, never raw rows):
+
+- ``temp_excess`` (C): residual of die temperature ~ power (robust linear fit per GPU
+  model: die = inlet + R x power), minus the median residual of the GPUs of the same
+  model on the same node (they share the inlet air, which no exporter reports).
+- ``mem_temp_excess`` (C): residual of HBM temperature ~ die temperature + DRAM activity,
+  minus the node peers' median: HBM hotter than its own die and load explain.
+- ``power_excess`` (ratio): power / power predicted from activity (GPU util or GR engine,
+  SM, tensor and DRAM activity; robust linear fit per model) - 1: more watts for the
+  same work; judged in busy windows only (at idle there is no work to be inefficient at).
+- ``clock_deficit`` (ratio): 1 - (SM clock / max SM clock while busy) relative to the
+  model's median: clocks held down without a thermal reason.
+- ``cap_deficit`` (ratio): 1 - power limit / the model's median power limit: a limit
+  lowered below its peers (``nvidia-smi -pl``); configuration, so not noise-gated.
+
+Peers: besides the fleet-wide fit, each feature is compared to the GPU's node peers
+(temperatures) and job peers (all features) and the *smallest* excess counts: a GPU is
+off only when it is off against every peer group it has. A whole memory-bound job, or a
+whole node with a warm inlet, shifts its own peers' median too and is never flagged.
+Groups need ``min_peers`` GPUs (the GPU included); a GPU with no node and no job peer
+group has no verdict on temperatures (inlet unknown). A GPU model with fewer than
+``min_model_gpus`` GPUs gets no verdict at all (noted in ``fleet.notes``): a fleet-wide
+"normal" from one or two GPUs would call their own quirks normal or abnormal at random.
+
+Model: per GPU model a :class:`sklearn.covariance.MinCovDet` (robust location/scatter,
+breakdown ~50%) on the soft features scaled by their floors; it is fitted on the fleet
+itself, so up to ~half the GPUs may be bad without masking the outliers (the regressions
+before it are Huber fits, the peer baselines medians, all robust the same way). A window
+counts when its robust Mahalanobis distance exceeds the chi^2 ``outlier_quantile`` *and*
+a feature's excess passes its practical floor (statistically and practically off).
+
+A GPU's own behaviour: a GPU that always ran 4 C cool and now runs 7 C hot is under the
+peer floor but 11 C hotter than itself. Per GPU and feature (temperatures, power) the best
+single change point of its window series (max standardized mean shift, with
+``baseline_windows`` before it) gives its own earlier level; windows after it count as off
+when they rise ``*_shift`` over that level while above half the floor vs peers.
+
+Change points in time: per GPU a one-sided CUSUM over windows of z = max(excess / floor,
+shift / shift floor), counted only in windows that are off (z >= 1, level part not
+ordinary by the MCD gate):
+S = max(0, S + z - ``cusum_k``), alarm above ``cusum_h``. A window is degraded while the
+alarm is on and the window itself is off; the run is extended back to the change point
+(where S last left 0), so the finding starts when the shift started. Findings then need
+``min_duration_s``.
+
+Thermal throttling windows (thermal clock events, or die >= ``throttle_c``) have no
+verdict here: the ``thermal`` detector owns them and the temperature there says nothing
+about paste or fans. Missing signals are unknown: a feature whose signals are absent is
+skipped (and named in the finding's evidence as unknown), never treated as 0.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.stats import chi2
+from sklearn.covariance import MinCovDet
+
+from analyzer.detectors import gpu_busy, register
+from analyzer.episodes import column, find_episodes, format_duration
+from analyzer.findings import DEGRADED_GPU, Finding
+from analyzer.frame import Fleet
+
+#: Soft features scored by the MCD model, in order; cap_deficit is handled apart (configuration).
+SOFT = ("temp_excess", "mem_temp_excess", "power_excess", "clock_deficit")
+FEATURES = (*SOFT, "cap_deficit")
+_ACTIVITY = ("busy", "sm_active", "tensor_active", "dram_active")
+_MAX_FIT = 4000  # windows per model for the regressions (fixed-seed subsample): fit cost is flat in fleet size
+_MAX_MCD = 500  # windows per model for MinCovDet: below 500 FastMCD needs no subset merging (~0.1 s, not 4 s)
+_IRLS_ITER = 8
+
+
+@register
+@dataclass
+class DegradedGpu:
+    """Soft anomalies of one GPU vs its peers at the same load, persistent over time.
+
+    Defaults (floors are the smallest excess worth a finding; see the module doc for the model):
+
+    - ``window_s`` 600: 10 one-minute samples per aggregate average out meter noise (±3%
+      power, ±0.8 C) while a 30-min problem still spans 3 windows.
+    - ``temp_excess_c`` 8: healthy busy GPUs of one model spread ~2 C sd around their node
+      peers at the same power (thermal resistance varies ~6%: ~2 C at 400 W); that is a fixed
+      property of each GPU, so over 10,000 GPUs the hottest healthy one sits ~6.6 C above its
+      peers (measured on healthy-fleet x 10k): 8 C clears it, 80% of a failing paste/fan (+10 C).
+    - ``temp_shift_c`` 6: a GPU's own level moves by < 1 C window to window (sensor noise
+      averaged over 10 samples); 6 C over its own earlier level is a change, not noise.
+    - ``mem_temp_excess_c`` / ``mem_temp_shift_c`` 6: HBM follows the die within ~±0.6 C
+      after the fit (10k healthy max 0.2 C): 6 C is far outside and 60% of a hot stack (+10 C).
+    - ``power_excess`` / ``power_shift`` 0.12: per-GPU efficiency differs ~3% (1 sd; 10k
+      healthy busy max 9%) plus ~1% meter noise per window: 12% is ~4 sd and 60% of a
+      clearly inefficient part (+20%).
+    - ``baseline_windows`` 2: 20 min of the GPU's own history before a change point.
+    - ``busy_min`` 0.5: busy windows (util or GR engine) for clocks and power efficiency.
+    - ``clock_deficit`` 0.10: unthrottled busy GPUs hold max clock within ~2%; 10% lower
+      without a thermal reason is power- or clock-capping.
+    - ``cap_deficit`` 0.10: power limits are configuration, identical across a model;
+      10% below the model median (H100: <= 630 W of 700) is a deliberate or accidental -pl.
+    - ``outlier_quantile`` 0.999: chi^2 gate on the MCD distance: 1 healthy window in 1000
+      passes, and must then pass a floor and persist.
+    - ``cusum_k`` 0.5, ``cusum_h`` 1.5: a window off (z >= 1) adds z - 0.5, any other window
+      takes 0.5 away; at the floor the alarm needs 4 windows in a row (40 min), at 1.7x the
+      floor (10 C) 2 windows, and a GPU below its floors never accumulates anything.
+    - ``min_duration_s`` 1800: a degraded part stays degraded; a 30-min minimum keeps a job
+      phase or a transient out of the maintenance queue.
+    - ``throttle_c`` 85: the die temperature where GPUs start thermal throttling (H100/A100).
+    - ``min_peers`` 3, ``min_model_gpus`` 8: a median of 3 still ignores one bad member; a
+      fleet-wide model of fewer than 8 GPUs is not a fleet.
+    """
+
+    kind = DEGRADED_GPU
+    window_s: float = 600.0
+    temp_excess_c: float = 8.0
+    temp_shift_c: float = 6.0
+    mem_temp_excess_c: float = 6.0
+    mem_temp_shift_c: float = 6.0
+    power_excess: float = 0.12
+    power_shift: float = 0.12
+    baseline_windows: int = 2
+    clock_deficit: float = 0.10
+    cap_deficit: float = 0.10
+    outlier_quantile: float = 0.999
+    cusum_k: float = 0.5
+    cusum_h: float = 1.5
+    min_duration_s: float = 1800.0
+    throttle_c: float = 85.0
+    busy_min: float = 0.5
+    min_peers: int = 3
+    min_model_gpus: int = 8
+    random_state: int = 0
+
+    # ---------------------------------------------------------------------------------------
+    def floors(self) -> dict[str, float]:
+        return {"temp_excess": self.temp_excess_c, "mem_temp_excess": self.mem_temp_excess_c,
+                "power_excess": self.power_excess, "clock_deficit": self.clock_deficit,
+                "cap_deficit": self.cap_deficit}
+
+    def windows(self, fleet: Fleet) -> tuple[pd.DataFrame, np.ndarray]:
+        """Per (GPU, window) aggregates, and each frame row's aggregate index (-1: none)."""
+        f = fleet.frame
+        n = len(f)
+        uuid = f["uuid"].astype("category")
+        ucode = uuid.cat.codes.to_numpy(dtype=np.int64)
+        ts = f["timestamp"].to_numpy(dtype=np.float64)
+        w = np.floor((ts - fleet.start) / self.window_s + 1e-9).astype(np.int64)
+        nw = int(w.max()) + 1 if n else 0
+        key = np.where(ucode >= 0, ucode * max(nw, 1) + w, -1)
+        valid = key >= 0
+        uniq, inv = np.unique(key[valid], return_inverse=True)
+        row_win = np.full(n, -1, np.int64)
+        row_win[valid] = inv
+        m = len(uniq)
+
+        def mean(values: np.ndarray, sel: np.ndarray | None = None) -> np.ndarray:
+            v = values[valid]
+            ok = ~np.isnan(v) if sel is None else (~np.isnan(v) & sel[valid])
+            s = np.bincount(inv[ok], weights=v[ok], minlength=m)
+            c = np.bincount(inv[ok], minlength=m)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.where(c > 0, s / np.maximum(c, 1), np.nan)
+
+        # Activity of the physical GPU: MIG instances add up by their share of the GPU.
+        share = f["gpu_share"].to_numpy(dtype=np.float64) if "gpu_share" in f.columns else np.ones(n)
+        mig = "gpu_instance" in f.columns and bool((f["gpu_instance"].astype(str) != "").any())
+        acts = {"busy": gpu_busy(fleet), **{s: column(fleet, s) for s in _ACTIVITY[1:]}}
+        agg: dict[str, np.ndarray] = {"uuid_code": uniq // max(nw, 1), "window": uniq % max(nw, 1)}
+        if mig:
+            tidx = np.round((ts[valid] - fleet.start) / fleet.step).astype(np.int64)
+            tkey = ucode[valid] * (np.int64(1) << 32) + tidx
+            first = np.zeros(valid.sum(), bool)
+            first[np.unique(tkey, return_index=True)[1]] = True
+            n_ts = np.bincount(inv[first], minlength=m)
+            for name, a in acts.items():
+                v = a[valid] * share[valid]
+                ok = ~np.isnan(v)
+                s = np.bincount(inv[ok], weights=v[ok], minlength=m)
+                known = np.bincount(inv[ok], minlength=m) > 0
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    agg[name] = np.where(known, np.minimum(s / np.maximum(n_ts, 1), 1.0), np.nan)
+        else:
+            for name, a in acts.items():
+                agg[name] = mean(a)
+        for s in ("power", "temp", "mem_temp", "power_limit"):
+            agg[s] = mean(column(fleet, s))
+        temp = column(fleet, "temp")
+        thr = column(fleet, "thermal_throttle")
+        hot = np.where(np.isnan(temp), np.nan, (temp >= self.throttle_c).astype(np.float64))
+        agg["throttled"] = np.fmax(mean(thr), mean(hot))
+        agg["power_capped"] = mean(column(fleet, "power_throttle"))
+        clk, clk_max = column(fleet, "sm_clock"), column(fleet, "sm_clock_max")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = clk / clk_max
+        busy_row = gpu_busy(fleet) >= self.busy_min
+        agg["clock_ratio"] = mean(ratio, busy_row)
+        win = pd.DataFrame(agg)
+        # Identity per GPU: first row of each uuid.
+        first_row = np.unique(ucode[valid], return_index=True)
+        ident = pd.DataFrame({"uuid_code": first_row[0]})
+        rows = np.flatnonzero(valid)[first_row[1]]
+        for c in ("hostname", "gpu", "model"):
+            ident[c] = f[c].astype(str).to_numpy()[rows] if c in f.columns else ""
+        win = win.merge(ident, on="uuid_code", how="left")
+        # Job per (GPU, window): any job seen there (the highest category code).
+        if "job" in f.columns:
+            jc = f["job"].astype("category").cat.codes.to_numpy(dtype=np.int64)[valid]
+            job = np.full(m, -1, np.int64)
+            np.maximum.at(job, inv, jc)
+            win["job_code"] = job
+        else:
+            win["job_code"] = -1
+        return win, row_win
+
+    # ---------------------------------------------------------------------------------------
+    def _robust_fit(self, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Huber regression of y on X (IRLS on a fixed-seed subsample); predictions for every row.
+
+        Huber weights (k = 1.345 robust sd, 95% efficiency on clean data) bound the pull of bad
+        GPUs on the fit; a few iteratively reweighted least squares are milliseconds, where an
+        L-BFGS HuberRegressor spends ~0.2 s per fit for the same line.
+        """
+        ok = ~np.isnan(y) & ~np.isnan(X).any(axis=1)
+        pred = np.full(len(y), np.nan)
+        if ok.sum() < max(10, 3 * X.shape[1]):
+            return pred
+        idx = np.flatnonzero(ok)
+        if len(idx) > _MAX_FIT:
+            idx = np.sort(np.random.default_rng(self.random_state).choice(idx, _MAX_FIT, replace=False))
+        A = np.column_stack([np.ones(len(idx)), X[idx]])
+        b = y[idx]
+        wts = np.ones(len(idx))
+        coef = np.zeros(A.shape[1])
+        for _ in range(_IRLS_ITER):
+            sw = np.sqrt(wts)
+            coef = np.linalg.lstsq(A * sw[:, None], b * sw, rcond=None)[0]
+            res = b - A @ coef
+            scale = max(1.4826 * float(np.median(np.abs(res - np.median(res)))), 1e-9)
+            u = np.abs(res) / (1.345 * scale)
+            wts = np.where(u <= 1.0, 1.0, 1.0 / np.maximum(u, 1e-12))
+        pred[ok] = np.column_stack([np.ones(int(ok.sum())), X[ok]]) @ coef
+        return pred
+
+    def features(self, fleet: Fleet) -> tuple[pd.DataFrame, np.ndarray, list[str]]:
+        """Window table with load-adjusted, peer-relative features; row -> window; notes."""
+        win, row_win = self.windows(fleet)
+        notes: list[str] = []
+        for c in FEATURES:
+            win[c] = np.nan
+        win["model_ok"] = False
+        for model, idx in win.groupby("model", sort=True, observed=True).indices.items():
+            sub = win.iloc[idx]
+            n_gpu = sub["uuid_code"].nunique()
+            if n_gpu < self.min_model_gpus:
+                notes.append(f"degraded_gpu: only {n_gpu} {model} GPU(s) (< {self.min_model_gpus}): no peer "
+                             f"baseline, no verdict for them")
+                continue
+            win.loc[win.index[idx], "model_ok"] = True
+            # Temperature ~ power (die = inlet + R * power).
+            pw = sub["power"].to_numpy()
+            win.loc[win.index[idx], "temp_res"] = sub["temp"].to_numpy() - self._robust_fit(pw[:, None],
+                                                                                          sub["temp"].to_numpy())
+            # HBM ~ die temperature + DRAM activity.
+            dram = sub["dram_active"].to_numpy()
+            X = sub[["temp"]].to_numpy() if np.isnan(dram).mean() > 0.5 else np.column_stack([sub["temp"], dram])
+            win.loc[win.index[idx], "mem_res"] = sub["mem_temp"].to_numpy() - self._robust_fit(X, sub["mem_temp"]
+                                                                                               .to_numpy())
+            # Power ~ activity (the activity signals this input has).
+            acts = [a for a in _ACTIVITY if sub[a].notna().mean() > 0.5]
+            if acts:
+                pred = self._robust_fit(sub[acts].to_numpy(), pw)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    win.loc[win.index[idx], "pow_res"] = np.where(pred > 1.0, pw / pred - 1.0, np.nan)
+            # Clocks and power limit vs the model's median.
+            cr = sub["clock_ratio"].to_numpy()
+            med_cr = np.nanmedian(cr) if np.isfinite(cr).any() else np.nan
+            win.loc[win.index[idx], "clk_res"] = 1.0 - cr / med_cr
+            lim = sub["power_limit"].to_numpy()
+            med_lim = np.nanmedian(lim) if np.isfinite(lim).any() else np.nan
+            win.loc[win.index[idx], "cap_deficit"] = 1.0 - lim / med_lim
+            win.loc[win.index[idx], "peer_limit"] = med_lim
+        for c in ("temp_res", "mem_res", "pow_res", "clk_res", "peer_limit"):
+            if c not in win.columns:
+                win[c] = np.nan
+        node = self._peer_dev(win, ["hostname", "model", "window"], ["temp_res", "mem_res"])
+        job = self._peer_dev(win[win["job_code"] >= 0], ["job_code", "model", "window"],
+                             ["temp_res", "mem_res", "pow_res", "clk_res"]).reindex(win.index)
+        win["temp_excess"] = np.fmin(node["temp_res"], job["temp_res"])
+        win["mem_temp_excess"] = np.fmin(node["mem_res"], job["mem_res"])
+        # Power and clocks: the fleet-wide fit is a valid baseline too (no inlet in it).
+        win["power_excess"] = np.fmin(win["pow_res"], job["pow_res"])
+        win["clock_deficit"] = np.fmin(win["clk_res"], job["clk_res"])
+        # Thermal throttling belongs to the thermal detector: no verdict in those windows.
+        thr = win["throttled"].to_numpy() > 0
+        win.loc[thr, list(SOFT)] = np.nan
+        # Power efficiency is judged on busy windows: at idle the dynamic part is ~0 and per-GPU idle
+        # power spreads ~4% (12% of 66 W is 8 W nobody should be paged for).
+        win.loc[~(win["busy"].to_numpy() >= self.busy_min), "power_excess"] = np.nan
+        win.loc[~win["model_ok"].to_numpy(), list(FEATURES)] = np.nan
+        return win, row_win, notes
+
+    def _peer_dev(self, win: pd.DataFrame, by: list[str], cols: list[str]) -> pd.DataFrame:
+        """Each value minus the median of its peer group; NaN where the group has < min_peers values."""
+        g = win.groupby(by, sort=False, observed=True)[cols]
+        med = g.transform("median")
+        cnt = g.transform("count")
+        return (win[cols] - med).where(cnt >= self.min_peers)
+
+    # ---------------------------------------------------------------------------------------
+    def score_windows(self, win: pd.DataFrame) -> np.ndarray:
+        """Per window z = how far past its floor the worst feature is (level or own shift); NaN unknown.
+
+        Level: peer-relative excess / floor, counted only where the MCD gate finds the window
+        outlying for its model. Shift: rise over the GPU's own baseline / shift floor (see
+        ``own_shifts``), counted while the GPU is also above its peers' median.
+        """
+        floors = self.floors()
+        scaled = np.column_stack([win[c].to_numpy() / floors[c] for c in SOFT])
+        gate = np.zeros(len(win), bool)
+        for _, idx in win.groupby("model", sort=True, observed=True).indices.items():
+            gate[idx] = self._mcd_gate(scaled[idx])
+        soft = np.where(np.isnan(scaled), -np.inf, scaled).max(axis=1)
+        soft = np.where(np.isnan(scaled).all(axis=1), np.nan, np.where(gate, np.maximum(soft, 0.0), 0.0))
+        cap = win["cap_deficit"].to_numpy() / floors["cap_deficit"]
+        z = np.fmax(soft, np.maximum(cap, 0.0))
+        shifts = self.shift_floors()
+        for c, fl in shifts.items():
+            sh = win[f"{c}_shift"].to_numpy()
+            above = win[c].to_numpy() >= fl / 2.0
+            z = np.fmax(z, np.where(above & np.isfinite(sh), np.maximum(sh, 0.0) / fl, np.nan))
+        return z
+
+    def shift_floors(self) -> dict[str, float]:
+        return {"temp_excess": self.temp_shift_c, "mem_temp_excess": self.mem_temp_shift_c,
+                "power_excess": self.power_shift}
+
+    def own_shifts(self, win: pd.DataFrame) -> None:
+        """Adds ``<feature>_shift``: rise over the GPU's own baseline after its best change point.
+
+        Per GPU and feature, the split of its window series that maximizes the standardized
+        mean difference (after - before) x sqrt(n_before n_after / n), with at least
+        ``baseline_windows`` known windows before it; the shift is each later window minus the
+        mean before. Vectorized over GPUs; one pass per split point (windows, not rows).
+        """
+        gi, w, G, W = _grid(win)
+        for c in self.shift_floors():
+            X = np.full((G, W), np.nan)
+            X[gi, w] = win[c].to_numpy()
+            known = np.isfinite(X)
+            cs = np.cumsum(np.where(known, X, 0.0), axis=1)
+            cn = np.cumsum(known, axis=1)
+            tot_s, tot_n = cs[:, -1:], cn[:, -1:]
+            best = np.full(G, -np.inf)
+            tau = np.full(G, -1)
+            base = np.full(G, np.nan)
+            for t in range(1, W):
+                nb, sb = cn[:, t - 1], cs[:, t - 1]
+                na, sa = tot_n[:, 0] - nb, tot_s[:, 0] - sb
+                ok = (nb >= self.baseline_windows) & (na >= 1)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    mb, ma = sb / nb, sa / na
+                    stat = (ma - mb) * np.sqrt(nb * na / np.maximum(nb + na, 1))
+                better = ok & (stat > best)
+                best, tau, base = np.where(better, stat, best), np.where(better, t, tau), np.where(better, mb, base)
+            cols = np.arange(W)[None, :]
+            shift = np.where((tau[:, None] >= 0) & (cols >= tau[:, None]), X - base[:, None], np.nan)
+            win[f"{c}_shift"] = shift[gi, w]
+
+    def _mcd_gate(self, X: np.ndarray) -> np.ndarray:
+        """Windows whose robust Mahalanobis distance (MinCovDet on the features present) is outlying."""
+        cols = [j for j in range(X.shape[1]) if np.isfinite(X[:, j]).mean() > 0.2]
+        out = np.zeros(len(X), bool)
+        if not cols:
+            return out
+        Z = X[:, cols]
+        full = np.isfinite(Z).all(axis=1)
+        idx = np.flatnonzero(full)
+        if len(idx) < max(20, 5 * len(cols)):
+            return out
+        if len(idx) > _MAX_MCD:
+            idx = np.sort(np.random.default_rng(self.random_state).choice(idx, _MAX_MCD, replace=False))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mcd = MinCovDet(random_state=self.random_state).fit(Z[idx])
+        # Unknown features sit at the robust centre (contribute nothing); tiny ridge for flat features.
+        Zf = np.where(np.isfinite(Z), Z, mcd.location_)
+        prec = np.linalg.pinv(mcd.covariance_ + np.eye(len(cols)) * 1e-4)
+        d = Zf - mcd.location_
+        d2 = np.einsum("ij,jk,ik->i", d, prec, d)
+        return d2 > chi2.ppf(self.outlier_quantile, len(cols))
+
+    def cusum(self, win: pd.DataFrame, z: np.ndarray) -> np.ndarray:
+        """Per window 1/0/NaN: degraded (CUSUM alarm on, window off, extended back to the change point)."""
+        gi, w, G, nw = _grid(win)
+        Z = np.full((G, nw), np.nan)
+        Z[gi, w] = z
+        S = np.zeros_like(Z)
+        s = np.zeros(G)
+        cap = 2.0 * self.cusum_h
+        for t in range(nw):
+            zt = Z[:, t]
+            off = np.where(np.nan_to_num(zt) >= 1.0, np.nan_to_num(zt), 0.0)  # below the floor adds nothing
+            s = np.where(np.isnan(zt), s, np.clip(s + off - self.cusum_k, 0.0, cap))
+            S[:, t] = s
+        with np.errstate(invalid="ignore"):
+            on = (self.cusum_h < S) & (Z >= 1.0)
+        # Back to the change point: windows with S > 0 leading into an alarm.
+        back = on.copy()
+        for t in range(nw - 2, -1, -1):
+            back[:, t] |= back[:, t + 1] & (S[:, t] > 0) & ~np.isnan(Z[:, t])
+        cond = np.where(np.isnan(Z), np.nan, back.astype(np.float64))
+        return cond[gi, w]
+
+    # ---------------------------------------------------------------------------------------
+    def detect(self, fleet: Fleet) -> list[Finding]:
+        f = fleet.frame
+        if not len(f) or "uuid" not in f.columns:
+            return []
+        if not any(fleet.has(s) for s in ("temp", "power", "mem_temp", "power_limit", "sm_clock")):
+            return []
+        win, row_win, notes = self.features(fleet)
+        for note in notes:
+            if note not in fleet.notes:
+                fleet.notes.append(note)
+        self.own_shifts(win)
+        z = self.score_windows(win)
+        wcond = self.cusum(win, z)
+        # One row per physical GPU and time carries the verdict (MIG instances repeat the device).
+        inst = f["gpu_instance"].astype(str).to_numpy() if "gpu_instance" in f.columns else np.full(len(f), "")
+        carrier = (row_win >= 0) & (inst == self._first_instance(f, inst))
+        cond = np.full(len(f), np.nan)
+        cond[carrier] = wcond[row_win[carrier]]
+        steps = max(1, round(self.window_s / fleet.step))
+        eps = find_episodes(fleet, cond, max_gap_steps=steps, max_unknown_steps=2 * steps,
+                            min_duration_s=self.min_duration_s, split_on=())
+        if not len(eps):
+            return []
+        rowvals = {c: np.where(row_win >= 0, win[c].to_numpy()[np.maximum(row_win, 0)], np.nan)
+                   for c in (*FEATURES, *(f"{c}_shift" for c in self.shift_floors()), "power_limit", "peer_limit",
+                             "power_capped", "power", "temp")}
+        means = {c: eps.mean(v) for c, v in rowvals.items()}
+        zrow = np.where(row_win >= 0, z[np.maximum(row_win, 0)], np.nan)
+        zmean = eps.mean(zrow)
+        floors, shifts = self.floors(), self.shift_floors()
+        out = []
+        for i, ep in enumerate(eps.table.itertuples(index=False)):
+            ev: dict[str, object] = {c: float(means[c][i]) for c in FEATURES}
+            ev.update({f"{c}_shift": float(means[f"{c}_shift"][i]) for c in shifts})
+            off = [c for c in FEATURES if (np.isfinite(means[c][i]) and means[c][i] >= floors[c])
+                   or (c in shifts and np.isfinite(means[f"{c}_shift"][i]) and means[f"{c}_shift"][i] >= shifts[c])]
+            if not off:  # the alarm came from windows off on different features: name the largest
+                vals = {c: means[c][i] / floors[c] for c in FEATURES if np.isfinite(means[c][i])}
+                off = [max(vals, key=vals.get)] if vals else []
+            ev.update(
+                features_off=off, unknown=[c for c in FEATURES if not np.isfinite(means[c][i])],
+                power_limit_w=float(means["power_limit"][i]), peer_power_limit_w=float(means["peer_limit"][i]),
+                sw_power_cap_fraction=float(means["power_capped"][i]), power_w=float(means["power"][i]),
+                temp_c=float(means["temp"][i]), hours=float(ep.duration_s) / 3600.0,
+                floors={c: floors[c] for c in off},
+            )
+            score = float(np.clip(zmean[i] / 4.0, 0.0, 1.0)) if np.isfinite(zmean[i]) else 0.5
+            sev = "warning" if ("cap_deficit" in off or zmean[i] >= 2.0) else "info"
+            out.append(Finding(
+                kind=self.kind, severity=sev, summary=self._summary(ep, off, means, i),
+                start=float(ep.start), end=None if ep.open else float(ep.end), score=score,
+                hostname=ep.hostname, gpu=int(ep.gpu) if ep.gpu and str(ep.gpu).isdigit() else None, uuid=ep.uuid,
+                job=ep.job, namespace=ep.namespace, pod=ep.pod, rack=ep.rack or None,
+                confidence="high" if len(ev["unknown"]) <= 1 else "low", evidence=ev,
+            ))
+        return out
+
+    @staticmethod
+    def _first_instance(f: pd.DataFrame, inst: np.ndarray) -> np.ndarray:
+        """Per row: the smallest instance id of its GPU (uuid), so one row per GPU and time carries the verdict."""
+        if not (inst != "").any():
+            return inst
+        first = pd.Series(inst).groupby(f["uuid"].astype(str).to_numpy(), sort=False).transform("min")
+        return first.to_numpy()
+
+    @staticmethod
+    def _summary(ep: object, off: list[str], means: dict[str, np.ndarray], i: int) -> str:
+        who = f"GPU {ep.hostname}/{ep.gpu}"
+        dur = format_duration(float(ep.duration_s))
+        parts, actions = [], []
+        if "temp_excess" in off:
+            parts.append(f"runs {means['temp_excess'][i]:.0f} C hotter than its peers at the same power"
+                         + _since(means["temp_excess_shift"][i], "C"))
+            actions.append("check thermal paste, heatsink and fans")
+        if "mem_temp_excess" in off:
+            parts.append(f"has HBM {means['mem_temp_excess'][i]:.0f} C hotter than its peers"
+                         + _since(means["mem_temp_excess_shift"][i], "C"))
+            actions.append("check memory cooling and watch ECC counters")
+        if "power_excess" in off:
+            parts.append(f"draws {means['power_excess'][i]:.0%} more power than peers for the same activity"
+                         + _since(means["power_excess_shift"][i], "%"))
+            actions.append("check for a failing VRM or leaky part")
+        if "cap_deficit" in off:
+            lim, peer = float(means["power_limit"][i]), float(means["peer_limit"][i])
+            parts.append(f"has its power limit at {lim:.0f} W, {means['cap_deficit'][i]:.0%} below its peers' "
+                         f"{peer:.0f} W")
+            actions.append("restore the limit (nvidia-smi -pl) and find who changed it")
+        elif "clock_deficit" in off:
+            parts.append(f"clocks {means['clock_deficit'][i]:.0%} below its peers while busy")
+            actions.append("check power limit and application clocks")
+        what = "; ".join(parts) or "behaves unlike its peers"
+        return f"{who} {what} for {dur}: {'; '.join(actions) or 'inspect it'}; schedule maintenance."
+
+
+def _since(shift: float, unit: str) -> str:
+    """`` (+10 C over its own earlier level)`` when a change point was found, else ""."""
+    if not np.isfinite(shift) or shift <= 0:
+        return ""
+    amount = f"{shift:.0f} C" if unit == "C" else f"{shift:.0%}"
+    return f" ({amount} over its own earlier level)"
+
+
+def _grid(win: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Window table -> (GPU index, window index, number of GPUs, number of windows) for (G, W) matrices."""
+    gu, gi = np.unique(win["uuid_code"].to_numpy(), return_inverse=True)
+    w = win["window"].to_numpy()
+    return gi, w, len(gu), (int(w.max()) + 1 if len(w) else 0)
+
+
+__all__ = ["FEATURES", "SOFT", "DegradedGpu"]
