@@ -32,6 +32,8 @@ evaluated window; records entirely outside it are ignored.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -210,6 +212,28 @@ def scenario_fleet(cluster: Any, dialect: str = "truegpu", step: float = 60.0, *
     return normalize(loaded)
 
 
+@functools.cache
+def _built(name: str, dialect: str, step: float, dcgm_counters: str) -> tuple[Any, Fleet]:
+    from exporter.simulator.model import Cluster
+    from exporter.simulator.scenario import load_scenario
+
+    cluster = Cluster(load_scenario(name))
+    return cluster, scenario_fleet(cluster, dialect, step, dcgm_counters=dcgm_counters)
+
+
+def named_scenario_fleet(
+    name: str, dialect: str = "truegpu", step: float = 60.0, *, dcgm_counters: str = "all"
+) -> tuple[Any, Fleet]:
+    """(Cluster, Fleet) of a built-in scenario, built once per process.
+
+    Simulating a scenario and (for dcgm) writing and re-reading its history costs seconds;
+    every detector's evaluation reads the same fleets, so they are kept. Each caller gets its
+    own notes/missing (detectors append notes); the frame is shared and must not be mutated.
+    """
+    cluster, fleet = _built(name, dialect, float(step), dcgm_counters)
+    return cluster, dataclasses.replace(fleet, notes=list(fleet.notes), missing=dict(fleet.missing))
+
+
 def evaluate_scenarios(
     names: Iterable[str] | None = None,
     dialect: str = "truegpu",
@@ -220,13 +244,11 @@ def evaluate_scenarios(
     dcgm_counters: str = "all",
 ) -> list[dict[str, Any]]:
     """Simulate each scenario, analyze it in ``dialect`` and judge the findings of ``kinds``."""
-    from exporter.simulator.model import Cluster
-    from exporter.simulator.scenario import list_scenarios, load_scenario
+    from exporter.simulator.scenario import list_scenarios
 
     out = []
     for name in (list(names) if names is not None else list_scenarios()):
-        cluster = Cluster(load_scenario(name))
-        fleet = scenario_fleet(cluster, dialect, step, dcgm_counters=dcgm_counters)
+        cluster, fleet = named_scenario_fleet(name, dialect, step, dcgm_counters=dcgm_counters)
         findings = run_detectors(fleet, kinds, config)
         res = evaluate(findings, cluster.ground_truth(), kinds, fleet)
         res.update(scenario=name, dialect=dialect, step=step, notes=list(fleet.notes))
@@ -277,4 +299,4 @@ def pooled(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], dict[s
 
 
 __all__ = ["DEFAULT_KINDS", "evaluate", "evaluate_scenarios", "fleet_gpu_hours", "format_table", "matches",
-           "pooled", "scenario_fleet"]
+           "named_scenario_fleet", "pooled", "scenario_fleet"]

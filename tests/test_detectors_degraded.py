@@ -283,14 +283,12 @@ HEALTHY = ("healthy-fleet", "healthy-long", "noisy-neighbours")
 
 def _scenario_results(dialect: str) -> dict[str, tuple[dict, list[Finding], set[str]]]:
     """scenario -> (evaluation of degraded_gpu, its findings, names of its memory-bound jobs)."""
-    from analyzer.evaluate import evaluate, scenario_fleet
-    from exporter.simulator.model import Cluster
-    from exporter.simulator.scenario import list_scenarios, load_scenario
+    from analyzer.evaluate import evaluate, named_scenario_fleet
+    from exporter.simulator.scenario import list_scenarios
 
     out = {}
     for name in list_scenarios():
-        cluster = Cluster(load_scenario(name))
-        fleet = scenario_fleet(cluster, dialect, 60.0, dcgm_counters="all")
+        cluster, fleet = named_scenario_fleet(name, dialect, 60.0, dcgm_counters="all")
         found = run_detectors(fleet, [DEGRADED_GPU])
         res = evaluate(found, cluster.ground_truth(), [DEGRADED_GPU], fleet)["kinds"][DEGRADED_GPU]
         out[name] = (res, found, {j.name for j in cluster.jobs if j.kind == "memory_bound"})

@@ -178,15 +178,12 @@ MAX_ONSET_S = 900.0
 
 
 def _judge(names: list[str], dialect: str) -> tuple[int, int, int, int, list, list]:
-    from analyzer.evaluate import evaluate, matches, scenario_fleet
-    from exporter.simulator.model import Cluster
-    from exporter.simulator.scenario import load_scenario
+    from analyzer.evaluate import evaluate, matches, named_scenario_fleet
 
     tp = fp = det = truth = 0
     wrong, late = [], []
     for name in names:
-        cluster = Cluster(load_scenario(name))
-        fleet = scenario_fleet(cluster, dialect, 60.0)
+        cluster, fleet = named_scenario_fleet(name, dialect, 60.0)
         found = run_detectors(fleet, [STRAGGLER])
         gt = cluster.ground_truth()
         k = evaluate(found, gt, [STRAGGLER], fleet)["kinds"][STRAGGLER]

@@ -1,0 +1,46 @@
+"""The CI gate of the detectors issue: every kind, all built-in scenarios, both dialects.
+
+All detectors run together (as `truegpu analyze` runs them) on every simulator scenario;
+pooled precision and recall must be >= 0.95 per kind and the healthy scenarios must give
+no finding of any kind. Fleets come from the per-process cache, so this costs only the
+detectors' time once the per-detector tests have built them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from analyzer.detectors import load_detectors
+from analyzer.evaluate import evaluate_scenarios, pooled
+from analyzer.findings import TOPOLOGY
+
+GATE = 0.95
+HEALTHY = ("healthy-fleet", "healthy-long", "noisy-neighbours")
+#: What dcgm-exporter data cannot carry, so recall there is not asked of the detector:
+#: topology needs site labels and GPU topology (WAN splits, NUMA) that dcgm-exporter never
+#: exports; precision (no false claims) is still gated.
+DCGM_RECALL_EXEMPT = {TOPOLOGY}
+
+
+@pytest.fixture(scope="module", params=["truegpu", "dcgm"])
+def results(request) -> tuple[str, list[dict]]:
+    kinds = sorted(load_detectors())
+    return request.param, evaluate_scenarios(dialect=request.param, step=60.0, kinds=kinds)
+
+
+def test_every_kind_meets_the_gate(results):
+    dialect, res = results
+    totals = pooled(res)
+    assert {k for d, k in totals} == set(load_detectors())
+    for (d, kind), v in totals.items():
+        assert v["truth"] > 0, f"no scenario exercises {kind}"
+        assert v["precision"] >= GATE, (d, kind, v)
+        if not (dialect == "dcgm" and kind in DCGM_RECALL_EXEMPT):
+            assert v["recall"] >= GATE, (d, kind, v)
+
+
+def test_healthy_scenarios_give_no_finding_of_any_kind(results):
+    _dialect, res = results
+    for r in res:
+        if r["scenario"] in HEALTHY:
+            assert {k: v["findings"] for k, v in r["kinds"].items() if v["findings"]} == {}, r["scenario"]
