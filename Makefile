@@ -18,18 +18,21 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/truegpu demo
 
-# Real Prometheus, promtool and Alertmanager for the tests (Debian packages).
+# Real parts the tests start (Debian packages): Prometheus, promtool, Alertmanager, amtool,
+# a PostgreSQL server (cost rollups) and Chromium (the service's HTML page in a browser).
+DEBIAN_TEST_PACKAGES := prometheus prometheus-alertmanager postgresql chromium
 system-deps:
 	@missing=; \
-	for b in prometheus promtool amtool; do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
+	for b in prometheus promtool amtool chromium; do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
 	command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null || missing="$$missing alertmanager"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
-	  echo "installing Debian prometheus + prometheus-alertmanager (missing:$$missing)"; \
+	  echo "installing Debian $(DEBIAN_TEST_PACKAGES) (missing:$$missing)"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; \
 	  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then SUDO=sudo; \
-	  else echo "ERROR: need$$missing for the tests; run as root or: sudo apt-get install prometheus prometheus-alertmanager" >&2; exit 1; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus prometheus-alertmanager >/dev/null \
-	    || { echo "ERROR: apt-get install prometheus prometheus-alertmanager failed" >&2; exit 1; }; \
+	  else echo "ERROR: need$$missing for the tests; run as root or: sudo apt-get install $(DEBIAN_TEST_PACKAGES)" >&2; exit 1; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(DEBIAN_TEST_PACKAGES) >/dev/null \
+	    || { echo "ERROR: apt-get install $(DEBIAN_TEST_PACKAGES) failed" >&2; exit 1; }; \
 	fi
 
 lint: install

@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "demo": "analyzer.cli",
     "evaluate": "analyzer.cli",
     "serve": "analyzer.serve_cli",
+    "report": "analyzer.finops.report_cli",
 }
 
 

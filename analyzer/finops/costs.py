@@ -1,0 +1,466 @@
+"""Effective cost: what the fleet's GPU-hours cost and where the money did no work.
+
+``cost_report(fleet, scores, findings, catalog, group_by=...)`` prices every row of the tidy
+frame (``w = step * gpu_share / 3600`` GPU-hours, ``analyzer.scores``) at its model's catalog
+price (``analyzer.finops.catalog``; a MIG slice pays its share) and splits each row's hours,
+and so its dollars, into components that add up to the row exactly.
+
+The cost identity (per row, so per group, per day and for the fleet)::
+
+    cost = effective + idle_allocated + masked + straggler + throttled + underused   (allocated, measured)
+           + unknown                                                                  (allocated, unmeasured)
+           + unallocated                                                              (nobody held the GPU)
+
+and ``waste = idle_allocated + masked + straggler + throttled + underused``. With
+``eff = effective_util`` and ``busy``/``clock_ratio``/``masking_gap`` from ``row_scores``:
+
+* unallocated rows (no namespace/pod/container/job label): all ``unallocated``;
+* allocated rows whose effective utilization is unknown: all ``unknown`` (never 0, never waste);
+* allocated, known: ``effective = eff`` (the same effective GPU-hours as
+  ``scores.allocated_effective_gpu_hours``), the rest ``1 - eff`` is waste (the same hours as
+  ``scores.wasted_gpu_hours``), split in this order so nothing is counted twice:
+
+  - idle rows (``busy < IDLE_UTIL``: nothing launched): all of ``1 - eff`` is ``idle_allocated``;
+  - otherwise, with ``act = eff / clock_ratio`` (the SM activity before clock scaling, or its
+    fallback estimate; ``clock_ratio`` unknown counts as 1):
+    ``throttled = act - eff`` (cycles the SMs were active at a reduced clock);
+    of the remaining ``1 - act``: ``straggler`` = the row's share of the straggler findings'
+    ``lost_gpu_hours`` (spread over the waiting peers' rows of that job during the episode in
+    proportion to their GPU-hours, capped by ``1 - act``), then
+    ``masked = min(max(masking_gap, 0), rest)`` (GPU util reported that no SM backs), then
+    ``underused`` = what is left (time without resident kernels on a GPU that is not idle, and
+    on MIG instances / without SM activity the part that masking cannot be told from).
+
+Dollars: ``component_cost = component_fraction * row_cost``, ``row_cost = step/3600 * share *
+price`` (``share`` = ``gpu_share`` or the catalog's ``mig_shares`` entry). Rows of a model the
+catalog does not price are counted in ``unpriced_gpu_hours`` and add no dollars (their hours are
+still split); the report names the models: they are never priced at $0 silently.
+
+Grouping (``group_by``): namespace, job and team group allocated rows and put every
+unallocated row into one ``UNALLOCATED`` group (capacity nobody holds is not a namespace's
+cost); allocated rows without the label go to ``(unknown)``, teams not in the map to
+``(unmapped)``. node and model group every row: their ``unallocated_*`` columns hold the idle
+capacity of that node/model. Sum over groups = fleet total in every case.
+
+``cost_per_effective_gpu_hour = cost / effective_gpu_hours`` (unallocated capacity included for
+the fleet, node and model; unknown where part of the group is unpriced).
+
+Daily rollups (``daily_rollups``): rows per (UTC day of the row's timestamp, group) with the
+additive columns only (``ROLLUP_COLUMNS``); ratios are recomputed from their sums.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.findings import STRAGGLER, Finding
+from analyzer.finops.catalog import Catalog
+from analyzer.frame import Fleet
+from analyzer.scores import IDLE_UTIL, Scores, allocated_rows
+from analyzer.signals import ALLOCATION_COLUMNS
+
+GROUP_BY: tuple[str, ...] = ("namespace", "job", "team", "node", "model")
+#: Group of the capacity nobody held (namespace/job/team reports).
+UNALLOCATED = "(unallocated)"
+#: Allocated rows without the grouping label.
+UNKNOWN_GROUP = "(unknown)"
+#: Allocated rows whose team-map key has no team.
+UNMAPPED = "(unmapped)"
+
+#: The cost identity's components, in order (see the module docstring).
+COMPONENTS: tuple[str, ...] = (
+    "effective", "idle_allocated", "masked", "straggler", "throttled", "underused", "unknown", "unallocated",
+)
+WASTE_COMPONENTS: tuple[str, ...] = ("idle_allocated", "masked", "straggler", "throttled", "underused")
+
+#: Additive GPU-hour columns: total, allocated, one per component, and the unpriced hours (a subset).
+ROLLUP_HOUR_COLUMNS: tuple[str, ...] = (
+    "gpu_hours", "allocated_gpu_hours", *(f"{c}_gpu_hours" for c in COMPONENTS), "unpriced_gpu_hours",
+)
+#: Additive dollar columns (in ``currency``): total priced cost and one per component.
+ROLLUP_COST_COLUMNS: tuple[str, ...] = ("cost", *(f"{c}_cost" for c in COMPONENTS))
+#: Key columns of a daily rollup row: ``day`` is the UTC date "YYYY-MM-DD" of the rows' timestamps,
+#: ``group_by`` one of GROUP_BY, ``group`` its value (or UNALLOCATED/UNKNOWN_GROUP/UNMAPPED). Every
+#: other column is a float (the store keeps numeric columns only): the currency and the catalog's
+#: cluster are in ``DataFrame.attrs`` ("currency", "cluster"); keep one store per cluster/currency.
+ROLLUP_KEY_COLUMNS: tuple[str, ...] = ("day", "group_by", "group")
+#: The row schema the rollup store persists: keys, then additive GPU-hours and dollars (never ratios).
+ROLLUP_COLUMNS: tuple[str, ...] = ROLLUP_KEY_COLUMNS + ROLLUP_HOUR_COLUMNS + ROLLUP_COST_COLUMNS
+_SUM_COLUMNS: tuple[str, ...] = ROLLUP_HOUR_COLUMNS + ROLLUP_COST_COLUMNS
+#: Per (day, group, model) detail: keys, the model's catalog SKU and unit price, then the sums.
+DETAIL_COLUMNS: tuple[str, ...] = ("day", "group", "model", "sku", "unit_price", *_SUM_COLUMNS)
+#: Derived per-group columns (recomputed from the sums, never stored).
+DERIVED_COLUMNS: tuple[str, ...] = ("waste_gpu_hours", "waste_cost", "cost_per_effective_gpu_hour")
+
+
+@dataclass
+class CostReport:
+    """Costs of one fleet window grouped by ``group_by`` (see the module docstring)."""
+
+    group_by: str
+    start: float
+    end: float
+    step: float
+    currency: str
+    cluster: str | None
+    #: Per (day, group, model): DETAIL_COLUMNS.
+    detail: pd.DataFrame
+    #: Per group: "group", ROLLUP_HOUR_COLUMNS, ROLLUP_COST_COLUMNS, DERIVED_COLUMNS, most costly first
+    #: (the special groups last).
+    groups: pd.DataFrame
+    #: Fleet totals: the same columns summed over the groups, plus derived values.
+    totals: dict[str, float]
+    #: group -> tags for the FOCUS ``Tags`` column (namespace/job/team where known).
+    tags: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: Model names the catalog does not price -> their GPU-hours.
+    unpriced_models: dict[str, float] = field(default_factory=dict)
+    #: What the straggler findings claimed (lost GPU-hours) before the cap of the identity.
+    straggler_findings_gpu_hours: float = 0.0
+    catalog_source: str = ""
+    team_label: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------ team map
+
+
+def load_team_map(path: str | Path) -> dict[str, str]:
+    """A YAML/JSON mapping ``label value -> team`` (keys may be globs like ``ml-*``)."""
+    import yaml
+
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read team map {p}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"team map {p}: not valid YAML/JSON: {exc}") from None
+    if not isinstance(data, Mapping) or not data:
+        raise ValueError(f"team map {p}: expected a non-empty mapping of namespace (or --team-label value) -> team")
+    bad = [k for k, v in data.items() if not isinstance(v, str) or not v]
+    if bad:
+        raise ValueError(f"team map {p}: team names must be non-empty strings (bad: {', '.join(map(str, bad[:5]))})")
+    return {str(k): v for k, v in data.items()}
+
+
+def _team_of(team_map: Mapping[str, str] | None) -> Any:
+    def team(value: str) -> str:
+        if team_map is None:
+            return value
+        if value in team_map:
+            return team_map[value]
+        for pattern, t in team_map.items():
+            if any(ch in pattern for ch in "*?[") and fnmatch.fnmatchcase(value, pattern):
+                return t
+        return UNMAPPED
+
+    return team
+
+
+# ------------------------------------------------------------------ per-row split
+
+
+def _labels(series: pd.Series, fn: Any, missing: str) -> np.ndarray:
+    """``fn(value)`` per row, evaluated once per category; ``missing`` where the value is NaN."""
+    s = series if isinstance(series.dtype, pd.CategoricalDtype) else series.astype("category")
+    mapped = np.array([fn(str(c)) for c in s.cat.categories] + [missing], dtype=object)
+    return mapped[s.cat.codes.to_numpy()]
+
+
+def _group_keys(fleet: Fleet, group_by: str, alloc: np.ndarray, team_label: str,
+                team_map: Mapping[str, str] | None) -> np.ndarray:
+    fr = fleet.frame
+    n = len(fr)
+    if group_by == "node":
+        return _labels(fr["hostname"], str, UNKNOWN_GROUP) if n else np.zeros(0, object)
+    if group_by == "model":
+        return _labels(fr["model"], lambda v: v or UNKNOWN_GROUP, UNKNOWN_GROUP) if n else np.zeros(0, object)
+    col = team_label if group_by == "team" else group_by
+    if col not in fr.columns:
+        keys = np.full(n, UNKNOWN_GROUP if group_by != "team" else UNMAPPED, dtype=object)
+    elif group_by == "team":
+        keys = _labels(fr[col], _team_of(team_map), UNMAPPED)
+    else:
+        keys = _labels(fr[col], lambda v: v or UNKNOWN_GROUP, UNKNOWN_GROUP)
+    return np.where(alloc, keys, UNALLOCATED)
+
+
+def _straggler_share(fleet: Fleet, findings: Sequence[Finding], w: np.ndarray, active: np.ndarray) -> tuple[
+        np.ndarray, float]:
+    """Per row: the fraction of its hours the straggler findings say it spent waiting (uncapped)."""
+    fr = fleet.frame
+    out = np.zeros(len(fr))
+    claimed = 0.0
+    if not len(fr) or "job" not in fr.columns:
+        return out, claimed
+    ts = fr["timestamp"].to_numpy(dtype=np.float64)
+
+    def eq(col: str, value: Any) -> np.ndarray:
+        if col not in fr.columns:
+            return np.zeros(len(fr), bool)
+        return np.array((fr[col] == str(value)).to_numpy(dtype=bool, na_value=False))
+
+    for f in findings:
+        lost = f.evidence.get("lost_gpu_hours") if f.evidence else None
+        if f.kind != STRAGGLER or not f.job or lost is None or not math.isfinite(float(lost)) or float(lost) <= 0:
+            continue
+        end = fleet.end if f.end is None else float(f.end)
+        peers = eq("job", f.job) & (ts >= float(f.start)) & (ts < end) & active
+        if f.namespace:
+            peers &= eq("namespace", f.namespace)
+        if f.hostname:
+            culprit = eq("hostname", f.hostname)
+            if f.gpu is not None:
+                culprit &= eq("gpu", f.gpu)
+                if f.gpu_instance:
+                    culprit &= eq("gpu_instance", f.gpu_instance)
+            peers &= ~culprit
+        hours = float(w[peers].sum())
+        if hours > 0:
+            out[peers] += float(lost) / hours
+            claimed += float(lost)
+    return out, claimed
+
+
+def _fractions(fleet: Fleet, scores: Scores, findings: Sequence[Finding]) -> tuple[dict[str, np.ndarray], np.ndarray,
+                                                                                     float]:
+    """Per row: the fraction of its hours in each component (they sum to 1), and ``allocated``."""
+    fr = fleet.frame
+    rows = scores.rows
+    if len(rows) != len(fr) or not rows.index.equals(fr.index):
+        raise ValueError("scores do not belong to this fleet (compute_scores(fleet) first)")
+    w = fr["gpu_share"].to_numpy(dtype=np.float64) * (fleet.step / 3600.0)
+    alloc = allocated_rows(fr)
+    eff = rows["effective_util"].to_numpy(dtype=np.float64)
+    known = ~np.isnan(eff)
+    measured = alloc & known
+    idle = measured & (rows["busy"].to_numpy(dtype=np.float64) < IDLE_UTIL)  # NaN < x is False
+    active = measured & ~idle
+    ratio = rows["clock_ratio"].to_numpy(dtype=np.float64)
+    scale = np.where(np.isnan(ratio), 1.0, ratio)
+    e = np.where(known, eff, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        act = np.where(scale > 0, np.minimum(e / scale, 1.0), e)
+    act = np.maximum(act, e)
+    rest = np.where(active, 1.0 - act, 0.0)
+    share, claimed = _straggler_share(fleet, findings, w, active)
+    straggler = np.minimum(share, rest)
+    rest = rest - straggler
+    gap = np.nan_to_num(rows["masking_gap"].to_numpy(dtype=np.float64), nan=0.0)
+    masked = np.where(active, np.minimum(np.clip(gap, 0.0, None), rest), 0.0)
+    fr_ = {
+        "effective": np.where(measured, e, 0.0),
+        "idle_allocated": np.where(idle, 1.0 - e, 0.0),
+        "masked": masked,
+        "straggler": straggler,
+        "throttled": np.where(active, act - e, 0.0),
+        "underused": rest - masked,
+        "unknown": np.where(alloc & ~known, 1.0, 0.0),
+        "unallocated": np.where(alloc, 0.0, 1.0),
+    }
+    return fr_, alloc, claimed
+
+
+def _prices(fleet: Fleet, catalog: Catalog) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[str | None, float]]]:
+    """Per row: dollars per row (NaN when unpriced) and the priced flag; per model: (sku, unit price)."""
+    fr = fleet.frame
+    n = len(fr)
+    share = fr["gpu_share"].to_numpy(dtype=np.float64) if n else np.zeros(0)
+    models = fr["model"].astype("category") if n else pd.Series([], dtype="category")
+    per_model: dict[str, tuple[str | None, float]] = {}
+    prices = []
+    entries = []
+    for m in models.cat.categories:
+        entry = catalog.lookup(str(m))
+        entries.append(entry)
+        prices.append(np.nan if entry is None else entry.price_per_gpu_hour)
+        per_model[str(m)] = (None, np.nan) if entry is None else (entry.key, entry.price_per_gpu_hour)
+    codes = models.cat.codes.to_numpy() if n else np.zeros(0, np.int64)
+    price = np.append(np.asarray(prices, dtype=np.float64), np.nan)[codes]
+    if any(e is not None and e.mig_shares for e in entries) and "mig_profile" in fr.columns:
+        profiles = fr["mig_profile"].astype(str).to_numpy()
+        share = share.copy()
+        for i, entry in enumerate(entries):
+            if entry is None or not entry.mig_shares:
+                continue
+            for prof, s in entry.mig_shares.items():
+                share[(codes == i) & (profiles == prof)] = s
+    return price * share * (fleet.step / 3600.0), ~np.isnan(price), per_model
+
+
+# ------------------------------------------------------------------ aggregation
+
+
+def _derive(t: pd.DataFrame) -> pd.DataFrame:
+    t = t.copy()
+    t["waste_gpu_hours"] = sum(t[f"{c}_gpu_hours"] for c in WASTE_COMPONENTS)
+    t["waste_cost"] = sum(t[f"{c}_cost"] for c in WASTE_COMPONENTS)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cpe = t["cost"] / t["effective_gpu_hours"]
+    t["cost_per_effective_gpu_hour"] = cpe.where((t["effective_gpu_hours"] > 0) & (t["unpriced_gpu_hours"] <= 0))
+    return t
+
+
+_SPECIAL = (UNKNOWN_GROUP, UNMAPPED, UNALLOCATED)
+
+
+def normalize_detail(detail: pd.DataFrame) -> pd.DataFrame:
+    """DETAIL_COLUMNS in order with fixed dtypes: text keys, ``sku`` None when unpriced, floats."""
+    out = pd.DataFrame(index=pd.RangeIndex(len(detail)))
+    for c in DETAIL_COLUMNS:
+        v = detail[c].reset_index(drop=True)
+        if c in ("day", "group", "model"):
+            out[c] = v.astype(str)
+        elif c == "sku":
+            out[c] = pd.Series([x if isinstance(x, str) else None for x in v], dtype=object)
+        else:
+            out[c] = v.astype("float64")
+    return out
+
+
+def summarize(detail: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Per-group table and fleet totals from the (day, group, model) detail."""
+    sums = list(_SUM_COLUMNS)
+    if detail.empty:
+        groups = pd.DataFrame({c: pd.Series(dtype="float64") for c in sums})
+        groups.insert(0, "group", pd.Series(dtype="object"))
+    else:
+        groups = detail.groupby("group", sort=False)[sums].sum().reset_index()
+    groups = _derive(groups)
+    special = groups["group"].map(lambda g: _SPECIAL.index(g) + 1 if g in _SPECIAL else 0)
+    order = np.lexsort((groups["group"].astype(str).to_numpy(), -groups["cost"].to_numpy(), special.to_numpy()))
+    groups = groups.iloc[order].reset_index(drop=True)
+    total = _derive(pd.DataFrame([detail[sums].sum() if not detail.empty else pd.Series(0.0, index=sums)]))
+    totals = {k: float(v) for k, v in total.iloc[0].items()}
+    return groups, totals
+
+
+def cost_report(
+    fleet: Fleet,
+    scores: Scores,
+    findings: Sequence[Finding],
+    catalog: Catalog,
+    *,
+    group_by: str = "namespace",
+    team_label: str | None = None,
+    team_map: Mapping[str, str] | None = None,
+) -> CostReport:
+    """Costs of ``fleet``'s window grouped by ``group_by`` (one of GROUP_BY; see the module docstring).
+
+    ``team_label``: the allocation column (namespace, job, pod, container; default namespace) whose
+    value ``team_map`` maps to a team (exact keys or globs); without a map the value is the team.
+    """
+    if group_by not in GROUP_BY:
+        raise ValueError(f"group_by must be one of {', '.join(GROUP_BY)}, got {group_by!r}")
+    label = team_label or "namespace"
+    if label not in ALLOCATION_COLUMNS:
+        raise ValueError(f"team_label must be one of {', '.join(ALLOCATION_COLUMNS)}, got {label!r}")
+    fr = fleet.frame
+    fractions, alloc, claimed = _fractions(fleet, scores, findings)
+    w = fr["gpu_share"].to_numpy(dtype=np.float64) * (fleet.step / 3600.0)
+    row_cost, priced, per_model = _prices(fleet, catalog)
+    dollars = np.where(priced, row_cost, 0.0)
+    keys = _group_keys(fleet, group_by, alloc, label, team_map)
+    cols: dict[str, np.ndarray] = {
+        "gpu_hours": w,
+        "allocated_gpu_hours": np.where(alloc, w, 0.0),
+        **{f"{c}_gpu_hours": f * w for c, f in fractions.items()},
+        "unpriced_gpu_hours": np.where(priced, 0.0, w),
+        "cost": dollars,
+        **{f"{c}_cost": f * dollars for c, f in fractions.items()},
+    }
+    ts = fr["timestamp"].to_numpy(dtype=np.float64) if len(fr) else np.zeros(0)
+    day = np.floor(ts / 86400.0).astype(np.int64)
+    model = _labels(fr["model"], str, "") if len(fr) else np.zeros(0, object)
+    parts = pd.DataFrame(cols)
+    if len(parts):
+        detail = parts.groupby([day, keys, model], sort=True).sum()
+        detail.index.names = ["day", "group", "model"]
+        detail = detail.reset_index()
+        detail["day"] = [datetime.fromtimestamp(int(d) * 86400, UTC).strftime("%Y-%m-%d") for d in detail["day"]]
+    else:
+        detail = pd.DataFrame({c: pd.Series(dtype="float64") for c in _SUM_COLUMNS})
+        for c in ("day", "group", "model"):
+            detail[c] = pd.Series(dtype="object")
+    detail["sku"] = [per_model.get(m, (None, np.nan))[0] for m in detail["model"]]
+    detail["unit_price"] = np.array([per_model.get(m, (None, np.nan))[1] for m in detail["model"]], dtype=np.float64)
+    detail = normalize_detail(detail)
+    groups, totals = summarize(detail)
+    unpriced = detail[detail["unpriced_gpu_hours"] > 0].groupby("model")["unpriced_gpu_hours"].sum()
+    notes = list(scores.notes)
+    if len(unpriced):
+        notes.append(
+            f"unpriced GPU model(s) {', '.join(repr(m) for m in unpriced.index)}: "
+            f"{float(unpriced.sum()):,.1f} GPU-hours are not in any cost (add a 'models' entry to the price catalog)"
+        )
+    if claimed - totals["straggler_gpu_hours"] > max(0.01, 0.001 * claimed):
+        notes.append(
+            f"straggler findings claim {claimed:,.1f} lost GPU-hours; {totals['straggler_gpu_hours']:,.1f} are "
+            "counted as straggler wait (capped by the peers' measured non-working time, so nothing counts twice)"
+        )
+    return CostReport(
+        group_by=group_by, start=fleet.start, end=fleet.end, step=fleet.step, currency=catalog.currency,
+        cluster=catalog.cluster, detail=detail, groups=groups, totals=totals,
+        tags=_tags(fleet, group_by, groups["group"].tolist(), label, team_map),
+        unpriced_models={str(k): float(v) for k, v in unpriced.items()}, straggler_findings_gpu_hours=claimed,
+        catalog_source=catalog.source, team_label=label if group_by == "team" or team_map else None, notes=notes,
+    )
+
+
+def _tags(fleet: Fleet, group_by: str, groups: list[str], label: str,
+          team_map: Mapping[str, str] | None) -> dict[str, dict[str, str]]:
+    """FOCUS Tags per group: the grouping label, plus the job's namespace and the team where known."""
+    team = _team_of(team_map)
+    fr = fleet.frame
+    out: dict[str, dict[str, str]] = {}
+    job_ns: dict[str, str] = {}
+    if group_by == "job" and {"job", "namespace"} <= set(fr.columns) and len(fr):
+        pairs = fr[["job", "namespace"]].drop_duplicates().dropna()
+        for j, ns in pairs.itertuples(index=False):
+            job_ns.setdefault(str(j), str(ns))
+    for g in groups:
+        if g in _SPECIAL:
+            out[g] = {}
+            continue
+        name = {"node": "hostname"}.get(group_by, group_by)
+        tags = {name: g}
+        if group_by == "job" and g in job_ns:
+            tags["namespace"] = job_ns[g]
+        if team_map is not None and group_by != "team":
+            src = tags.get(label)
+            if src is not None:
+                tags["team"] = team(src)
+        out[g] = tags
+    return out
+
+
+def daily_rollups(report: CostReport | Fleet, *args: Any, **kwargs: Any) -> pd.DataFrame:
+    """Rows per (UTC day, group) with ROLLUP_COLUMNS: additive GPU-hours and dollars only.
+
+    ``daily_rollups(report)`` or ``daily_rollups(fleet, scores, findings, catalog, group_by=...)``.
+    Summing rows of any days (and groups) gives that period's numbers; recompute ratios
+    (cost per effective GPU-hour, effective share) from the sums, never average them.
+    """
+    if not isinstance(report, CostReport):
+        report = cost_report(report, *args, **kwargs)
+    d = report.detail
+    sums = list(_SUM_COLUMNS)
+    if d.empty:
+        out = pd.DataFrame({c: pd.Series(dtype="object" if c in ROLLUP_KEY_COLUMNS else "float64")
+                            for c in ROLLUP_COLUMNS})
+        out.attrs.update(currency=report.currency, cluster=report.cluster or "")
+        return out
+    out = d.groupby(["day", "group"], sort=True)[sums].sum().reset_index()
+    out["group_by"] = report.group_by
+    out = out[list(ROLLUP_COLUMNS)]
+    out.attrs.update(currency=report.currency, cluster=report.cluster or "")
+    return out

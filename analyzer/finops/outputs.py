@@ -1,0 +1,416 @@
+"""Cost report outputs: a FOCUS-aligned CSV, JSON (with a lossless round trip) and a self-contained HTML page.
+
+FOCUS (FinOps Open Cost and Usage Specification, focus.finops.org) CSV: one row per
+(UTC day, group, GPU model), i.e. a daily usage charge of GPU-hours. Standard columns where
+they apply:
+
+* ``BillingPeriodStart``/``BillingPeriodEnd`` = the report window (this is a showback report,
+  not an invoice); ``ChargePeriodStart``/``ChargePeriodEnd`` = the part of that UTC day
+  inside the window;
+* ``ChargeCategory`` "Usage", ``ChargeFrequency`` "Usage-Based", ``ChargeDescription``;
+* ``ConsumedQuantity`` = ``PricingQuantity`` = GPU-hours (MIG slices by their share),
+  ``ConsumedUnit`` = ``PricingUnit`` = "GPU-Hours";
+* ``ListUnitPrice`` = the catalog's price per GPU-hour, ``ListCost`` = ``BilledCost`` = the
+  catalog cost of those GPU-hours (empty, never 0, for a model the catalog does not price),
+  ``BillingCurrency`` the catalog's currency;
+* ``ServiceCategory`` "Compute", ``ServiceName`` "GPU Compute", ``ResourceType`` "GPU",
+  ``ResourceId`` the hostname for node reports, ``ResourceName`` the group, ``SkuId`` the
+  catalog entry, ``ProviderName`` the catalog cluster (or "unspecified");
+* ``Tags``: JSON object with the group's namespace / job / team / hostname / model.
+
+``EffectiveCost`` is deliberately absent: in FOCUS it is the amortized cost after discounts
+and commitments, which this report does not know; our "effective" numbers (the cost of the
+GPU-hours that did real SM work) are in ``x_EffectiveGpuHours`` / ``x_EffectiveWorkCost``.
+Every truegpu metric is an ``x_``-prefixed column: one per cost-identity component in
+GPU-hours and in dollars (``analyzer.finops.costs``), the waste total, the unpriced hours.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.finops.costs import (
+    COMPONENTS,
+    DETAIL_COLUMNS,
+    UNALLOCATED,
+    WASTE_COMPONENTS,
+    CostReport,
+    normalize_detail,
+    summarize,
+)
+from analyzer.report import svg
+from analyzer.report.html import CSS, UNKNOWN, _card, _cell, _table, fmt_hours, fmt_pct
+from analyzer.report.svg import esc
+
+JSON_SCHEMA = "truegpu.cost_report/v1"
+CONSUMED_UNIT = "GPU-Hours"
+
+_CAMEL = {"effective": "Effective", "idle_allocated": "IdleAllocated", "masked": "Masked", "straggler": "Straggler",
+          "throttled": "Throttled", "underused": "Underused", "unknown": "Unknown", "unallocated": "Unallocated"}
+
+
+def _x_cost(c: str) -> str:
+    if c == "effective":
+        return "x_EffectiveWorkCost"
+    return f"x_Waste{_CAMEL[c]}Cost" if c in WASTE_COMPONENTS else f"x_{_CAMEL[c]}Cost"
+
+
+def _x_hours(c: str) -> str:
+    return f"x_Waste{_CAMEL[c]}GpuHours" if c in WASTE_COMPONENTS else f"x_{_CAMEL[c]}GpuHours"
+
+
+#: Standard FOCUS columns written, in order.
+FOCUS_STANDARD_COLUMNS: tuple[str, ...] = (
+    "BillingPeriodStart", "BillingPeriodEnd", "ChargePeriodStart", "ChargePeriodEnd", "ChargeCategory",
+    "ChargeFrequency", "ChargeDescription", "BilledCost", "ListCost", "ListUnitPrice", "BillingCurrency",
+    "ConsumedQuantity", "ConsumedUnit", "PricingQuantity", "PricingUnit", "ProviderName", "ServiceCategory",
+    "ServiceName", "ResourceId", "ResourceName", "ResourceType", "SkuId", "Tags",
+)
+#: truegpu's own columns (x_ prefix, as FOCUS asks of custom columns).
+FOCUS_X_COLUMNS: tuple[str, ...] = (
+    "x_GroupBy", "x_Group", "x_GpuModel", "x_Cluster", "x_AllocatedGpuHours",
+    *(_x_hours(c) for c in COMPONENTS), "x_WasteGpuHours", "x_UnpricedGpuHours",
+    *(_x_cost(c) for c in COMPONENTS), "x_WasteCost",
+)
+FOCUS_COLUMNS: tuple[str, ...] = FOCUS_STANDARD_COLUMNS + FOCUS_X_COLUMNS
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _num(v: Any, digits: int = 6) -> str:
+    """A CSV number: rounded, "" for unknown (NaN is never written as 0)."""
+    if v is None or (isinstance(v, float | np.floating) and not math.isfinite(v)):
+        return ""
+    return f"{round(float(v), digits):.{digits}f}".rstrip("0").rstrip(".") or "0"
+
+
+def focus_rows(report: CostReport) -> list[dict[str, str]]:
+    """The FOCUS CSV rows as dicts of strings (FOCUS_COLUMNS)."""
+    out = []
+    for r in report.detail.to_dict("records"):
+        day0 = datetime.strptime(r["day"], "%Y-%m-%d").replace(tzinfo=UTC).timestamp()
+        start, end = max(day0, report.start), min(day0 + 86400.0, report.end)
+        priced = r["unpriced_gpu_hours"] <= 0
+        cost = r["cost"] if priced else math.nan
+        group, model = str(r["group"]), str(r["model"])
+        tags = dict(report.tags.get(group, {}))
+        if model:
+            tags.setdefault("model", model)
+        row = {
+            "BillingPeriodStart": _iso(report.start), "BillingPeriodEnd": _iso(report.end),
+            "ChargePeriodStart": _iso(start), "ChargePeriodEnd": _iso(end),
+            "ChargeCategory": "Usage", "ChargeFrequency": "Usage-Based",
+            "ChargeDescription": f"{r['gpu_hours']:.2f} GPU-hours of {model or 'unknown GPU model'} "
+                                 f"({report.group_by} {group})" + ("" if priced else ", unpriced model"),
+            "BilledCost": _num(cost), "ListCost": _num(cost), "ListUnitPrice": _num(r["unit_price"]),
+            "BillingCurrency": report.currency,
+            "ConsumedQuantity": _num(r["gpu_hours"]), "ConsumedUnit": CONSUMED_UNIT,
+            "PricingQuantity": _num(r["gpu_hours"]), "PricingUnit": CONSUMED_UNIT,
+            "ProviderName": report.cluster or "unspecified", "ServiceCategory": "Compute",
+            "ServiceName": "GPU Compute", "ResourceId": group if report.group_by == "node" else "",
+            "ResourceName": group, "ResourceType": "GPU", "SkuId": r["sku"] if isinstance(r["sku"], str) else "",
+            "Tags": json.dumps(tags, sort_keys=True),
+            "x_GroupBy": report.group_by, "x_Group": group, "x_GpuModel": model, "x_Cluster": report.cluster or "",
+            "x_AllocatedGpuHours": _num(r["allocated_gpu_hours"]),
+            "x_WasteGpuHours": _num(sum(r[f"{c}_gpu_hours"] for c in WASTE_COMPONENTS)),
+            "x_UnpricedGpuHours": _num(r["unpriced_gpu_hours"]),
+            "x_WasteCost": _num(sum(r[f"{c}_cost"] for c in WASTE_COMPONENTS) if priced else math.nan),
+        }
+        for c in COMPONENTS:
+            row[_x_hours(c)] = _num(r[f"{c}_gpu_hours"])
+            row[_x_cost(c)] = _num(r[f"{c}_cost"] if priced else math.nan)
+        out.append({k: row[k] for k in FOCUS_COLUMNS})
+    return out
+
+
+def to_focus_csv(report: CostReport) -> str:
+    """The FOCUS-aligned CSV as text (header row first)."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(FOCUS_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(focus_rows(report))
+    return buf.getvalue()
+
+
+# ------------------------------------------------------------------ JSON
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_clean(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, str):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def to_json(report: CostReport) -> dict[str, Any]:
+    """JSON-ready dict: window, catalog, fleet totals, groups (with derived ratios) and the
+    (day, group, model) detail that ``from_json`` rebuilds the report from."""
+    return _clean({
+        "schema": JSON_SCHEMA,
+        "group_by": report.group_by,
+        "start": _iso(report.start), "end": _iso(report.end),
+        "start_unix": report.start, "end_unix": report.end, "step_seconds": report.step,
+        "currency": report.currency, "cluster": report.cluster, "catalog_source": report.catalog_source,
+        "team_label": report.team_label,
+        "identity": "cost = effective + idle_allocated + masked + straggler + throttled + underused + unknown "
+                    "+ unallocated; waste = idle_allocated + masked + straggler + throttled + underused",
+        "totals": report.totals,
+        "groups": [{**g, "tags": report.tags.get(str(g["group"]), {})} for g in report.groups.to_dict("records")],
+        "unpriced_models": report.unpriced_models,
+        "straggler_findings_gpu_hours": report.straggler_findings_gpu_hours,
+        "notes": list(report.notes),
+        "detail": report.detail.to_dict("records"),
+    })
+
+
+def from_json(data: dict[str, Any]) -> CostReport:
+    """Rebuild a CostReport from ``to_json``'s dict (groups and totals recomputed from the detail)."""
+    if data.get("schema") != JSON_SCHEMA:
+        raise ValueError(f"not a truegpu cost report (schema {data.get('schema')!r}, expected {JSON_SCHEMA!r})")
+    rows = data["detail"]
+    detail = normalize_detail(pd.DataFrame({c: [r.get(c) for r in rows] for c in DETAIL_COLUMNS}))
+    groups, totals = summarize(detail)
+    return CostReport(
+        group_by=data["group_by"], start=float(data["start_unix"]), end=float(data["end_unix"]),
+        step=float(data["step_seconds"]), currency=data["currency"], cluster=data.get("cluster"), detail=detail,
+        groups=groups, totals=totals, tags={g["group"]: dict(g.get("tags") or {}) for g in data["groups"]},
+        unpriced_models=dict(data.get("unpriced_models") or {}),
+        straggler_findings_gpu_hours=float(data.get("straggler_findings_gpu_hours") or 0.0),
+        catalog_source=data.get("catalog_source", ""), team_label=data.get("team_label"),
+        notes=list(data.get("notes") or []),
+    )
+
+
+# ------------------------------------------------------------------ HTML
+
+#: Component -> (label, color) for the charts and the table.
+COMPONENT_STYLE: dict[str, tuple[str, str]] = {
+    "effective": ("effective", "#2f6db5"),
+    "idle_allocated": ("idle", "#c0504d"),
+    "masked": ("masked", "#8e44ad"),
+    "straggler": ("straggler wait", "#e08a2c"),
+    "throttled": ("throttled", "#d4a017"),
+    "underused": ("underused", "#7f8c8d"),
+    "unknown": ("unknown", "#c8c8c8"),
+    "unallocated": ("unallocated", "#5b9b5b"),
+}
+#: Most groups the cost chart shows (the table lists all of them, up to MAX_TABLE_ROWS).
+TOP_GROUPS_CHART, MAX_TABLE_ROWS = 15, 500
+
+
+def money(v: Any, currency: str) -> str:
+    """"$1,234.56" (USD) or "1,234.56 EUR"; "unknown" for NaN."""
+    if v is None or (isinstance(v, float | np.floating) and not math.isfinite(v)):
+        return UNKNOWN
+    return f"${float(v):,.2f}" if currency == "USD" else f"{float(v):,.2f} {currency}"
+
+
+def stacked_hbar_chart(
+    chart_id: str,
+    labels: Sequence[str],
+    stacks: Sequence[tuple[str, str, Sequence[float]]],
+    *,
+    title: str,
+    desc: str,
+    x_label: str,
+    value_fmt: Any = None,
+    width: int = svg.WIDTH,
+    label_chars: int = 30,
+) -> str:
+    """Horizontal bars stacked left to right from ``stacks`` = (label, color, one value per bar);
+    built on analyzer.report.svg's frame, axes and legend (every string escaped there or here)."""
+    n = len(labels)
+    bar_h, gap = 20, 8
+    height = svg.MARGIN_TOP + 8 + n * (bar_h + gap) + svg.MARGIN_BOTTOM
+    left = 16 + 7 * min(label_chars, max((len(s) for s in labels), default=4))
+    vals = np.array([np.nan_to_num(np.asarray(v, float)) for _, _, v in stacks]).reshape(len(stacks), n)
+    totals = vals.sum(axis=0) if len(stacks) else np.zeros(n)
+    fmt = value_fmt or svg._num
+    xt = svg.nice_ticks(0.0, float(totals.max()) if n and totals.max() > 0 else 1.0)
+    f = svg._Frame(0.0, float(xt[-1]), 0.0, 1.0, width - 90, height, left=left)
+    out = svg._open(chart_id, title, desc, width, height)
+    for t in xt:
+        x = float(f.px(t))
+        out.append(f'<line x1="{x:.1f}" y1="{f.top}" x2="{x:.1f}" y2="{f.bottom}" stroke="{svg.GRID}"/>')
+    out += svg._x_axis(f, xt, [svg._num(t) for t in xt], x_label, width, height)
+    out.append(f'<line x1="{f.left}" y1="{f.top}" x2="{f.left}" y2="{f.bottom}" stroke="{svg.AXIS}"/>')
+    for i, label in enumerate(labels):
+        y = f.top + 8 + i * (bar_h + gap)
+        out.append(f'<text x="{f.left - 6}" y="{y + 14}" text-anchor="end" fill="{svg.TEXT}">'
+                   f'<title>{esc(label)}</title>{esc(svg._ellipsize(label, label_chars))}</text>')
+        x0 = 0.0
+        for (name, color, _), v in zip(stacks, vals[:, i], strict=True):
+            if v <= 0:
+                continue
+            a, b = float(f.px(x0)), float(f.px(x0 + v))
+            out.append(f'<rect x="{a:.1f}" y="{y}" width="{max(b - a, 0.0):.1f}" height="{bar_h}" fill="{color}">'
+                       f'<title>{esc(label)}: {esc(name)} {esc(fmt(v))}</title></rect>')
+            x0 += v
+        out.append(f'<text x="{float(f.px(x0)) + 5:.1f}" y="{y + 14}" fill="{svg.TEXT}">{esc(fmt(totals[i]))}</text>')
+    legend = svg._legend([(name, color, "box") for name, color, _ in stacks], width - svg.MARGIN_RIGHT)
+    # The legend shares the title row: with many entries it goes on a row of its own below the title.
+    out += [s.replace(' y="8"', ' y="22"').replace(' y="18"', ' y="32"') for s in legend]
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _charts(report: CostReport) -> str:
+    g = report.groups
+    cur = report.currency
+    if g.empty or not (g["cost"] > 0).any():
+        return svg.empty_chart("cost-by-group", "Cost by group", "no priced GPU-hours in this window")
+    top = g.sort_values("cost", ascending=False, kind="stable").head(TOP_GROUPS_CHART)
+    stacks = [(COMPONENT_STYLE[c][0], COMPONENT_STYLE[c][1], top[f"{c}_cost"].to_numpy()) for c in COMPONENTS
+              if (top[f"{c}_cost"] > 0).any()]
+    by_group = stacked_hbar_chart(
+        "cost-by-group", [str(x) for x in top["group"]], stacks,
+        title=f"Cost by {report.group_by}: effective work vs waste",
+        desc=f"Cost in {cur} of the {len(top)} most costly groups, split into effective work, waste components, "
+             "unknown and unallocated capacity.",
+        x_label=f"cost ({cur})", value_fmt=lambda v: money(v, cur),
+    )
+    comps = [c for c in (*WASTE_COMPONENTS, "unallocated", "unknown")]
+    vals = [report.totals[f"{c}_cost"] for c in comps]
+    breakdown = svg.hbar_chart(
+        "waste-breakdown", [COMPONENT_STYLE[c][0] for c in comps], vals,
+        title="Where the money did no work",
+        desc=f"Fleet cost in {cur} of each waste component, unallocated capacity and unmeasured hours.",
+        x_label=f"cost ({cur})", value_text=[money(v, cur) for v in vals], legend="fleet total",
+    )
+    return f'<section id="charts"><h2>Cost breakdown</h2>{by_group}{breakdown}</section>'
+
+
+def _groups_table(report: CostReport) -> str:
+    cur = report.currency
+    headers = [(report.group_by.capitalize(), False), ("GPU-h", True), ("Effective GPU-h", True), ("Cost", True),
+               ("Effective work", True), *((COMPONENT_STYLE[c][0].capitalize(), True) for c in WASTE_COMPONENTS),
+               ("Unknown", True), ("Unallocated", True), ("Waste share", True), ("Cost / effective GPU-h", True)]
+    unpriced = report.totals.get("unpriced_gpu_hours", 0.0) > 0
+    if unpriced:
+        headers.append(("Unpriced GPU-h", True))
+    rows = []
+    for r in report.groups.head(MAX_TABLE_ROWS).to_dict("records"):
+        share = r["waste_cost"] / r["cost"] if r["cost"] > 0 else math.nan
+        rows.append(
+            "<tr>" + _cell(str(r["group"])) + _cell(fmt_hours(r["gpu_hours"]), "n")
+            + _cell(fmt_hours(r["effective_gpu_hours"]), "n") + _cell(money(r["cost"], cur), "n")
+            + _cell(money(r["effective_cost"], cur), "n")
+            + "".join(_cell(money(r[f"{c}_cost"], cur), "n") for c in WASTE_COMPONENTS)
+            + _cell(money(r["unknown_cost"], cur), "n") + _cell(money(r["unallocated_cost"], cur), "n")
+            + _cell(fmt_pct(share), "n") + _cell(money(r["cost_per_effective_gpu_hour"], cur), "n")
+            + (_cell(fmt_hours(r["unpriced_gpu_hours"]), "n") if unpriced else "") + "</tr>"
+        )
+    more = (f'<p class="note">Showing {MAX_TABLE_ROWS} of {len(report.groups):,} groups (all are in the CSV/JSON).</p>'
+            if len(report.groups) > MAX_TABLE_ROWS else "")
+    return f'<section id="groups"><h2>By {esc(report.group_by)}</h2>{_table(headers, rows)}{more}</section>'
+
+
+def _headline(report: CostReport) -> str:
+    t, cur = report.totals, report.currency
+    eff_share = t["effective_cost"] / t["cost"] if t["cost"] > 0 else math.nan
+    waste_share = t["waste_cost"] / t["cost"] if t["cost"] > 0 else math.nan
+    cards = [
+        _card("total cost", money(t["cost"], cur), f"{fmt_hours(t['gpu_hours'])} GPU-hours"),
+        _card("effective work", money(t["effective_cost"], cur), f"{fmt_pct(eff_share)} of the cost"),
+        _card("waste (allocated)", money(t["waste_cost"], cur), f"{fmt_pct(waste_share)} of the cost", warn=True),
+        _card("unallocated capacity", money(t["unallocated_cost"], cur),
+              f"{fmt_hours(t['unallocated_gpu_hours'])} GPU-hours"),
+        _card("cost per effective GPU-hour", money(t["cost_per_effective_gpu_hour"], cur),
+              "total cost / effective GPU-hours"),
+    ]
+    if t["unpriced_gpu_hours"] > 0:
+        cards.append(_card("unpriced GPU-hours", fmt_hours(t["unpriced_gpu_hours"]), "not in any cost", warn=True))
+    return f'<section id="headline"><div class="cards">{"".join(cards)}</div></section>'
+
+
+def _notes(report: CostReport) -> str:
+    items = list(report.notes)
+    if report.unpriced_models:
+        items.insert(0, "Unpriced GPU models (add them to the price catalog): " + ", ".join(
+            f"{m} ({h:,.1f} GPU-h)" for m, h in report.unpriced_models.items()))
+    if not items:
+        return ""
+    lis = "".join(f"<li>{esc(n)}</li>" for n in items)
+    return f'<div class="box"><h2>Read this first</h2><ul>{lis}</ul></div>'
+
+
+def _method() -> str:
+    defs = [
+        "Cost = GPU-hours × the catalog's price per GPU-hour of the model (a MIG slice pays its share).",
+        "cost = effective work + idle allocated + masked + straggler wait + throttled + underused + unknown + "
+        "unallocated, per sample, so per group and for the fleet; nothing is counted twice.",
+        "Effective work: allocated GPU-hours × effective utilization (SM activity × SM clock / max clock).",
+        "Idle allocated: the whole non-working share of allocated GPUs with nothing launched.",
+        "Throttled: SM-active cycles lost to a reduced clock (activity − effective utilization).",
+        "Straggler wait: the waiting peers' share of the straggler findings' lost GPU-hours, capped by their "
+        "measured non-working time.",
+        "Masked: GPU util reported that no SM activity backs (the masking gap), from what remains.",
+        "Underused: the rest of the non-working time of busy GPUs (no kernel resident; on MIG instances and "
+        "without SM activity, masking that cannot be told apart).",
+        "Unknown: allocated GPU-hours with no utilization data (never counted as waste); unallocated: capacity "
+        "nobody held.",
+        "FOCUS CSV: BilledCost/ListCost are catalog (list) costs; EffectiveCost (amortized cost in FOCUS) is not "
+        "reported; truegpu's numbers are the x_ columns.",
+    ]
+    return ('<section id="method"><h2>How the cost is split</h2><ul class="defs">'
+            + "".join(f"<li>{esc(d)}</li>" for d in defs) + "</ul></section>")
+
+
+def render_html(report: CostReport, *, title: str = "GPU effective-cost report") -> str:
+    """The report as one self-contained page (inline CSS and SVG, no script, no external reference)."""
+    window = f"{_iso(report.start)} – {_iso(report.end)}"
+    meta = (
+        '<dl class="meta">'
+        f"<dt>Window</dt><dd>{esc(window)}</dd>"
+        f"<dt>Grouped by</dt><dd>{esc(report.group_by)}"
+        + (f" (team from {esc(report.team_label)})" if report.group_by == "team" and report.team_label else "")
+        + "</dd>"
+        f"<dt>Prices</dt><dd>{esc(report.catalog_source)}"
+        + (f", cluster {esc(report.cluster)}" if report.cluster else "") + f" ({esc(report.currency)})</dd></dl>"
+    )
+    body = "".join([
+        f"<h1>{esc(title)}</h1>", meta, _notes(report), _headline(report), _charts(report), _groups_table(report),
+        _method(),
+        "<footer>Generated by truegpu. Self-contained page: no scripts, no external resources.</footer>",
+    ])
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"/>'
+        '<meta name="viewport" content="width=device-width, initial-scale=1"/>'
+        f"<title>{esc(title)}</title><style>{CSS}</style></head>\n"
+        f"<body><main>{body}</main></body></html>\n"
+    )
+
+
+HTML_NAME = "cost-report.html"
+
+
+def write_html(report: CostReport, out_dir: str | Path, *, title: str = "GPU effective-cost report") -> Path:
+    """Write ``out_dir/cost-report.html`` (directories created) and return its path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / HTML_NAME
+    path.write_text(render_html(report, title=title), encoding="utf-8")
+    return path
+
+
+__all__ = [
+    "FOCUS_COLUMNS", "HTML_NAME", "JSON_SCHEMA", "UNALLOCATED", "focus_rows", "from_json", "money", "render_html",
+    "stacked_hbar_chart", "to_focus_csv", "to_json", "write_html",
+]
