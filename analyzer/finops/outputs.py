@@ -31,7 +31,6 @@ import csv
 import io
 import json
 import math
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,7 @@ from analyzer.finops.costs import (
     summarize,
 )
 from analyzer.report import svg
-from analyzer.report.html import CSS, UNKNOWN, _card, _cell, _table, fmt_hours, fmt_pct
+from analyzer.report.html import CSS, UNKNOWN, card, cell, fmt_hours, fmt_pct, table
 from analyzer.report.svg import esc
 
 JSON_SCHEMA = "truegpu.cost_report/v1"
@@ -222,55 +221,6 @@ def money(v: Any, currency: str) -> str:
     return f"${float(v):,.2f}" if currency == "USD" else f"{float(v):,.2f} {currency}"
 
 
-def stacked_hbar_chart(
-    chart_id: str,
-    labels: Sequence[str],
-    stacks: Sequence[tuple[str, str, Sequence[float]]],
-    *,
-    title: str,
-    desc: str,
-    x_label: str,
-    value_fmt: Any = None,
-    width: int = svg.WIDTH,
-    label_chars: int = 30,
-) -> str:
-    """Horizontal bars stacked left to right from ``stacks`` = (label, color, one value per bar);
-    built on analyzer.report.svg's frame, axes and legend (every string escaped there or here)."""
-    n = len(labels)
-    bar_h, gap = 20, 8
-    height = svg.MARGIN_TOP + 8 + n * (bar_h + gap) + svg.MARGIN_BOTTOM
-    left = 16 + 7 * min(label_chars, max((len(s) for s in labels), default=4))
-    vals = np.array([np.nan_to_num(np.asarray(v, float)) for _, _, v in stacks]).reshape(len(stacks), n)
-    totals = vals.sum(axis=0) if len(stacks) else np.zeros(n)
-    fmt = value_fmt or svg._num
-    xt = svg.nice_ticks(0.0, float(totals.max()) if n and totals.max() > 0 else 1.0)
-    f = svg._Frame(0.0, float(xt[-1]), 0.0, 1.0, width - 90, height, left=left)
-    out = svg._open(chart_id, title, desc, width, height)
-    for t in xt:
-        x = float(f.px(t))
-        out.append(f'<line x1="{x:.1f}" y1="{f.top}" x2="{x:.1f}" y2="{f.bottom}" stroke="{svg.GRID}"/>')
-    out += svg._x_axis(f, xt, [svg._num(t) for t in xt], x_label, width, height)
-    out.append(f'<line x1="{f.left}" y1="{f.top}" x2="{f.left}" y2="{f.bottom}" stroke="{svg.AXIS}"/>')
-    for i, label in enumerate(labels):
-        y = f.top + 8 + i * (bar_h + gap)
-        out.append(f'<text x="{f.left - 6}" y="{y + 14}" text-anchor="end" fill="{svg.TEXT}">'
-                   f'<title>{esc(label)}</title>{esc(svg._ellipsize(label, label_chars))}</text>')
-        x0 = 0.0
-        for (name, color, _), v in zip(stacks, vals[:, i], strict=True):
-            if v <= 0:
-                continue
-            a, b = float(f.px(x0)), float(f.px(x0 + v))
-            out.append(f'<rect x="{a:.1f}" y="{y}" width="{max(b - a, 0.0):.1f}" height="{bar_h}" fill="{color}">'
-                       f'<title>{esc(label)}: {esc(name)} {esc(fmt(v))}</title></rect>')
-            x0 += v
-        out.append(f'<text x="{float(f.px(x0)) + 5:.1f}" y="{y + 14}" fill="{svg.TEXT}">{esc(fmt(totals[i]))}</text>')
-    legend = svg._legend([(name, color, "box") for name, color, _ in stacks], width - svg.MARGIN_RIGHT)
-    # The legend shares the title row: with many entries it goes on a row of its own below the title.
-    out += [s.replace(' y="8"', ' y="22"').replace(' y="18"', ' y="32"') for s in legend]
-    out.append("</svg>")
-    return "\n".join(out)
-
-
 def _charts(report: CostReport) -> str:
     g = report.groups
     cur = report.currency
@@ -279,7 +229,7 @@ def _charts(report: CostReport) -> str:
     top = g.sort_values("cost", ascending=False, kind="stable").head(TOP_GROUPS_CHART)
     stacks = [(COMPONENT_STYLE[c][0], COMPONENT_STYLE[c][1], top[f"{c}_cost"].to_numpy()) for c in COMPONENTS
               if (top[f"{c}_cost"] > 0).any()]
-    by_group = stacked_hbar_chart(
+    by_group = svg.stacked_hbar_chart(
         "cost-by-group", [str(x) for x in top["group"]], stacks,
         title=f"Cost by {report.group_by}: effective work vs waste",
         desc=f"Cost in {cur} of the {len(top)} most costly groups, split into effective work, waste components, "
@@ -309,17 +259,17 @@ def _groups_table(report: CostReport) -> str:
     for r in report.groups.head(MAX_TABLE_ROWS).to_dict("records"):
         share = r["waste_cost"] / r["cost"] if r["cost"] > 0 else math.nan
         rows.append(
-            "<tr>" + _cell(str(r["group"])) + _cell(fmt_hours(r["gpu_hours"]), "n")
-            + _cell(fmt_hours(r["effective_gpu_hours"]), "n") + _cell(money(r["cost"], cur), "n")
-            + _cell(money(r["effective_cost"], cur), "n")
-            + "".join(_cell(money(r[f"{c}_cost"], cur), "n") for c in WASTE_COMPONENTS)
-            + _cell(money(r["unknown_cost"], cur), "n") + _cell(money(r["unallocated_cost"], cur), "n")
-            + _cell(fmt_pct(share), "n") + _cell(money(r["cost_per_effective_gpu_hour"], cur), "n")
-            + (_cell(fmt_hours(r["unpriced_gpu_hours"]), "n") if unpriced else "") + "</tr>"
+            "<tr>" + cell(str(r["group"])) + cell(fmt_hours(r["gpu_hours"]), "n")
+            + cell(fmt_hours(r["effective_gpu_hours"]), "n") + cell(money(r["cost"], cur), "n")
+            + cell(money(r["effective_cost"], cur), "n")
+            + "".join(cell(money(r[f"{c}_cost"], cur), "n") for c in WASTE_COMPONENTS)
+            + cell(money(r["unknown_cost"], cur), "n") + cell(money(r["unallocated_cost"], cur), "n")
+            + cell(fmt_pct(share), "n") + cell(money(r["cost_per_effective_gpu_hour"], cur), "n")
+            + (cell(fmt_hours(r["unpriced_gpu_hours"]), "n") if unpriced else "") + "</tr>"
         )
     more = (f'<p class="note">Showing {MAX_TABLE_ROWS} of {len(report.groups):,} groups (all are in the CSV/JSON).</p>'
             if len(report.groups) > MAX_TABLE_ROWS else "")
-    return f'<section id="groups"><h2>By {esc(report.group_by)}</h2>{_table(headers, rows)}{more}</section>'
+    return f'<section id="groups"><h2>By {esc(report.group_by)}</h2>{table(headers, rows)}{more}</section>'
 
 
 def _headline(report: CostReport) -> str:
@@ -327,16 +277,16 @@ def _headline(report: CostReport) -> str:
     eff_share = t["effective_cost"] / t["cost"] if t["cost"] > 0 else math.nan
     waste_share = t["waste_cost"] / t["cost"] if t["cost"] > 0 else math.nan
     cards = [
-        _card("total cost", money(t["cost"], cur), f"{fmt_hours(t['gpu_hours'])} GPU-hours"),
-        _card("effective work", money(t["effective_cost"], cur), f"{fmt_pct(eff_share)} of the cost"),
-        _card("waste (allocated)", money(t["waste_cost"], cur), f"{fmt_pct(waste_share)} of the cost", warn=True),
-        _card("unallocated capacity", money(t["unallocated_cost"], cur),
+        card("total cost", money(t["cost"], cur), f"{fmt_hours(t['gpu_hours'])} GPU-hours"),
+        card("effective work", money(t["effective_cost"], cur), f"{fmt_pct(eff_share)} of the cost"),
+        card("waste (allocated)", money(t["waste_cost"], cur), f"{fmt_pct(waste_share)} of the cost", warn=True),
+        card("unallocated capacity", money(t["unallocated_cost"], cur),
               f"{fmt_hours(t['unallocated_gpu_hours'])} GPU-hours"),
-        _card("cost per effective GPU-hour", money(t["cost_per_effective_gpu_hour"], cur),
+        card("cost per effective GPU-hour", money(t["cost_per_effective_gpu_hour"], cur),
               "total cost / effective GPU-hours"),
     ]
     if t["unpriced_gpu_hours"] > 0:
-        cards.append(_card("unpriced GPU-hours", fmt_hours(t["unpriced_gpu_hours"]), "not in any cost", warn=True))
+        cards.append(card("unpriced GPU-hours", fmt_hours(t["unpriced_gpu_hours"]), "not in any cost", warn=True))
     return f'<section id="headline"><div class="cards">{"".join(cards)}</div></section>'
 
 
@@ -412,5 +362,5 @@ def write_html(report: CostReport, out_dir: str | Path, *, title: str = "GPU eff
 
 __all__ = [
     "FOCUS_COLUMNS", "HTML_NAME", "JSON_SCHEMA", "UNALLOCATED", "focus_rows", "from_json", "money", "render_html",
-    "stacked_hbar_chart", "to_focus_csv", "to_json", "write_html",
+    "to_focus_csv", "to_json", "write_html",
 ]

@@ -88,7 +88,7 @@ def fmt_hours(v: Any, digits: int = 1) -> str:
     return f"{float(v):,.{digits}f}" if _known(v) else UNKNOWN
 
 
-def _cell(text: str, cls: str = "") -> str:
+def cell(text: str, cls: str = "") -> str:
     """A table cell; "unknown" is styled as such."""
     classes = " ".join(c for c in (cls, "unknown" if text == UNKNOWN else "") if c)
     return f'<td class="{classes}">{esc(text)}</td>' if classes else f"<td>{esc(text)}</td>"
@@ -169,7 +169,7 @@ def _unknowns(fleet: Fleet, scores: Scores, summary: dict[str, Any]) -> str:
     )
 
 
-def _card(label: str, value: str, sub: str = "", warn: bool = False) -> str:
+def card(label: str, value: str, sub: str = "", warn: bool = False) -> str:
     cls = "card warn" if warn and value != UNKNOWN else "card"
     vcls = "v unknown" if value == UNKNOWN else "v"
     sub_html = f'<div class="s">{esc(sub)}</div>' if sub else ""
@@ -179,25 +179,25 @@ def _card(label: str, value: str, sub: str = "", warn: bool = False) -> str:
 def _headline(s: dict[str, Any]) -> str:
     gap = s.get("masking_gap")
     util_cards = [
-        _card("Reported GPU util (allocated GPUs)", fmt_pct(s["reported_util"]), "what nvidia-smi / dashboards show"),
-        _card("Effective util (allocated GPUs)", fmt_pct(s["effective_util"]), "SM activity × clock ratio"),
-        _card("Masking gap (allocated GPUs)", fmt_pts(gap), "reported − SM activity", warn=_known(gap) and gap > 0.2),
-        _card("Reported GPU util (whole fleet)", fmt_pct(s["fleet_reported_util"]), "idle capacity included"),
-        _card("Effective util (whole fleet)", fmt_pct(s["fleet_effective_util"]), "idle capacity included"),
+        card("Reported GPU util (allocated GPUs)", fmt_pct(s["reported_util"]), "what nvidia-smi / dashboards show"),
+        card("Effective util (allocated GPUs)", fmt_pct(s["effective_util"]), "SM activity × clock ratio"),
+        card("Masking gap (allocated GPUs)", fmt_pts(gap), "reported − SM activity", warn=_known(gap) and gap > 0.2),
+        card("Reported GPU util (whole fleet)", fmt_pct(s["fleet_reported_util"]), "idle capacity included"),
+        card("Effective util (whole fleet)", fmt_pct(s["fleet_effective_util"]), "idle capacity included"),
     ]
     cap = s.get("gpu_hours")
     low = s.get("low_confidence_share")
     est = " (estimate: no SM activity)" if _known(low) and low > 0.5 else ""
     hour_cards = [
-        _card("GPU-hours of capacity", fmt_hours(cap), "GPUs × window"),
-        _card("GPU-hours allocated", fmt_hours(s["allocated_gpu_hours"]), _share(s["allocated_gpu_hours"], cap)),
-        _card("GPU-hours effective", fmt_hours(s["effective_gpu_hours"]), "real SM work in allocated hours" + est),
-        _card("GPU-hours wasted", fmt_hours(s["wasted_gpu_hours"]), "allocated − effective (measured hours)" + est,
+        card("GPU-hours of capacity", fmt_hours(cap), "GPUs × window"),
+        card("GPU-hours allocated", fmt_hours(s["allocated_gpu_hours"]), _share(s["allocated_gpu_hours"], cap)),
+        card("GPU-hours effective", fmt_hours(s["effective_gpu_hours"]), "real SM work in allocated hours" + est),
+        card("GPU-hours wasted", fmt_hours(s["wasted_gpu_hours"]), "allocated − effective (measured hours)" + est,
               warn=True),
-        _card("GPU-hours idle", fmt_hours(s["idle_gpu_hours"]), f"allocated, GPU util < {IDLE_UTIL:.0%}",
+        card("GPU-hours idle", fmt_hours(s["idle_gpu_hours"]), f"allocated, GPU util < {IDLE_UTIL:.0%}",
               warn=True),
-        _card("GPU-hours unallocated", fmt_hours(s["unallocated_gpu_hours"]), _share(s["unallocated_gpu_hours"], cap)),
-        _card("GPU-hours unknown", fmt_hours(s["unknown_gpu_hours"]), "no utilization data"),
+        card("GPU-hours unallocated", fmt_hours(s["unallocated_gpu_hours"]), _share(s["unallocated_gpu_hours"], cap)),
+        card("GPU-hours unknown", fmt_hours(s["unknown_gpu_hours"]), "no utilization data"),
     ]
     return (
         '<section id="headline"><h2>Headline numbers</h2>'
@@ -326,7 +326,7 @@ def _waste_charts(fleet: Fleet, scores: Scores, jobs: pd.DataFrame) -> str:
     )
 
 
-def _table(headers: Sequence[tuple[str, bool]], rows: Iterable[str]) -> str:
+def table(headers: Sequence[tuple[str, bool]], rows: Iterable[str]) -> str:
     head = "".join(f'<th class="n">{esc(h)}</th>' if num else f"<th>{esc(h)}</th>" for h, num in headers)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
@@ -348,11 +348,11 @@ def _jobs(jobs: pd.DataFrame) -> str:
         else:
             bn = UNKNOWN
         rows.append(
-            "<tr>" + _cell(str(r.job)) + _cell(str(r.namespace))
-            + _cell(fmt_hours(r.allocated_gpu_hours), "n") + _cell(fmt_pct(r.reported_util), "n")
-            + _cell(fmt_pct(r.effective_util), "n") + _cell(fmt_pts(r.masking_gap), "n")
-            + _cell(fmt_hours(r.wasted_gpu_hours), "n") + _cell(fmt_hours(r.idle_gpu_hours), "n")
-            + _cell(fmt_hours(r.unknown_gpu_hours), "n") + _cell(bn) + "</tr>"
+            "<tr>" + cell(str(r.job)) + cell(str(r.namespace))
+            + cell(fmt_hours(r.allocated_gpu_hours), "n") + cell(fmt_pct(r.reported_util), "n")
+            + cell(fmt_pct(r.effective_util), "n") + cell(fmt_pts(r.masking_gap), "n")
+            + cell(fmt_hours(r.wasted_gpu_hours), "n") + cell(fmt_hours(r.idle_gpu_hours), "n")
+            + cell(fmt_hours(r.unknown_gpu_hours), "n") + cell(bn) + "</tr>"
         )
     more = (f'<p class="note">Showing the {MAX_JOB_ROWS} jobs wasting most of {len(jobs):,}.</p>'
             if len(jobs) > MAX_JOB_ROWS else "")
@@ -362,7 +362,7 @@ def _jobs(jobs: pd.DataFrame) -> str:
         "job's GPU-hours over 5-minute windows (compute_bound is healthy; input_bound: the data loader or request "
         "stream cannot keep the GPUs fed; memory_bound: kernels stall on HBM bandwidth; communication_bound: "
         "kernels wait on NCCL/NVLink/network; idle: nothing launched).</p>"
-        f"{_table(headers, rows)}{more}</section>"
+        f"{table(headers, rows)}{more}</section>"
     )
 
 
@@ -408,16 +408,16 @@ def _findings(findings: Sequence[Finding], end: float) -> str:
         end_txt = rfc3339(f.end) if f.end is not None else "ongoing"
         dur = _duration((f.end if f.end is not None else end) - f.start)
         rows.append(
-            f'<tr><td><span class="sev sev-{sev}">{sev}</span></td>' + _cell(f.kind) + _cell(_where(f))
-            + _cell(_job_of(f)) + _cell(rfc3339(f.start), "t") + _cell(end_txt, "t") + _cell(dur, "n")
-            + _cell(f.confidence) + f"<td>{esc(f.summary)}{_evidence(f)}</td></tr>"
+            f'<tr><td><span class="sev sev-{sev}">{sev}</span></td>' + cell(f.kind) + cell(_where(f))
+            + cell(_job_of(f)) + cell(rfc3339(f.start), "t") + cell(end_txt, "t") + cell(dur, "n")
+            + cell(f.confidence) + f"<td>{esc(f.summary)}{_evidence(f)}</td></tr>"
         )
     more = (f'<p class="note">Showing the {MAX_FINDING_ROWS} most urgent of {len(findings):,} findings.</p>'
             if len(findings) > MAX_FINDING_ROWS else "")
     return (
         f'<section id="findings"><h2>Findings</h2><p class="note">{len(findings):,} findings ({esc(tally)}), most '
         "urgent first (severity, then score). “ongoing” means the problem lasts to the end of the data.</p>"
-        f"{_table(headers, rows)}{more}</section>"
+        f"{table(headers, rows)}{more}</section>"
     )
 
 

@@ -305,3 +305,52 @@ def histogram(
     out += _legend(items, f.right)
     out.append("</svg>")
     return "\n".join(out)
+
+
+def stacked_hbar_chart(
+    chart_id: str,
+    labels: Sequence[str],
+    stacks: Sequence[tuple[str, str, Sequence[float]]],
+    *,
+    title: str,
+    desc: str,
+    x_label: str,
+    value_fmt: Callable[[float], str] | None = None,
+    width: int = WIDTH,
+    label_chars: int = 30,
+) -> str:
+    """Horizontal bars stacked left to right from ``stacks`` = (label, color, one value per bar):
+    one bar per group with its parts (cost: effective vs each kind of waste)."""
+    n = len(labels)
+    bar_h, gap = 20, 8
+    height = MARGIN_TOP + 8 + n * (bar_h + gap) + MARGIN_BOTTOM
+    left = 16 + 7 * min(label_chars, max((len(s) for s in labels), default=4))
+    vals = np.array([np.nan_to_num(np.asarray(v, float)) for _, _, v in stacks]).reshape(len(stacks), n)
+    totals = vals.sum(axis=0) if len(stacks) else np.zeros(n)
+    fmt = value_fmt or _num
+    xt = nice_ticks(0.0, float(totals.max()) if n and totals.max() > 0 else 1.0)
+    f = _Frame(0.0, float(xt[-1]), 0.0, 1.0, width - 90, height, left=left)
+    out = _open(chart_id, title, desc, width, height)
+    for t in xt:
+        x = float(f.px(t))
+        out.append(f'<line x1="{x:.1f}" y1="{f.top}" x2="{x:.1f}" y2="{f.bottom}" stroke="{GRID}"/>')
+    out += _x_axis(f, xt, [_num(t) for t in xt], x_label, width, height)
+    out.append(f'<line x1="{f.left}" y1="{f.top}" x2="{f.left}" y2="{f.bottom}" stroke="{AXIS}"/>')
+    for i, label in enumerate(labels):
+        y = f.top + 8 + i * (bar_h + gap)
+        out.append(f'<text x="{f.left - 6}" y="{y + 14}" text-anchor="end" fill="{TEXT}">'
+                   f'<title>{esc(label)}</title>{esc(_ellipsize(label, label_chars))}</text>')
+        x0 = 0.0
+        for (name, color, _), v in zip(stacks, vals[:, i], strict=True):
+            if v <= 0:
+                continue
+            a, b = float(f.px(x0)), float(f.px(x0 + v))
+            out.append(f'<rect x="{a:.1f}" y="{y}" width="{max(b - a, 0.0):.1f}" height="{bar_h}" fill="{color}">'
+                       f'<title>{esc(label)}: {esc(name)} {esc(fmt(v))}</title></rect>')
+            x0 += v
+        out.append(f'<text x="{float(f.px(x0)) + 5:.1f}" y="{y + 14}" fill="{TEXT}">{esc(fmt(totals[i]))}</text>')
+    legend = _legend([(name, color, "box") for name, color, _ in stacks], width - MARGIN_RIGHT)
+    # The legend shares the title row: with many entries it goes on a row of its own below the title.
+    out += [s.replace(' y="8"', ' y="22"').replace(' y="18"', ' y="32"') for s in legend]
+    out.append("</svg>")
+    return "\n".join(out)
