@@ -10,7 +10,9 @@ COPY analyzer analyzer
 COPY dashboards dashboards
 COPY alerts alerts
 COPY fixtures fixtures
-RUN pip install --no-cache-dir -e . && truegpu --version
+RUN pip install --no-cache-dir -e . && truegpu --version \
+    && mkdir -p /data && chown 65534:65534 /data
+# /data: the analyzer's cost rollups (a named volume takes this owner on first use).
 USER 65534:65534
 # 9835: exporter /metrics, 9836: analyzer /metrics
 EXPOSE 9835 9836

@@ -1,7 +1,11 @@
 """``truegpu serve``: the analyzer as a service, re-analyzing Prometheus every interval.
 
-Serves the latest results on /metrics (analyzer/output_schema.py) and the loop's state on
-/healthz through uvicorn; SIGTERM/SIGINT stop both cleanly (exit 0).
+Serves the latest results on /metrics (analyzer/output_schema.py), the loop's state on
+/healthz, the JSON API (/api/findings, /api/scores, /api/reports/cost; analyzer/api.py) and
+an HTML overview on / through uvicorn; SIGTERM/SIGINT stop both cleanly (exit 0).
+
+The API needs a bearer token (``--api-token-file``); ``--no-auth`` serves it open (logged as a
+warning). With neither, the API answers 403 and only /metrics and /healthz work.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import signal
 import socket
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from analyzer.cli import DEFAULT_STEP, _arg, _client_kwargs, add_prometheus_arguments
@@ -24,14 +29,17 @@ DEFAULT_PORT = 9836
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"
 DEFAULT_INTERVAL = 60.0
 DEFAULT_WINDOW = 1800.0
+DEFAULT_ROLLUP_INTERVAL = 3600.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "serve", help="run the analyzer as a service: analyze Prometheus every interval, serve /metrics",
+        "serve", help="run the analyzer as a service: analyze Prometheus every interval, serve /metrics and the API",
         description="Every --interval, analyze the last --window of GPU telemetry in a Prometheus-compatible "
         "API and publish the open findings, job and fleet utilization and the analyzer's health on /metrics "
-        "(for Prometheus to scrape, alert on and graph) and /healthz.",
+        "(for Prometheus to scrape, alert on and graph) and /healthz; findings, scores and cost reports on "
+        "/api/findings, /api/scores and /api/reports/cost (bearer token: --api-token-file; docs on /docs) and an "
+        "overview page on /.",
     )
     p.add_argument("--prometheus", metavar="URL", required=True,
                    help="Prometheus, Thanos, Mimir or VictoriaMetrics base URL")
@@ -49,9 +57,72 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     loop.add_argument("--job-label", help="label naming the job (e.g. hpc_job); default: derived from the pod")
     loop.add_argument("--stale-after", type=_arg(parse_positive_duration), default=None,
                       help="/healthz reports stale when the last good analysis is older (default 2 x interval + 60s)")
+    api = p.add_argument_group("API and authentication")
+    api.add_argument("--api-token-file", type=Path, metavar="FILE",
+                     help="file holding the bearer token /api/* and / require (cost data is sensitive)")
+    api.add_argument("--no-auth", action="store_true",
+                     help="serve /api/* and / without authentication (trusted networks only; logged as a warning)")
+    api.add_argument("--protect-metrics", action="store_true",
+                     help="require the API token on /metrics too (default: open, for Prometheus)")
+    api.add_argument("--protect-healthz", action="store_true",
+                     help="require the API token on /healthz too (default: open, for probes)")
+    cost = p.add_argument_group("cost")
+    cost.add_argument("--prices", type=Path, metavar="FILE",
+                      help="price catalog YAML (default: the illustrative fixtures/prices/default.yaml)")
+    cost.add_argument("--team-map", type=Path, metavar="FILE", help="namespace -> team map for group_by=team")
+    cost.add_argument("--rollup-store", metavar="URL_OR_PATH",
+                      help="keep daily cost rollups here (SQLite file, sqlite:///path or postgresql://...): the "
+                      "current day is rewritten every --rollup-interval and each day once more after it closes; "
+                      "/api/reports/cost reads it for windows longer than --window")
+    cost.add_argument("--rollup-interval", type=_arg(parse_positive_duration), default=DEFAULT_ROLLUP_INTERVAL,
+                      help="how often the current day's rollup is rewritten "
+                      f"(default {DEFAULT_ROLLUP_INTERVAL / 60:g}m)")
     # The same Prometheus connection options as `truegpu analyze` (read by analyzer.cli._client_kwargs).
     add_prometheus_arguments(p.add_argument_group("Prometheus"))
     p.set_defaults(func=run)
+
+
+def read_token(path: Path) -> str:
+    """The API token: the file's content without surrounding whitespace; refuses an empty one."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--api-token-file {path}: cannot read: {exc}") from None
+    if not token:
+        raise ValueError(f"--api-token-file {path} is empty")
+    if any(c.isspace() or ord(c) < 0x20 for c in token):
+        raise ValueError(f"--api-token-file {path}: the token must be one word (no spaces or control characters)")
+    return token
+
+
+def api_settings(args: argparse.Namespace, loader: Any) -> tuple[Any, Any]:
+    """(ApiSettings, the after-run rollup hook or None) from the flags; ValueError on a bad combination."""
+    from analyzer.api import ApiSettings
+    from analyzer.service import RollupWriter
+
+    if args.no_auth and args.api_token_file:
+        raise ValueError("--no-auth and --api-token-file exclude each other")
+    token = read_token(args.api_token_file) if args.api_token_file else None
+    if (args.protect_metrics or args.protect_healthz) and token is None:
+        raise ValueError("--protect-metrics/--protect-healthz need --api-token-file")
+    from analyzer.finops import load_catalog, load_team_map
+
+    catalog = load_catalog(args.prices)  # CatalogError is a ValueError
+    team_map = load_team_map(args.team_map) if args.team_map else None
+    rollup = None
+    if args.rollup_store:
+        from analyzer.finops.store import open_store
+
+        try:
+            open_store(args.rollup_store).close()  # fail at start-up, not at midnight
+        except Exception as exc:  # StoreError, sqlite3/psycopg errors, a missing driver
+            raise ValueError(f"--rollup-store {args.rollup_store}: {exc}") from None
+        rollup = RollupWriter(loader, args.rollup_store, catalog, team_map=team_map, kinds=args.kinds,
+                              every=args.rollup_interval)
+    settings = ApiSettings(token=token, no_auth=args.no_auth, protect_metrics=args.protect_metrics,
+                           protect_healthz=args.protect_healthz, catalog=catalog, team_map=team_map,
+                           store=args.rollup_store)
+    return settings, rollup
 
 
 def _error(message: str) -> int:
@@ -102,17 +173,23 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
             unknown = sorted(set(args.kinds) - set(load_detectors()))
             if unknown:
                 raise ValueError(f"unknown kind(s) {', '.join(unknown)}; known: {', '.join(sorted(load_detectors()))}")
+        settings, rollup = api_settings(args, loader)
         service = AnalyzerService(loader, url=args.prometheus, interval=args.interval, window=args.window,
-                                  step=args.step, kinds=args.kinds, stale_after=args.stale_after)
+                                  step=args.step, kinds=args.kinds, stale_after=args.stale_after,
+                                  on_result=rollup)
     except (ValueError, OSError) as exc:
         return _error(str(exc))
+    if settings.no_auth:
+        log.warning("--no-auth: /api/* and / (findings, scores, COST data) are served WITHOUT authentication")
+    elif settings.token is None:
+        log.warning("no --api-token-file: /api/* and / answer 403; only /metrics and /healthz are served")
     host, port = args.listen
     try:
         sock = bind(host, port)
     except OSError as exc:
         return _error(f"cannot listen on {host or '*'}:{port}: {exc}")
 
-    config = uvicorn.Config(make_app(service), log_config=None, access_log=False, lifespan="off",
+    config = uvicorn.Config(make_app(service, settings), log_config=None, access_log=False, lifespan="off",
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     http = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="http", daemon=True)

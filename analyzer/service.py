@@ -21,12 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
-
 from exporter.timeparse import iso
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from analyzer.api import ApiSettings
     from analyzer.findings import Finding
     from analyzer.frame import Fleet
     from analyzer.scores import Scores
@@ -205,6 +205,7 @@ class AnalyzerService:
         kinds: Sequence[str] | None = None,
         stale_after: float | None = None,
         clock: Callable[[], float] = time.time,
+        on_result: Callable[[Analysis], None] | None = None,
     ) -> None:
         if interval <= 0 or window <= 0 or step <= 0:
             raise ValueError("interval, window and step must be > 0")
@@ -218,6 +219,8 @@ class AnalyzerService:
         self.kinds = list(kinds) if kinds is not None else None
         self.stale_after = float(stale_after) if stale_after is not None else 2 * self.interval + 60.0
         self.clock = clock
+        #: Called in the loop thread after each good run (e.g. the daily cost rollup); its errors are logged.
+        self.on_result = on_result
         self._snapshot = Snapshot(None, Health(started=clock()))
         self._lock = threading.Lock()  # serialises writers; readers take the snapshot reference as is
         self._stop = threading.Event()
@@ -298,8 +301,17 @@ class AnalyzerService:
         log.info("analyzed %s .. %s in %.1fs: %d finding(s), %d open",
                  iso(analysis.start), iso(analysis.end), duration, len(analysis.findings),
                  len(analysis.open_findings))
+        self._after(analysis)
         self._notify()
         return True
+
+    def _after(self, analysis: Analysis) -> None:
+        if self.on_result is None:
+            return
+        try:
+            self.on_result(analysis)
+        except Exception as exc:  # a failing hook (rollup store) must not stop the loop
+            log.error("after-run hook failed: %s", short_error(exc), exc_info=log.isEnabledFor(logging.DEBUG))
 
     def _notify(self) -> None:
         with self.ran:
@@ -360,35 +372,119 @@ def prometheus_loader(
     return load
 
 
-def make_app(service: AnalyzerService) -> FastAPI:
-    """The service's HTTP app: /metrics and /healthz now; the findings/scores API mounts here later."""
-    from prometheus_client.exposition import choose_encoder
+#: Attempts at writing a closed day's final rollup before giving up on it (logged each time).
+MAX_ROLLUP_ATTEMPTS = 5
 
-    from analyzer.service_metrics import build_registry
-    from exporter import __version__
 
-    registry = build_registry(service.snapshot)
-    app = FastAPI(title="truegpu analyzer", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.service = service
-    app.state.registry = registry
+class RollupWriter:
+    """After-run hook writing the daily cost rollups (analyzer.finops) to a rollup store.
 
-    @app.get("/metrics")
-    def metrics(request: Request) -> Response:  # sync: runs in the threadpool, not on the event loop
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encoder(registry), media_type=None, headers={"Content-Type": content_type})
+    Every ``every`` seconds of data it re-analyzes the current UTC day so far, ``[midnight, end)``
+    of the latest run, and replaces that day in the store (``write_day`` is idempotent: a rerun,
+    a restart or a second replica rewrites the same rows). When a run lands on a new day, the
+    day that closed is written once more over all its 24 hours first (its final numbers); on the
+    first run after start-up the previous day is written too when the store lacks it. A day
+    without any data is never written (an outage must not erase a day already stored).
 
-    @app.get("/healthz")
-    def healthz() -> JSONResponse:
-        return JSONResponse(service.health_json())
+    Runs in the loop thread (the store connection is opened and closed per write, as SQLite
+    connections belong to their thread); errors are logged by the service and retried next run.
+    """
 
-    @app.get("/")
-    def index() -> PlainTextResponse:
-        return PlainTextResponse(f"truegpu analyzer {__version__}: /metrics, /healthz\n")
+    def __init__(
+        self, loader: Loader, store: str, catalog: Any, *, team_map: Mapping[str, str] | None = None,
+        kinds: Sequence[str] | None = None, every: float = 3600.0, group_bys: Sequence[str] | None = None,
+    ) -> None:
+        self.loader, self.store, self.catalog = loader, store, catalog
+        self.team_map = dict(team_map) if team_map else None
+        self.kinds = list(kinds) if kinds is not None else None
+        self.every = float(every)
+        self.group_bys = tuple(group_bys) if group_bys is not None else None
+        #: End of the data last written, and the start of the day it belongs to.
+        self.last_end: float | None = None
+        self.last_day: float | None = None
+        #: Closed days still to write (start of day), and failed attempts per day.
+        self.pending: list[float] = []
+        self.failures: dict[float, int] = {}
+        self.writes = 0
 
-    return app
+    def __call__(self, analysis: Analysis) -> None:
+        end = float(analysis.end)
+        day = math.floor(end / 86400.0) * 86400.0
+        first = self.last_day is None
+        if not first and self.last_day == day and end - (self.last_end or 0.0) < self.every:
+            return
+        if first:
+            previous = day - 86400.0
+            try:
+                if not self._has_day(previous):
+                    self.write(previous, day)
+            except Exception as exc:  # best effort: Prometheus may not hold yesterday at all
+                log.warning("rollup: yesterday (%s) not written: %s", iso(previous), short_error(exc))
+        elif self.last_day is not None and self.last_day < day:
+            self.pending.append(self.last_day)  # the closed day, once more over all its hours
+        for closed in list(self.pending):
+            try:
+                self.write(closed, closed + 86400.0)
+                self.pending.remove(closed)
+            except Exception as exc:
+                self.failures[closed] = self.failures.get(closed, 0) + 1
+                if self.failures[closed] >= MAX_ROLLUP_ATTEMPTS:
+                    self.pending.remove(closed)
+                log.error("rollup: closed day %s not written (attempt %d of %d): %s", iso(closed),
+                          self.failures[closed], MAX_ROLLUP_ATTEMPTS, short_error(exc))
+        self.last_day = day
+        if end > day:
+            self.write(day, end)  # errors reach the service's log; retried on the next run
+        self.last_end = end
+
+    def _has_day(self, day_start: float) -> bool:
+        from datetime import UTC, datetime
+
+        from analyzer.finops.store import open_store
+
+        with open_store(self.store) as store:
+            return datetime.fromtimestamp(day_start, UTC).date() in store.days("namespace")
+
+    def write(self, start: float, end: float) -> int:
+        """Analyze [start, end) (within one UTC day) and replace its day's rollups; the rows written."""
+        from analyzer.detectors import run_detectors
+        from analyzer.finops import GROUP_BY, cost_report, daily_rollups
+        from analyzer.finops.store import open_store
+        from analyzer.scores import compute_scores
+
+        t0 = time.perf_counter()
+        fleet = self.loader(start, end)
+        if fleet.frame.empty:
+            log.warning("rollup: no data for %s .. %s; not written", iso(start), iso(end))
+            return 0
+        scores = compute_scores(fleet)
+        findings = run_detectors(fleet, self.kinds)
+        written = 0
+        with open_store(self.store) as store:
+            for group_by in self.group_bys or GROUP_BY:
+                report = cost_report(fleet, scores, findings, self.catalog, group_by=group_by, team_map=self.team_map)
+                rows = daily_rollups(report)
+                for day, part in rows.groupby("day", sort=True):
+                    extra = [c for c in part.columns if c in ("cluster", "currency")]  # text: not stored
+                    store.write_day(str(day), group_by, part.drop(columns=extra))
+                    written += len(part)
+        self.writes += 1
+        log.info("rollup: wrote %d row(s) for %s .. %s to %s in %.1fs", written, iso(start), iso(end), self.store,
+                 time.perf_counter() - t0)
+        return written
+
+
+def make_app(service: AnalyzerService, settings: ApiSettings | None = None) -> FastAPI:
+    """The service's HTTP app (analyzer/api.py): /api/*, the / overview, /metrics, /healthz, /docs.
+
+    Without ``settings`` the API is disabled (403) and /metrics, /healthz are open.
+    """
+    from analyzer.api import create_app
+
+    return create_app(service, settings)
 
 
 __all__ = [
-    "Analysis", "AnalyzerService", "Health", "JobUtilization", "Snapshot", "label_value", "make_app",
+    "Analysis", "AnalyzerService", "Health", "JobUtilization", "RollupWriter", "Snapshot", "label_value", "make_app",
     "prometheus_loader", "short_error",
 ]

@@ -209,9 +209,14 @@ def test_serve_against_real_prometheus(tmp_path, live_history, serve_in_process,
     from analyzer.simulated import fleet_from_cluster
 
     om, cluster = live_history
+    token_file = tmp_path / "token"
+    token_file.write_text("real-prom-token\n")
+    auth = {"Authorization": "Bearer real-prom-token"}
     with backfilled_prometheus(tmp_path, [om], promtool, prometheus_bin) as prom_url:
         service, url = serve_in_process(["--prometheus", prom_url, "--listen", "127.0.0.1:0", "--interval", "3s",
-                                         "--window", f"{WINDOW:g}s", "--timeout", "10"])
+                                         "--window", f"{WINDOW:g}s", "--timeout", "10",
+                                         "--api-token-file", str(token_file),
+                                         "--rollup-store", str(tmp_path / "rollups.db")])
         assert service.wait_for_run(120), "no analysis run finished"
         health = requests.get(f"{url}/healthz", timeout=10).json()
         assert health["status"] == "ok" and health["last_error"] is None, health
@@ -256,6 +261,19 @@ def test_serve_against_real_prometheus(tmp_path, live_history, serve_in_process,
         assert time.time() - 120 < last_success <= time.time()
         assert _value(text, O.ANALYZER_RUN_DURATION.name) > 0
         assert _value(text, O.ANALYZER_RUNS.name, result="ok") >= 1
+        # The API serves the same results (token required), fresh.
+        assert requests.get(f"{url}/api/findings", timeout=10).status_code == 401
+        api = requests.get(f"{url}/api/findings", params={"open_only": "true"}, headers=auth, timeout=30)
+        assert api.status_code == 200 and api.json()["stale"] is False, api.text
+        assert api.headers["X-Truegpu-Stale"] == "false"
+        api_masking = {(f["hostname"], str(f["gpu"])) for f in api.json()["findings"] if f["kind"] == "idle_masking"}
+        assert {(lab["hostname"], lab["gpu"]) for lab in masking} <= api_masking
+        fleet_row = requests.get(f"{url}/api/scores", params={"allocated_only": "true"}, headers=auth,
+                                 timeout=30).json()["rows"][0]
+        assert fleet_row["effective_util"] == pytest.approx(
+            _value(text, O.FLEET_EFFECTIVE_UTILIZATION.name, allocation="allocated"))
+        cost = requests.get(f"{url}/api/reports/cost", params={"group_by": "job"}, headers=auth, timeout=60)
+        assert cost.status_code == 200 and cost.json()["report"]["totals"]["cost"] > 0, cost.text
         ok_runs = service.snapshot().health.runs_ok
         errors_before = service.snapshot().health.runs_error
 
@@ -272,6 +290,15 @@ def test_serve_against_real_prometheus(tmp_path, live_history, serve_in_process,
         sorted(map(sorted, (lab.items() for lab, _ in _series(text, O.FINDING_ACTIVE.name))))
     assert _value(after, O.ANALYZER_LAST_SUCCESS.name) <= time.time()
     assert _value(after, O.ANALYZER_RUNS.name, result="error") > errors_before
+    stale = requests.get(f"{url}/api/findings", params={"open_only": "true"}, headers=auth, timeout=30)
+    assert stale.status_code == 200 and stale.headers["X-Truegpu-Stale"] == "true"
+    assert stale.json()["stale"] is True and prom_url in stale.json()["last_error"]
+    assert stale.json()["findings"] == api.json()["findings"]  # the last good results
+    # The rollup store got today's (and yesterday's) cost rollups from the loop.
+    from analyzer.finops.store import open_store
+
+    with open_store(tmp_path / "rollups.db") as store:
+        assert store.days("namespace")
 
 
 def test_serve_cli_unreachable_prometheus_stays_up_and_stops_on_sigterm(tmp_path, promtool):
@@ -281,7 +308,7 @@ def test_serve_cli_unreachable_prometheus_stays_up_and_stops_on_sigterm(tmp_path
     with open(log, "w") as log_f:
         proc = subprocess.Popen(
             [sys.executable, "-m", "truegpu", "serve", "--prometheus", dead, "--listen", f"127.0.0.1:{port}",
-             "--interval", "1s", "--timeout", "1"],
+             "--interval", "1s", "--timeout", "1", "--no-auth"],
             cwd=ROOT, stdout=log_f, stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
@@ -306,6 +333,8 @@ def test_serve_cli_unreachable_prometheus_stays_up_and_stops_on_sigterm(tmp_path
                 assert dead in body["last_error"]
                 assert _value(text, O.ANALYZER_LAST_SUCCESS.name) == 0
                 assert _series(text, O.FINDING_ACTIVE.name) == []
+                api = requests.get(f"{url}/api/findings", timeout=5)  # --no-auth: open, but nothing to serve yet
+                assert api.status_code == 503 and dead in api.json()["last_error"], api.text
             time.sleep(0.2)
         assert len(errors) == 2, f"runs_total{{result='error'}} did not grow: {errors}\n{log.read_text()}"
         proc.send_signal(signal.SIGTERM)
@@ -316,4 +345,27 @@ def test_serve_cli_unreachable_prometheus_stays_up_and_stops_on_sigterm(tmp_path
             proc.wait()
     out = log.read_text()
     assert f"analysis of {dead} failed" in out and "Traceback" not in out
+    assert "--no-auth: /api/* and / (findings, scores, COST data) are served WITHOUT authentication" in out
     assert "stopped" in out
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--no-auth", "--api-token-file", "TOKEN"], "exclude each other"),
+    (["--api-token-file", "EMPTY"], "is empty"),
+    (["--api-token-file", "MISSING"], "cannot read"),
+    (["--protect-metrics"], "need --api-token-file"),
+    (["--prices", "MISSING"], "price catalog"),
+    (["--rollup-store", "ftp://nowhere/x"], "--rollup-store"),
+])
+def test_serve_rejects_bad_api_and_cost_flags(tmp_path, capsys, extra, message):
+    from analyzer import serve_cli
+    from truegpu.cli import build_parser
+
+    (tmp_path / "TOKEN").write_text("t")
+    (tmp_path / "EMPTY").write_text(" \n")
+    argv = ["serve", "--prometheus", "http://127.0.0.1:9", "--listen", "127.0.0.1:0",
+            *[str(tmp_path / a) if a in ("TOKEN", "EMPTY", "MISSING") else a for a in extra]]
+    args = build_parser(argv).parse_args(argv)
+    assert serve_cli.run(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("truegpu serve: error: ") and message in err, err
