@@ -33,11 +33,11 @@ from analyzer.finops.costs import (
     daily_rollups,
     load_team_map,
 )
-from analyzer.frame import Fleet, empty_frame, gpu_share
+from analyzer.frame import Fleet, empty_frame
 from analyzer.scores import compute_scores
-from analyzer.signals import ALLOCATION_COLUMNS
 from analyzer.simulated import fleet_from_cluster
 from exporter.simulator import Cluster, load_scenario
+from tests import fleets
 
 START = 1_767_571_200.0  # 2026-01-05T00:00:00Z
 HOUR = 3600.0
@@ -54,28 +54,7 @@ def catalog(**over) -> Catalog:
 
 
 def make_fleet(devices: list[dict], steps: int = 1, step: float = HOUR, start: float = START) -> Fleet:
-    """A Fleet per frame.py from device dicts (a value or a per-step list per signal)."""
-    rows: list[dict] = []
-    for i, d in enumerate(devices):
-        for t in range(steps):
-            r = {
-                "timestamp": start + t * step, "hostname": d.get("hostname", f"n{i // 8}"),
-                "gpu": d.get("gpu", str(i % 8)), "uuid": d.get("uuid", f"GPU-{i}"),
-                "gpu_instance": d.get("gpu_instance", ""), "mig_profile": d.get("mig_profile", ""),
-                "model": d.get("model", H100), "site": "dc1", "rack": "r1",
-                "gpu_share": gpu_share(d.get("mig_profile", "")),
-            }
-            for c in ALLOCATION_COLUMNS:
-                v = d.get(c)
-                r[c] = v[t] if isinstance(v, list) else v
-            for k, v in d.items():
-                if k not in r and k not in ALLOCATION_COLUMNS:
-                    r[k] = float(v[t] if isinstance(v, list) else v)
-            rows.append(r)
-    frame = pd.DataFrame(rows)
-    for c in ("hostname", "gpu", "uuid", "gpu_instance", "mig_profile", "model", "site", "rack", *ALLOCATION_COLUMNS):
-        frame[c] = frame[c].astype("category")
-    return Fleet(frame=frame, step=step, start=start, end=start + steps * step)
+    return fleets.make_fleet(devices, steps, step, start, model=H100)
 
 
 def gpu(util=1.0, sm=0.5, clk=MAX_CLK, **kw) -> dict:

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from analyzer import bottleneck as B
-from analyzer.frame import Fleet, gpu_share
+from analyzer.frame import Fleet
 from analyzer.scores import (
     AGG_COLUMNS,
     FALLBACK_SM_PER_UTIL,
@@ -19,38 +19,16 @@ from analyzer.scores import (
     fleet_summary,
     row_scores,
 )
-from analyzer.signals import ALLOCATION_COLUMNS
 from analyzer.simulated import fleet_from_cluster
 from exporter.simulator import Cluster, load_scenario
+from tests import fleets
 
 START, STEP = 1_700_000_000.0, 15.0
 MAX_CLK = 1.98e9
 
 
 def make_fleet(devices: list[dict], steps: int = 4, step: float = STEP) -> Fleet:
-    """A Fleet per frame.py from device dicts: identity/allocation keys plus one value or a list
-    (per step) for each signal; a signal named by no device is absent from the frame."""
-    rows: list[dict] = []
-    for i, d in enumerate(devices):
-        for t in range(steps):
-            r = {
-                "timestamp": START + t * step, "hostname": d.get("hostname", f"n{i // 8}"),
-                "gpu": d.get("gpu", str(i % 8)), "uuid": d.get("uuid", f"GPU-{i}"),
-                "gpu_instance": d.get("gpu_instance", ""), "mig_profile": d.get("mig_profile", ""),
-                "model": d.get("model", "H100"), "site": "dc1", "rack": "r1",
-                "gpu_share": gpu_share(d.get("mig_profile", "")),
-            }
-            for c in ALLOCATION_COLUMNS:
-                v = d.get(c)
-                r[c] = v[t] if isinstance(v, list) else v
-            for k, v in d.items():
-                if k not in r and k not in ALLOCATION_COLUMNS:
-                    r[k] = float(v[t] if isinstance(v, list) else v)
-            rows.append(r)
-    frame = pd.DataFrame(rows)
-    for c in ("hostname", "gpu", "uuid", "gpu_instance", "mig_profile", "model", "site", "rack", *ALLOCATION_COLUMNS):
-        frame[c] = frame[c].astype("category")
-    return Fleet(frame=frame, step=step, start=START, end=START + steps * step)
+    return fleets.make_fleet(devices, steps, step, START)
 
 
 def busy_gpu(**kw) -> dict:
