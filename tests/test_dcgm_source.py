@@ -520,3 +520,46 @@ def test_cli_options_build_the_source() -> None:
     assert (src.url, src.timeout, src.hostname, src.force_hostname) == ("http://10.0.0.5:9400/metrics", 0.5, "n7", True)
     with pytest.raises(ValueError, match="http"):
         DcgmSource("localhost:9400/metrics")
+
+
+# -- per-series line cache ------------------------------------------------------------------
+def test_line_cache_repeat_scrape_matches_fresh_source() -> None:
+    text = H100.read_text()
+    warm = DcgmSource("http://127.0.0.1:1/metrics", hostname="h")
+    warm.convert(text)
+    changed = text.replace("} 1980\n", "} 1410\n").replace("} 2619\n", "} 2619.5\n")
+    got = warm.convert(changed)
+    want = DcgmSource("http://127.0.0.1:1/metrics", hostname="h").convert(changed)
+    # Counters integrate rates over time, so only the gauges of the two must agree.
+    assert {m.name: sorted(map(repr, s)) for m, s in got.samples.items() if m.type != "counter"} == {
+        m.name: sorted(map(repr, s)) for m, s in want.samples.items() if m.type != "counter"}
+    assert any(v == 1410e6 for _, v in got.samples[SM_CLOCK])
+
+
+def test_line_cache_changed_labels_and_bad_values_are_not_served_stale() -> None:
+    src = DcgmSource("http://127.0.0.1:1/metrics", hostname="h")
+    line = 'DCGM_FI_DEV_SM_CLOCK{gpu="0",UUID="GPU-a",pod="p1",namespace="n"} 1980\n'
+    src.convert(line)
+    r = src.convert(line.replace('pod="p1"', 'pod="p2"'))
+    assert [labels["pod"] for labels, _ in r.samples[GPU_ALLOCATION_INFO]] == ["p2"]
+    assert [labels["gpu"] for labels, _ in r.samples[SM_CLOCK]] == ["0"]
+    # A value that float() takes but Prometheus does not, and a trailing timestamp, still go the slow way.
+    r = src.convert(line.replace("1980", "1_980") + line.replace("1980", "1990 bogus"))
+    assert SM_CLOCK not in r.samples and not r.up
+    r = src.convert(line.replace("1980", "nan") + line)
+    assert [v for _, v in r.samples[SM_CLOCK]] == [1980e6]
+    # A comment seen before is skipped; a changed one is checked again.
+    src.convert("# TYPE DCGM_FI_DEV_SM_CLOCK gauge\n" + line)
+    r = src.convert("# TYPE DCGM_FI_DEV_SM_CLOCK bogus\n" + line)
+    assert [e.kind for e in r.errors] == [BAD_LINE] and "line 1" in r.errors[0].message
+
+
+def test_line_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from exporter.sources import dcgm
+
+    monkeypatch.setattr(dcgm, "_MAX_CACHED", 10)
+    src = DcgmSource("http://127.0.0.1:1/metrics", hostname="h")
+    for i in range(50):
+        r = src.convert(f'DCGM_FI_DEV_SM_CLOCK{{gpu="0",UUID="GPU-a",pod="p{i}"}} 1980\n')
+        assert [labels["pod"] for labels, _ in r.samples[GPU_ALLOCATION_INFO]] == [f"p{i}"]
+    assert len(src._lines) <= 11 and len(src._idents) <= 11

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import re
 import socket
 import time
@@ -73,10 +72,14 @@ _DRIVER_LABELS = ("DCGM_FI_DRIVER_VERSION", "dcgm_fi_driver_version")
 _GI_LABELS = ("GPU_I_ID", "gpu_i_id")
 _PROFILE_LABELS = ("GPU_I_PROFILE", "gpu_i_profile")
 
+_ACCEPT: Final = {"Accept": "text/plain"}
 _SENTINEL_MIN = min(lo for lo, _ in DCGM_SENTINEL_RANGES)
 
-# How one field is handled.
-_VALUE, _USED, _MEM, _RATE, _BITMASK, _LAST, _XID_COUNT = range(7)
+# How one field is handled; the last three are per-series outcomes of the line cache: a sample
+# that is not DCGM's, a DCGM field outside the contract, a contract field without gpu/UUID.
+_VALUE, _USED, _MEM, _RATE, _BITMASK, _LAST, _XID_COUNT, _SKIP, _IGNORED, _NO_IDENT = range(10)
+#: Bound of the per-series caches (label churn: pods come and go).
+_MAX_CACHED: Final = 65536
 
 
 class ScrapeError(Exception):
@@ -179,12 +182,18 @@ class DcgmSource(Source):
         self.force_hostname = force_hostname
         self.max_gap = float(max_gap)
         self._clock = clock
+        #: Our own session's GET, prepared once (see fetch); None for a caller's session.
+        self._prepared: requests.PreparedRequest | None = None
         if session is None:
             session = requests.Session()
             # Node-local endpoint: an HTTP(S)_PROXY from the environment must not capture it.
             session.trust_env = False
+            self._prepared = session.prepare_request(requests.Request("GET", url, headers=_ACCEPT))
         self._session = session
         self._idents: dict[str, _Ident | None] = {}
+        #: line prefix (everything before the value) -> mapped entry (see _entry); for a comment
+        #: line known to be harmless (not a bad ``# TYPE``), the whole line
+        self._lines: dict[str, tuple | str] = {}
         #: rate series -> [counter, last rate, last time]
         self._rates: dict[tuple[tuple[str, ...], str, tuple[tuple[str, str], ...]], list[float]] = {}
         self._xid_last: dict[tuple[str, ...], int] = {}
@@ -202,7 +211,13 @@ class DcgmSource(Source):
             attempt += 1
             per_try = max(min(self.timeout, deadline - time.monotonic()), 0.001)
             try:
-                resp = self._session.get(self.url, timeout=per_try, headers={"Accept": "text/plain"})
+                prepared = self._prepared
+                if prepared is not None and not self._session.cookies:
+                    # What session.get() would send (no env settings, no cookies to merge),
+                    # without preparing the same request again on every scrape.
+                    resp = self._session.send(prepared.copy(), timeout=per_try)
+                else:
+                    resp = self._session.get(self.url, timeout=per_try, headers=_ACCEPT)
                 if resp.status_code == 200:
                     return resp.content.decode("utf-8", "replace")
                 snippet = resp.text[:200].strip().replace("\n", " ")
@@ -251,19 +266,18 @@ class DcgmSource(Source):
         """
         if reading is None:
             reading = Reading()
-        parsed = promtext.parse(text)
-        if not parsed.samples:
-            reading.fail(PARSE_ERROR, f"no samples in the response of {self.url}" + _bad_summary(parsed.bad))
-            return reading
-        if parsed.bad:
-            reading.errors.append(SourceError(BAD_LINE, f"{self.url}: skipped {len(parsed.bad)} bad line(s)"
-                                              + _bad_summary(parsed.bad)))
         now = self._clock()
         add = reading.add
-        fields = _FIELDS
-        idents = self._idents
-        if len(idents) > 65536:  # label churn (pods come and go): keep the cache bounded
-            idents.clear()
+        cache = self._lines
+        if len(cache) > _MAX_CACHED:  # label churn (pods come and go): keep the caches bounded
+            cache.clear()
+            self._idents.clear()
+        by_metric = reading.samples
+        label_cache: dict[str, dict[str, str]] = {"": {}}
+        types: dict[str, str] = {}
+        parse_line = promtext.parse_line
+        ignored = self.ignored_fields
+        bad: list[promtext.BadLine] = []
         seen: dict[tuple[str, ...], _Ident] = {}
         mem: dict[tuple[str, ...], dict[str, float]] = {}
         bitmask_done: set[tuple[str, ...]] = set()
@@ -272,67 +286,93 @@ class DcgmSource(Source):
         last_xid: dict[tuple[str, ...], int] = {}
         allocs: dict[tuple[tuple[str, ...], tuple[str, str, str, str]], None] = {}  # ordered set
         no_identity: list[int] = []
+        n_samples = 0
         dcgm_samples = 0
-        for sample in parsed.samples:
-            spec = fields.get(sample.name)
-            if spec is None:
-                if sample.name[:5] in ("DCGM_", "dcgm_"):
-                    dcgm_samples += 1
-                    if sample.name not in self.ignored_fields:
-                        self.ignored_fields.add(sample.name)
-                        log.debug("dcgm: ignoring field %s (not in the contract)", sample.name)
-                continue
-            dcgm_samples += 1
-            value = sample.value
-            if value != value or value in (math.inf, -math.inf):
-                continue  # unknown
+        for lineno, line in enumerate(text.splitlines(), 1):
+            # A line seen before (same name and labels, only the value differs) is a lookup
+            # and a float(); see promtext.parse_line for why the prefix is a safe key.
+            prefix, _, vt = line.rpartition(" ")
+            ent = cache.get(prefix)
+            if ent is not None:
+                if ent.__class__ is str:  # a comment line seen before (the entry is the whole line)
+                    if ent == line:
+                        continue
+                    ent = None
+                else:
+                    try:
+                        value = float(vt)
+                    except ValueError:
+                        ent = None
+                    else:
+                        if "_" in vt:
+                            ent = None
+            if ent is None:
+                r = parse_line(line, label_cache, types)
+                if r is None:
+                    if line[:1] == "#" and prefix:
+                        cache[prefix] = line  # HELP/TYPE lines repeat every scrape too
+                    continue
+                if r.__class__ is str:
+                    bad.append(promtext.BadLine(lineno, r, line))  # type: ignore[arg-type]
+                    continue
+                name, block, labels, value, prefix = r  # type: ignore[misc]
+                ent = self._entry(name, block, labels)
+                if prefix is not None:
+                    cache[prefix] = ent
+            n_samples += 1
+            how = ent[0]
+            if how >= _SKIP:
+                if how == _SKIP:
+                    continue
+                dcgm_samples += 1
+                if how == _IGNORED:
+                    if ent[1] not in ignored:
+                        ignored.add(ent[1])
+                        log.debug("dcgm: ignoring field %s (not in the contract)", ent[1])
+                    continue
+            else:
+                dcgm_samples += 1
+            if value - value != 0:
+                continue  # NaN, +-Inf: unknown
             if value >= _SENTINEL_MIN and is_dcgm_sentinel(value):
                 continue  # DCGM's "blank"/not supported: unknown
-            ident = idents.get(sample.raw_labels, False)
-            if ident is False:
-                ident = idents[sample.raw_labels] = self._ident(sample.labels)
-            if ident is None:
-                no_identity.append(sample.line)
+            if how == _NO_IDENT:
+                no_identity.append(lineno)
                 continue
-            key = ident.key
+            key = ent[1]
             if key not in seen:
-                seen[key] = ident
-            if ident.alloc is not None:
-                allocs[key, ident.alloc] = None
-            how = spec.how
-            if how == _VALUE:
-                labels = dict(ident.labels)
-                if spec.extra:
-                    labels.update(spec.extra)
-                add(spec.metric, labels, value * spec.scale)
+                seen[key] = ent[2]
+            if ent[3] is not None:
+                allocs[ent[3]] = None
+            if how == _VALUE:  # reading.add, inlined
+                lst = by_metric.get(ent[4])
+                if lst is None:
+                    lst = by_metric[ent[4]] = []
+                lst.append((ent[5], value * ent[6]))
             elif how == _USED:
-                add(MEMORY_USED, dict(ident.labels), value * spec.scale)
+                add(MEMORY_USED, ent[5], value * ent[6])
                 mem.setdefault(key, {})["used"] = value
             elif how == _MEM:
-                mem.setdefault(key, {})[spec.part] = value
+                mem.setdefault(key, {})[ent[4]] = value
             elif how == _RATE:
-                rkey = (key, spec.metric.name, spec.extra)
+                rkey = ent[7]
                 if rkey in rates_done:
                     continue
                 rates_done.add(rkey)
-                labels = dict(ident.labels)
-                labels.update(spec.extra)
-                add(spec.metric, labels, self._integrate(rkey, max(value * spec.scale, 0.0), now))
+                add(ent[4], ent[5], self._integrate(rkey, max(value * ent[6], 0.0), now))
             elif how == _BITMASK:
                 if key in bitmask_done:
                     continue  # both the current name and its deprecated alias are present
                 bitmask_done.add(key)
                 mask = int(value)
-                for bit, reason in CLOCK_EVENT_REASONS.items():
-                    labels = dict(ident.labels)
-                    labels["reason"] = reason
+                for bit, labels in ent[4]:
                     add(CLOCK_EVENT_ACTIVE, labels, 1.0 if mask & bit else 0.0)
             elif how == _LAST:
                 last_xid[key] = int(value)
             else:  # _XID_COUNT
-                xid = sample.labels.get("xid", "")
+                xid = ent[4]
                 if not xid:
-                    no_identity.append(sample.line)
+                    no_identity.append(lineno)
                     continue
                 xid_counted.add(key)
                 wkey = (key, xid)
@@ -342,6 +382,12 @@ class DcgmSource(Source):
                     counts = self._xid_counts.setdefault(key, {})
                     counts[xid] = counts.get(xid, 0.0) + (value - prev)
 
+        if not n_samples:
+            reading.fail(PARSE_ERROR, f"no samples in the response of {self.url}" + _bad_summary(bad))
+            return reading
+        if bad:
+            reading.errors.append(SourceError(BAD_LINE, f"{self.url}: skipped {len(bad)} bad line(s)"
+                                              + _bad_summary(bad)))
         if dcgm_samples == 0:
             reading.fail(PARSE_ERROR, f"no DCGM fields in the response of {self.url} (is it a dcgm-exporter?)")
             return reading
@@ -377,6 +423,39 @@ class DcgmSource(Source):
             labels.update(namespace=ns, pod=pod, container=container, job=job)
             add(GPU_ALLOCATION_INFO, labels, 1.0)
         return reading
+
+    def _entry(self, name: str, block: str, labels: dict[str, str]) -> tuple:
+        """How every sample of one series (field name + label block) is mapped; built once, then cached.
+
+        Label dicts in an entry are shared by every scrape's Reading: consumers only read them.
+        """
+        spec = _FIELDS.get(name)
+        if spec is None:
+            return (_IGNORED, name) if name[:5] in ("DCGM_", "dcgm_") else (_SKIP,)
+        idents = self._idents
+        ident = idents.get(block, False)
+        if ident is False:
+            if len(idents) > _MAX_CACHED:
+                idents.clear()
+            ident = idents[block] = self._ident(labels)
+        if ident is None:
+            return (_NO_IDENT,)
+        key = ident.key
+        alloc = (key, ident.alloc) if ident.alloc is not None else None
+        how = spec.how
+        if how in (_VALUE, _USED, _RATE):
+            out = dict(ident.labels)
+            out.update(spec.extra)
+            rkey = (key, spec.metric.name, spec.extra) if how == _RATE else None
+            return how, key, ident, alloc, spec.metric, out, spec.scale, rkey
+        if how == _MEM:
+            return how, key, ident, alloc, spec.part
+        if how == _BITMASK:
+            return how, key, ident, alloc, tuple(
+                (bit, {**ident.labels, "reason": reason}) for bit, reason in CLOCK_EVENT_REASONS.items())
+        if how == _LAST:
+            return how, key, ident, alloc
+        return how, key, ident, alloc, labels.get("xid", "")  # _XID_COUNT
 
     def _ident(self, labels: dict[str, str]) -> _Ident | None:
         gpu = labels.get("gpu", "")

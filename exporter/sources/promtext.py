@@ -83,49 +83,67 @@ def parse_value(text: str) -> float:
         raise ValueError(f"invalid value {text!r}") from None
 
 
+def parse_line(
+    line: str, label_cache: dict[str, dict[str, str]], types: dict[str, str]
+) -> tuple[str, str, dict[str, str], float, str | None] | str | None:
+    """One line of a body: None for a blank or comment line (a ``# TYPE`` is recorded in ``types``),
+    the reason as a str for a bad line, else ``(name, label block, labels, value, prefix)``.
+
+    ``prefix`` is ``line[:line.rfind(" ")]`` when the line is exactly ``prefix + " " + value``
+    without a timestamp, else None. Such a prefix is a cheap cache key for the next scrape:
+    any ``prefix + " " + v`` where ``v`` has no "_" and ``float(v)`` succeeds parses to the
+    same name, block and labels with value ``float(v)`` (``v`` holds no brace or quote, and
+    no space by construction), so callers may skip this function for those lines.
+    """
+    if not line or line.isspace():
+        return None
+    if line[0] == "#":
+        parts = line.split(None, 3)
+        if len(parts) >= 3 and parts[1] == "TYPE":
+            kind = parts[3].strip() if len(parts) == 4 else ""
+            if kind not in _TYPES:
+                return f"unknown metric type {kind!r}"
+            types[parts[2]] = kind
+        return None  # HELP lines, comments, OpenMetrics '# EOF'
+    m = _SAMPLE.fullmatch(line.strip())
+    if m is None:
+        return "not a sample line (expected 'name{labels} value [timestamp]')"
+    name, block, value_text, ts = m.groups()
+    if block is None:
+        block = ""
+    labels = label_cache.get(block)
+    if labels is None:
+        try:
+            labels = parse_labels(block)
+        except ValueError as exc:
+            return str(exc)
+        label_cache[block] = labels
+    try:
+        value = float(value_text) if "_" not in value_text else parse_value(value_text)
+    except ValueError:
+        return f"invalid value {value_text!r}"
+    if ts is not None:
+        try:
+            parse_value(ts)
+        except ValueError:
+            return f"invalid timestamp {ts!r}"
+        return name, block, labels, value, None
+    n = len(value_text) + 1
+    prefix = line[:-n] if line[-n] == " " and line.endswith(value_text) else None
+    return name, block, labels, value, prefix
+
+
 def parse(text: str) -> ParseResult:
     """Parse an exposition body; never raises for bad content, reports it in ``bad`` instead."""
     result = ParseResult()
     samples, bad, types = result.samples, result.bad, result.types
     label_cache: dict[str, dict[str, str]] = {"": {}}
-    match = _SAMPLE.fullmatch
     for lineno, line in enumerate(text.splitlines(), 1):
-        if not line or line.isspace():
+        r = parse_line(line, label_cache, types)
+        if r is None:
             continue
-        if line[0] == "#":
-            parts = line.split(None, 3)
-            if len(parts) >= 3 and parts[1] == "TYPE":
-                kind = parts[3].strip() if len(parts) == 4 else ""
-                if kind not in _TYPES:
-                    bad.append(BadLine(lineno, f"unknown metric type {kind!r}", line))
-                else:
-                    types[parts[2]] = kind
-            continue  # HELP lines, comments, OpenMetrics '# EOF'
-        m = match(line.strip())
-        if m is None:
-            bad.append(BadLine(lineno, "not a sample line (expected 'name{labels} value [timestamp]')", line))
+        if r.__class__ is str:
+            bad.append(BadLine(lineno, r, line))  # type: ignore[arg-type]
             continue
-        name, block, value_text, ts = m.groups()
-        if block is None:
-            block = ""
-        labels = label_cache.get(block)
-        if labels is None:
-            try:
-                labels = parse_labels(block)
-            except ValueError as exc:
-                bad.append(BadLine(lineno, str(exc), line))
-                continue
-            label_cache[block] = labels
-        try:
-            value = float(value_text) if "_" not in value_text else parse_value(value_text)
-        except ValueError:
-            bad.append(BadLine(lineno, f"invalid value {value_text!r}", line))
-            continue
-        if ts is not None:
-            try:
-                parse_value(ts)
-            except ValueError:
-                bad.append(BadLine(lineno, f"invalid timestamp {ts!r}", line))
-                continue
-        samples.append(Sample(name, block, labels, value, lineno))
+        samples.append(Sample(r[0], r[1], r[2], r[3], lineno))  # type: ignore[index]
     return result
