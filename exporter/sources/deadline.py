@@ -48,6 +48,11 @@ class DeadlineSource(Source):
         self._lock = threading.Lock()
         self._run: _Run | None = None
         self._last_good: Reading | None = None
+        # One long-lived worker instead of a thread per scrape: starting a thread costs more
+        # than a whole collection of some sources, and scrapes come every few seconds.
+        self._wake = threading.Event()
+        self._closed = False
+        self._worker: threading.Thread | None = None
 
     def _work(self, run: _Run) -> None:
         try:
@@ -62,15 +67,25 @@ class DeadlineSource(Source):
         finally:
             run.done.set()
 
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._closed:
+                return
+            run = self._run
+            if run is not None and not run.done.is_set():
+                self._work(run)
+
     def _current_run(self) -> _Run:
         """The collection in flight, or a new one when none is (never two at once)."""
         with self._lock:
             if self._run is None or self._run.done.is_set():
-                run = _Run()
-                threading.Thread(
-                    target=self._work, args=(run,), name=f"collect-{self.name}", daemon=True
-                ).start()
-                self._run = run
+                self._run = _Run()
+                if self._worker is None:
+                    self._worker = threading.Thread(target=self._loop, name=f"collect-{self.name}", daemon=True)
+                    self._worker.start()
+                self._wake.set()
             return self._run
 
     def collect(self) -> Reading:
@@ -97,4 +112,6 @@ class DeadlineSource(Source):
         return reading
 
     def close(self) -> None:
+        self._closed = True
+        self._wake.set()
         self.inner.close()
