@@ -22,7 +22,7 @@ from typing import Literal
 
 from analyzer.signals import SIGNALS, Signal
 from exporter import schema as S
-from exporter.simulator.dcgm_dialect import DEFAULT_FIELDS, FB_FREE, FB_RESERVED
+from exporter.schema import DCGM_DEFAULT_FIELDS, DCGM_FB_FREE, DCGM_FB_RESERVED
 
 SourceKind = Literal["gauge", "counter", "flag", "dcgm_rate", "bitmask"]
 Dialect = Literal["truegpu", "dcgm"]
@@ -109,7 +109,7 @@ SOURCES: dict[str, list[Source]] = _build()
 #: dcgm-exporter framebuffer fields: memory total = FB_USED + FB_FREE + FB_RESERVED (MiB)
 #: when FB_TOTAL is not collected (it is not in the default counter list).
 FB_USED = S.MEMORY_USED.dcgm[0].field
-FB_PARTS: dict[str, str] = {n: base for base in (FB_USED, FB_FREE, FB_RESERVED) for n in (base, base.lower())}
+FB_PARTS: dict[str, str] = {n: base for base in (FB_USED, DCGM_FB_FREE, DCGM_FB_RESERVED) for n in (base, base.lower())}
 XID_DCGM: frozenset[str] = frozenset(n for f in S.XID_ERRORS.dcgm for n in (f.field, f.legacy_name))
 INFO_METRICS: tuple[S.Metric, ...] = (S.GPU_INFO, S.NODE_INFO, S.GPU_TOPOLOGY_INFO, S.GPU_ALLOCATION_INFO)
 
@@ -154,6 +154,6 @@ def missing_reason(signal: Signal, dialect: Dialect) -> str:
         return (
             f"{signal.name} unknown: dcgm-exporter has no field for {metric.name}; run the truegpu exporter alongside"
         )
-    off = [f for f in fields if f not in DEFAULT_FIELDS]
+    off = [f for f in fields if f not in DCGM_DEFAULT_FIELDS]
     hint = " (it is commented out in the default list)" if off else ""
     return f"{signal.name} unknown: {' / '.join(fields)} not collected; enable it in dcgm-exporter's counters CSV{hint}"

@@ -485,7 +485,7 @@ class _State:
                 mask = self.d.metric == name
                 arr = self._group("gauge", mask, S.MIB, 0, name)
                 parts[base] = arr if base not in parts else np.where(np.isnan(parts[base]), arr, parts[base])
-        used, free, reserved = parts.get(D.FB_USED), parts.get(D.FB_FREE), parts.get(D.FB_RESERVED)
+        used, free, reserved = parts.get(D.FB_USED), parts.get(D.DCGM_FB_FREE), parts.get(D.DCGM_FB_RESERVED)
         if used is None or free is None:
             return None
         total = used + free

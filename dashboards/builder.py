@@ -80,13 +80,13 @@ def gpu_legend(extra: str = "") -> str:
 
 
 def _notes(spec: PanelSpec, dialect: Dialect) -> str:
-    from exporter.simulator.dcgm_dialect import DEFAULT_FIELDS
+    from exporter.schema import DCGM_DEFAULT_FIELDS
 
     text = spec.description.strip()
     exprs = [x.expr for x in spec.queries]
     notes = []
     if dialect.dcgm:
-        missing = sorted(set().union(*(dcgm_fields_in(e) for e in exprs)) - DEFAULT_FIELDS)
+        missing = sorted(set().union(*(dcgm_fields_in(e) for e in exprs)) - DCGM_DEFAULT_FIELDS)
         if missing:
             notes.append("Needs dcgm-exporter fields that its default counter list does not collect: "
                          + ", ".join(missing) + " (enable them in the counters CSV); without them this "

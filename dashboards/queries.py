@@ -203,15 +203,15 @@ class Dialect:
         return " or ".join(self.rate(metric, window, direction=d) for d in S.DIRECTIONS)
 
     def memory_total(self) -> str:
-        """Device memory installed; dcgm: FB_TOTAL, else FB_USED + FB_FREE + FB_RESERVED (the defaults)."""
+        """Device memory installed; dcgm: FB_TOTAL, else FB_USED + DCGM_FB_FREE + DCGM_FB_RESERVED (the defaults)."""
         if not self.dcgm:
             return self.sel(S.MEMORY_TOTAL)
-        from exporter.simulator.dcgm_dialect import FB_FREE, FB_RESERVED
+        from exporter.schema import DCGM_FB_FREE, DCGM_FB_RESERVED
 
         used = S.MEMORY_USED.dcgm[0].field
         filt = _matchers(self._filters(S.MEMORY_USED, False, {}))
         total = S.MEMORY_TOTAL.dcgm[0]
-        summed = f"({used}{filt} + {FB_FREE}{filt} + {FB_RESERVED}{filt})"
+        summed = f"({used}{filt} + {DCGM_FB_FREE}{filt} + {DCGM_FB_RESERVED}{filt})"
         expr = f"({total.field}{filt} or {summed}) * {total.scale:g}"
         return self._normalise(expr, False, False)
 

@@ -429,6 +429,56 @@ DCGM_BY_FIELD: dict[str, tuple[Metric, DcgmField]] = {
     name: (m, f) for m in METRICS for f in m.dcgm for name in (f.field, f.legacy_name)
 }
 
+# dcgm-exporter facts -----------------------------------------------------------------
+def dcgm_field(metric: Metric, **labels: str) -> DcgmField:
+    """The DcgmField of ``metric`` whose contract labels are exactly ``labels``."""
+    want = tuple(sorted(labels.items()))
+    for f in metric.dcgm:
+        if tuple(sorted(f.labels)) == want:
+            return f
+    raise KeyError(f"{metric.name} has no dcgm field with labels {labels}")
+
+
+#: Fields not in the contract that dcgm-exporter exposes by default and that we can derive:
+#: free and reserved framebuffer (FB_USED + FB_FREE + FB_RESERVED = FB_TOTAL), since
+#: FB_TOTAL itself is not enabled by default and memory capacity would otherwise be lost.
+DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"
+DCGM_FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
+
+#: Mapped fields dcgm-exporter enables by default: its etc/default-counters.csv (and
+#: dcp-metrics-included.csv), uncommented lines only. Not enabled there, hence absent from
+#: most users' data: DCGM_FI_PROF_SM_ACTIVE, DCGM_FI_PROF_SM_OCCUPANCY, ECC, NVLink error
+#: counters, clock-event (throttle) reasons, FB_TOTAL, power limit, max clocks, PCIe link
+#: state. Also default but outside the contract (never emitted): ENC/DEC_UTIL,
+#: VGPU_LICENSE_STATUS.
+DCGM_DEFAULT_FIELDS: frozenset[str] = frozenset(
+    {
+        dcgm_field(SM_CLOCK).field,
+        dcgm_field(MEMORY_CLOCK).field,
+        dcgm_field(TEMPERATURE, sensor="memory").field,
+        dcgm_field(TEMPERATURE, sensor="gpu").field,
+        dcgm_field(POWER).field,
+        dcgm_field(ENERGY).field,
+        dcgm_field(PCIE_REPLAYS).field,
+        dcgm_field(GPU_UTILIZATION).field,
+        dcgm_field(MEMORY_UTILIZATION).field,
+        dcgm_field(XID_ERRORS).field,
+        dcgm_field(MEMORY_USED).field,
+        DCGM_FB_FREE,
+        DCGM_FB_RESERVED,
+        dcgm_field(NVLINK_BYTES, direction="total").field,
+        dcgm_field(REMAPPED_ROWS, type="uncorrectable").field,
+        dcgm_field(REMAPPED_ROWS, type="correctable").field,
+        dcgm_field(ROW_REMAP_FAILURE).field,
+        dcgm_field(GRAPHICS_ENGINE_ACTIVE).field,
+        dcgm_field(TENSOR_ACTIVE).field,
+        dcgm_field(DRAM_ACTIVE).field,
+        dcgm_field(PCIE_BYTES, direction="tx").field,
+        dcgm_field(PCIE_BYTES, direction="rx").field,
+    }
+)
+
+
 # dcgm-exporter sentinels -----------------------------------------------------------------
 #: DCGM prints "blank" values (no data, not found, not supported, not permissioned) as magic
 #: numbers just above each type's blank constant (dcgm_structs.h DCGM_*_BLANK .. +3). The

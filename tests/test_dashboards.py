@@ -89,10 +89,10 @@ def test_dashboard_structure(name: str) -> None:
 def test_metric_names_come_from_the_contract() -> None:
     """Every truegpu_* / DCGM_FI_* name in a query is a contract metric or one of its dcgm fields."""
     from exporter import schema
-    from exporter.simulator.dcgm_dialect import FB_FREE, FB_RESERVED
+    from exporter.schema import DCGM_FB_FREE, DCGM_FB_RESERVED
 
     known = {m.name for m in schema.METRICS} | {m.name for m in out.METRICS}
-    known |= {f.field for m in schema.METRICS for f in m.dcgm} | {FB_FREE, FB_RESERVED}
+    known |= {f.field for m in schema.METRICS for f in m.dcgm} | {DCGM_FB_FREE, DCGM_FB_RESERVED}
     for name, dash in _dashboards().items():
         for p in _panels(dash):
             for t in p["targets"]:
@@ -105,13 +105,13 @@ def test_metric_names_come_from_the_contract() -> None:
 
 
 def test_dcgm_panels_say_when_they_need_non_default_counters() -> None:
-    from exporter.simulator.dcgm_dialect import DEFAULT_FIELDS
+    from exporter.schema import DCGM_DEFAULT_FIELDS
 
     dash = _dashboards()["dcgm-fleet.json"]
     for p in _panels(dash):
         fields = {f for t in p["targets"] for f in re.findall(r"DCGM_FI_(?:DEV|PROF)_[A-Z0-9_]+", t["expr"])}
         noted = "default counter list does not collect" in (p["description"] or "")
-        assert noted == bool(fields - DEFAULT_FIELDS), p["title"]
+        assert noted == bool(fields - DCGM_DEFAULT_FIELDS), p["title"]
     sm = next(p for p in _panels(dash) if p["title"] == "SM activity")
     assert "DCGM_FI_PROF_SM_ACTIVE" in sm["description"]
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from exporter import schema
-from exporter.schema import MIB
-from exporter.simulator.dcgm_dialect import DEFAULT_FIELDS, DcgmOptions, to_dcgm
+from exporter.schema import DCGM_DEFAULT_FIELDS, MIB
+from exporter.simulator.dcgm_dialect import DcgmOptions, to_dcgm
 
 T0 = 1_700_000_000.0
 TIMES = T0 + np.arange(5) * 15.0
@@ -131,15 +131,15 @@ def test_xid_last_value_and_zero_without_errors():
 def test_default_counters_are_dcgm_exporters_defaults():
     out = _convert()
     assert _field(schema.SM_ACTIVE) not in out
-    assert _field(schema.SM_OCCUPANCY) not in DEFAULT_FIELDS
+    assert _field(schema.SM_OCCUPANCY) not in DCGM_DEFAULT_FIELDS
     assert _field(schema.ECC_ERRORS, type="correctable", scope="volatile") not in out
     assert not any(f.field in out for f in schema.CLOCK_EVENT_ACTIVE.dcgm)
-    assert _field(schema.MEMORY_TOTAL) not in out  # FB_TOTAL is not a default field, FB_FREE is
+    assert _field(schema.MEMORY_TOTAL) not in out  # FB_TOTAL is not a default field, DCGM_FB_FREE is
     for f in (schema.GPU_UTILIZATION, schema.TENSOR_ACTIVE, schema.ENERGY, schema.XID_ERRORS, schema.MEMORY_USED):
         assert _field(f) in out
     assert _field(schema.NVLINK_BYTES, direction="total") in out
     assert _field(schema.NVLINK_BYTES, direction="tx") not in out
-    assert set(out) <= DEFAULT_FIELDS
+    assert set(out) <= DCGM_DEFAULT_FIELDS
     everything = _convert(counters="all")
     assert _field(schema.SM_ACTIVE) in everything and _field(schema.ECC_ERRORS, type="correctable", scope="volatile")
 

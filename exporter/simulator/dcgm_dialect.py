@@ -27,82 +27,23 @@ import numpy as np
 
 from exporter import schema
 from exporter.schema import (
-    ENERGY,
+    DCGM_DEFAULT_FIELDS,
+    DCGM_FB_FREE,
+    DCGM_FB_RESERVED,
     GPU_ALLOCATION_INFO,
     GPU_INFO,
-    GPU_UTILIZATION,
-    GRAPHICS_ENGINE_ACTIVE,
-    MEMORY_CLOCK,
     MEMORY_TOTAL,
     MEMORY_USED,
-    MEMORY_UTILIZATION,
     MIB,
     NVLINK_BYTES,
-    PCIE_BYTES,
-    PCIE_REPLAYS,
-    POWER,
-    REMAPPED_ROWS,
-    ROW_REMAP_FAILURE,
-    SM_CLOCK,
-    TEMPERATURE,
-    TENSOR_ACTIVE,
-    XID_ERRORS,
     DcgmField,
     Metric,
+    dcgm_field,
 )
 from exporter.simulator.history import SeriesItem
 
-
-def _field(metric: Metric, **labels: str) -> DcgmField:
-    """The DcgmField of ``metric`` whose contract labels are exactly ``labels``."""
-    want = tuple(sorted(labels.items()))
-    for f in metric.dcgm:
-        if tuple(sorted(f.labels)) == want:
-            return f
-    raise KeyError(f"{metric.name} has no dcgm field with labels {labels}")
-
-
-#: Fields not in the contract that dcgm-exporter exposes by default and that we can derive:
-#: free and reserved framebuffer (FB_USED + FB_FREE + FB_RESERVED = FB_TOTAL), since
-#: FB_TOTAL itself is not enabled by default and memory capacity would otherwise be lost.
-FB_FREE = "DCGM_FI_DEV_FB_FREE"
-FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
-
-#: Mapped fields dcgm-exporter enables by default: its etc/default-counters.csv (and
-#: dcp-metrics-included.csv), uncommented lines only. Not enabled there, hence absent from
-#: most users' data: DCGM_FI_PROF_SM_ACTIVE, DCGM_FI_PROF_SM_OCCUPANCY, ECC, NVLink error
-#: counters, clock-event (throttle) reasons, FB_TOTAL, power limit, max clocks, PCIe link
-#: state. Also default but outside the contract (never emitted): ENC/DEC_UTIL,
-#: VGPU_LICENSE_STATUS.
-DEFAULT_FIELDS: frozenset[str] = frozenset(
-    {
-        _field(SM_CLOCK).field,
-        _field(MEMORY_CLOCK).field,
-        _field(TEMPERATURE, sensor="memory").field,
-        _field(TEMPERATURE, sensor="gpu").field,
-        _field(POWER).field,
-        _field(ENERGY).field,
-        _field(PCIE_REPLAYS).field,
-        _field(GPU_UTILIZATION).field,
-        _field(MEMORY_UTILIZATION).field,
-        _field(XID_ERRORS).field,
-        _field(MEMORY_USED).field,
-        FB_FREE,
-        FB_RESERVED,
-        _field(NVLINK_BYTES, direction="total").field,
-        _field(REMAPPED_ROWS, type="uncorrectable").field,
-        _field(REMAPPED_ROWS, type="correctable").field,
-        _field(ROW_REMAP_FAILURE).field,
-        _field(GRAPHICS_ENGINE_ACTIVE).field,
-        _field(TENSOR_ACTIVE).field,
-        _field(schema.DRAM_ACTIVE).field,
-        _field(PCIE_BYTES, direction="tx").field,
-        _field(PCIE_BYTES, direction="rx").field,
-    }
-)
-
 #: A rate field dcgm-exporter nevertheless declares a counter (it goes up and down).
-_RATE_DECLARED_COUNTER = _field(NVLINK_BYTES, direction="total").field
+_RATE_DECLARED_COUNTER = dcgm_field(NVLINK_BYTES, direction="total").field
 _REASON_BITS: dict[str, int] = {reason: bit for bit, reason in schema.CLOCK_EVENT_REASONS.items()}
 
 Counters = Literal["default", "all"]
@@ -119,7 +60,7 @@ class DcgmOptions:
     legacy: bool = False
 
     def enabled(self, field: str) -> bool:
-        return self.counters == "all" or field in DEFAULT_FIELDS
+        return self.counters == "all" or field in DCGM_DEFAULT_FIELDS
 
 
 @dataclass(frozen=True)
@@ -337,10 +278,10 @@ def _fb_fields(
         total = totals.get(_key(labels))
         if total is None:
             continue
-        yield FB_FREE, labels, np.round((total - used) / MIB)
+        yield DCGM_FB_FREE, labels, np.round((total - used) / MIB)
     for labels, used in used_rows:
         if _key(labels) in totals:
-            yield FB_RESERVED, labels, np.where(np.isnan(used), np.nan, 0.0)
+            yield DCGM_FB_RESERVED, labels, np.where(np.isnan(used), np.nan, 0.0)
 
 
 def to_dcgm(
@@ -379,7 +320,7 @@ def to_dcgm(
                     for out_labels, out_values in labeller.split(labels, values):
                         yield family, out_labels, out_values
         if metric is MEMORY_USED:
-            # FB_FREE / FB_RESERVED, next to FB_USED as dcgm-exporter lists them.
+            # DCGM_FB_FREE / DCGM_FB_RESERVED, next to FB_USED as dcgm-exporter lists them.
             extra: dict[str, list[tuple[Mapping[str, str], np.ndarray]]] = {}
             for field, labels, values in _fb_fields(buffered):
                 if opts.enabled(field):
@@ -388,11 +329,11 @@ def to_dcgm(
                 family = DcgmFamily(
                     name(field),
                     "gauge",
-                    "Framebuffer memory free (FB_FREE) or reserved (FB_RESERVED). dcgm-exporter: in MiB.",
+                    "Framebuffer memory free (DCGM_FB_FREE) or reserved (DCGM_FB_RESERVED). dcgm-exporter: in MiB.",
                 )
                 for labels, values in items:
                     for out_labels, out_values in labeller.split(labels, values):
                         yield family, out_labels, out_values
 
 
-__all__ = ["DEFAULT_FIELDS", "DcgmFamily", "DcgmOptions", "to_dcgm"]
+__all__ = ["DCGM_DEFAULT_FIELDS", "DcgmFamily", "DcgmOptions", "to_dcgm"]

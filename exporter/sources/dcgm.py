@@ -28,6 +28,8 @@ from exporter.schema import (
     CLOCK_EVENT_ACTIVE,
     CLOCK_EVENT_REASONS,
     DCGM_BY_FIELD,
+    DCGM_FB_FREE,
+    DCGM_FB_RESERVED,
     DCGM_SENTINEL_RANGES,
     GPU,
     GPU_ALLOCATION_INFO,
@@ -62,8 +64,6 @@ BAD_SAMPLE: Final = "bad_sample"
 INTERNAL_ERROR: Final = "internal_error"
 
 # dcgm-exporter fields and labels that are not contract mappings of their own.
-FB_FREE: Final = "DCGM_FI_DEV_FB_FREE"
-FB_RESERVED: Final = "DCGM_FI_DEV_FB_RESERVED"
 #: dcgm-exporter's own XID counter: XIDs seen within its sliding window, labelled by xid.
 XID_COUNT: Final = "DCGM_EXP_XID_ERRORS_COUNT"
 _HOST_LABELS = ("hostname", "Hostname")
@@ -107,7 +107,7 @@ def _field_table() -> dict[str, _Field]:
     for name, (metric, f) in DCGM_BY_FIELD.items():
         table[name] = _Field(how_of[f.kind], metric, f.labels, f.scale)
     # Memory total is FB_TOTAL or FB_USED + FB_FREE + FB_RESERVED, so the parts are gathered per GPU.
-    parts = {MEMORY_TOTAL.dcgm[0].field: "total", FB_FREE: "free", FB_RESERVED: "reserved"}
+    parts = {MEMORY_TOTAL.dcgm[0].field: "total", DCGM_FB_FREE: "free", DCGM_FB_RESERVED: "reserved"}
     for name, part in parts.items():
         table[name] = table[name.lower()] = _Field(_MEM, part=part)
     for name in (MEMORY_USED.dcgm[0].field, MEMORY_USED.dcgm[0].legacy_name):
