@@ -1,4 +1,4 @@
-"""A real Prometheus on loopback holding backfilled history, for tests that query it.
+"""Real servers on loopback for tests: a generic runner, and Prometheus with backfilled history.
 
 History goes in through `promtool tsdb create-blocks-from openmetrics` (what an operator
 does with `truegpu simulate` output), the server runs with a 100-year retention so old
@@ -19,18 +19,35 @@ import requests
 from tests.conftest import free_port
 
 
-def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"prometheus exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+@contextmanager
+def running(argv: Sequence[str], log: Path, ready_url: str, timeout: float = 60.0) -> Iterator[subprocess.Popen]:
+    """Run a real server until the block ends: started with its output in ``log``, waited for
+    until ``ready_url`` answers 200 (failing with the log's tail if it dies or never does),
+    and always stopped (terminate, then kill)."""
+    name = Path(argv[0]).name
+    with open(log, "w") as log_f:
+        proc = subprocess.Popen(list(argv), stdout=log_f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"{name} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                if requests.get(ready_url, timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"{name} not ready after {timeout:g} s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.1)
+        yield proc
+    finally:
+        proc.terminate()
         try:
-            if requests.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"prometheus not ready after {timeout:g} s:\n{log.read_text()[-3000:]}")
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @contextmanager
@@ -46,21 +63,8 @@ def backfilled_prometheus(tmp: Path, files: Sequence[Path], promtool: str, prome
     config = tmp / "prometheus.yml"
     config.write_text("global:\n  scrape_interval: 1h\n")
     port = free_port()
-    log = tmp / "prometheus.log"
-    with open(log, "w") as log_f:
-        proc = subprocess.Popen(
-            [prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={data}",
-             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y"],
-            stdout=log_f, stderr=subprocess.STDOUT,
-        )
     url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc, log)
+    argv = [prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y"]
+    with running(argv, tmp / "prometheus.log", f"{url}/-/ready"):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

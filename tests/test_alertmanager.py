@@ -20,6 +20,7 @@ import yaml
 from alerts import ALERTMANAGER_YML, generate
 from alerts.alertmanager import RECEIVERS, webhook_url_map
 from tests.conftest import find_binary, free_port
+from tests.realprom import running
 
 
 @pytest.fixture(scope="module")
@@ -106,37 +107,12 @@ def _webhook() -> Iterator[tuple[str, list[dict]]]:
 
 @contextmanager
 def _alertmanager(config: Path, tmp: Path) -> Iterator[str]:
-    binary = find_binary("alertmanager")
     port = free_port()
-    log = tmp / "alertmanager.log"
-    with open(log, "w") as log_f:
-        proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.path={tmp / 'am-data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-            stdout=log_f, stderr=subprocess.STDOUT,
-        )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"alertmanager exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if requests.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"alertmanager not ready:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
+    argv = [find_binary("alertmanager"), f"--config.file={config}", f"--storage.path={tmp / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="]
+    with running(argv, tmp / "alertmanager.log", f"{url}/-/ready", timeout=30):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _alert(name: str, severity: str, team: str, **labels: str) -> dict:

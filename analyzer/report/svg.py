@@ -223,6 +223,32 @@ def _ellipsize(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+BAR_H, BAR_GAP = 20, 8
+
+
+def _hbar_frame(
+    chart_id: str, labels: Sequence[str], top: float, title: str, desc: str, x_label: str, width: int,
+    label_chars: int,
+) -> tuple[_Frame, list[str], list[float]]:
+    """Frame, grid, value axis and row labels of a horizontal bar chart; returns the open SVG
+    lines and each row's y so the caller only draws its bars."""
+    height = MARGIN_TOP + 8 + len(labels) * (BAR_H + BAR_GAP) + MARGIN_BOTTOM
+    left = 16 + 7 * min(label_chars, max((len(s) for s in labels), default=4))
+    xt = nice_ticks(0.0, top)
+    f = _Frame(0.0, float(xt[-1]), 0.0, 1.0, width - 90, height, left=left)
+    out = _open(chart_id, title, desc, width, height)
+    for t in xt:
+        x = float(f.px(t))
+        out.append(f'<line x1="{x:.1f}" y1="{f.top}" x2="{x:.1f}" y2="{f.bottom}" stroke="{GRID}"/>')
+    out += _x_axis(f, xt, [_num(t) for t in xt], x_label, width, height)
+    out.append(f'<line x1="{f.left}" y1="{f.top}" x2="{f.left}" y2="{f.bottom}" stroke="{AXIS}"/>')
+    rows = [f.top + 8 + i * (BAR_H + BAR_GAP) for i in range(len(labels))]
+    for y, label in zip(rows, labels, strict=True):
+        out.append(f'<text x="{f.left - 6}" y="{y + 14}" text-anchor="end" fill="{TEXT}">'
+                   f'<title>{esc(label)}</title>{esc(_ellipsize(label, label_chars))}</text>')
+    return f, out, rows
+
+
 def hbar_chart(
     chart_id: str,
     labels: Sequence[str],
@@ -238,26 +264,13 @@ def hbar_chart(
     label_chars: int = 30,
 ) -> str:
     """Horizontal bars, one per label, top to bottom in the given order."""
-    n = len(labels)
-    bar_h, gap = 20, 8
-    height = MARGIN_TOP + 8 + n * (bar_h + gap) + MARGIN_BOTTOM
-    left = 16 + 7 * min(label_chars, max((len(s) for s in labels), default=4))
     vals = np.asarray(values, float)
-    xt = nice_ticks(0.0, float(np.nanmax(vals)) if n and np.isfinite(vals).any() else 1.0)
-    f = _Frame(0.0, float(xt[-1]), 0.0, 1.0, width - 90, height, left=left)
-    out = _open(chart_id, title, desc, width, height)
-    for t in xt:
-        x = float(f.px(t))
-        out.append(f'<line x1="{x:.1f}" y1="{f.top}" x2="{x:.1f}" y2="{f.bottom}" stroke="{GRID}"/>')
-    out += _x_axis(f, xt, [_num(t) for t in xt], x_label, width, height)
-    out.append(f'<line x1="{f.left}" y1="{f.top}" x2="{f.left}" y2="{f.bottom}" stroke="{AXIS}"/>')
+    top = float(np.nanmax(vals)) if len(labels) and np.isfinite(vals).any() else 1.0
+    f, out, rows = _hbar_frame(chart_id, labels, top, title, desc, x_label, width, label_chars)
     texts = value_text if value_text is not None else [_num(v) for v in vals]
-    for i, (label, v, vt) in enumerate(zip(labels, vals, texts, strict=True)):
-        y = f.top + 8 + i * (bar_h + gap)
+    for y, label, v, vt in zip(rows, labels, vals, texts, strict=True):
         w = float(f.px(v)) - f.left if np.isfinite(v) else 0.0
-        out.append(f'<text x="{f.left - 6}" y="{y + 14}" text-anchor="end" fill="{TEXT}">'
-                   f'<title>{esc(label)}</title>{esc(_ellipsize(label, label_chars))}</text>')
-        out.append(f'<rect x="{f.left}" y="{y}" width="{max(w, 0.0):.1f}" height="{bar_h}" fill="{color}">'
+        out.append(f'<rect x="{f.left}" y="{y}" width="{max(w, 0.0):.1f}" height="{BAR_H}" fill="{color}">'
                    f'<title>{esc(label)}: {esc(vt)}</title></rect>')
         out.append(f'<text x="{f.left + max(w, 0.0) + 5:.1f}" y="{y + 14}" fill="{TEXT}">{esc(vt)}</text>')
     if legend:
@@ -322,30 +335,18 @@ def stacked_hbar_chart(
     """Horizontal bars stacked left to right from ``stacks`` = (label, color, one value per bar):
     one bar per group with its parts (cost: effective vs each kind of waste)."""
     n = len(labels)
-    bar_h, gap = 20, 8
-    height = MARGIN_TOP + 8 + n * (bar_h + gap) + MARGIN_BOTTOM
-    left = 16 + 7 * min(label_chars, max((len(s) for s in labels), default=4))
     vals = np.array([np.nan_to_num(np.asarray(v, float)) for _, _, v in stacks]).reshape(len(stacks), n)
     totals = vals.sum(axis=0) if len(stacks) else np.zeros(n)
     fmt = value_fmt or _num
-    xt = nice_ticks(0.0, float(totals.max()) if n and totals.max() > 0 else 1.0)
-    f = _Frame(0.0, float(xt[-1]), 0.0, 1.0, width - 90, height, left=left)
-    out = _open(chart_id, title, desc, width, height)
-    for t in xt:
-        x = float(f.px(t))
-        out.append(f'<line x1="{x:.1f}" y1="{f.top}" x2="{x:.1f}" y2="{f.bottom}" stroke="{GRID}"/>')
-    out += _x_axis(f, xt, [_num(t) for t in xt], x_label, width, height)
-    out.append(f'<line x1="{f.left}" y1="{f.top}" x2="{f.left}" y2="{f.bottom}" stroke="{AXIS}"/>')
-    for i, label in enumerate(labels):
-        y = f.top + 8 + i * (bar_h + gap)
-        out.append(f'<text x="{f.left - 6}" y="{y + 14}" text-anchor="end" fill="{TEXT}">'
-                   f'<title>{esc(label)}</title>{esc(_ellipsize(label, label_chars))}</text>')
+    top = float(totals.max()) if n and totals.max() > 0 else 1.0
+    f, out, rows = _hbar_frame(chart_id, labels, top, title, desc, x_label, width, label_chars)
+    for i, (y, label) in enumerate(zip(rows, labels, strict=True)):
         x0 = 0.0
         for (name, color, _), v in zip(stacks, vals[:, i], strict=True):
             if v <= 0:
                 continue
             a, b = float(f.px(x0)), float(f.px(x0 + v))
-            out.append(f'<rect x="{a:.1f}" y="{y}" width="{max(b - a, 0.0):.1f}" height="{bar_h}" fill="{color}">'
+            out.append(f'<rect x="{a:.1f}" y="{y}" width="{max(b - a, 0.0):.1f}" height="{BAR_H}" fill="{color}">'
                        f'<title>{esc(label)}: {esc(name)} {esc(fmt(v))}</title></rect>')
             x0 += v
         out.append(f'<text x="{float(f.px(x0)) + 5:.1f}" y="{y + 14}" fill="{TEXT}">{esc(fmt(totals[i]))}</text>')
