@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,18 @@ def promtool() -> str:
 @pytest.fixture(scope="session")
 def prometheus_bin() -> str:
     return find_binary("prometheus")
+
+
+def promtool_check(promtool: str, exposition: bytes) -> None:
+    """The real `promtool check metrics` accepts an exposition, or the test fails with its output."""
+    proc = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=60)
+    assert proc.returncode == 0, f"promtool check metrics failed:\n{proc.stdout.decode()}{proc.stderr.decode()}"
+
+
+def sample_value(families: dict, metric, **labels: str) -> float | None:
+    """Value of one series (exact label set) in parsed families keyed by name, None when absent."""
+    fam = families.get(metric.family_name)
+    for s in fam.samples if fam else ():
+        if s.name == metric.name and s.labels == labels:
+            return s.value
+    return None

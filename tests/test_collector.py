@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import subprocess
 from collections.abc import Callable
 
 import pytest
@@ -21,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter import schema as S
 from exporter.collector import BAD_SAMPLE, SOURCE_FAILED, TruegpuCollector, build_registry
 from exporter.sources.base import Reading, Source
+from tests.conftest import promtool_check, sample_value
 
 HOST = "node-a"
 
@@ -75,26 +75,12 @@ def series(registry, metric: S.Metric) -> dict[tuple[tuple[str, str], ...], floa
     return {tuple(sorted(s.labels.items())): s.value for s in fam.samples if s.name == metric.name}
 
 
-def value(fams: dict, metric: S.Metric, **labels: str) -> float | None:
-    """Value of one series in a parsed scrape, None when absent."""
-    fam = fams.get(metric.family_name)
-    for s in fam.samples if fam else ():
-        if s.name == metric.name and s.labels == labels:
-            return s.value
-    return None
-
-
 def errors(fams: dict, source: str, kind: str) -> float | None:
-    return value(fams, S.EXPORTER_ERRORS, source=source, kind=kind)
+    return sample_value(fams, S.EXPORTER_ERRORS, source=source, kind=kind)
 
 
 def up(fams: dict, source: str) -> float | None:
-    return value(fams, S.SOURCE_UP, source=source)
-
-
-def promtool_check(promtool: str, exposition: bytes) -> None:
-    proc = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=30)
-    assert proc.returncode == 0, f"promtool check metrics failed:\n{proc.stdout.decode()}{proc.stderr.decode()}"
+    return sample_value(fams, S.SOURCE_UP, source=source)
 
 
 def test_families_types_help_and_units_come_from_schema(promtool):
@@ -128,9 +114,9 @@ def test_raising_source_is_contained_counted_and_cumulative(caplog):
     assert up(fams, "good") == 1.0
     assert errors(fams, "bad", SOURCE_FAILED) == 1.0
     assert errors(fams, "good", SOURCE_FAILED) == 0.0
-    assert value(fams, S.COLLECT_DURATION, source="bad") >= 0.0
-    assert value(fams, S.SOURCE_LAST_SUCCESS, source="bad") is None
-    assert value(fams, S.SOURCE_LAST_SUCCESS, source="good") > 1e9
+    assert sample_value(fams, S.COLLECT_DURATION, source="bad") >= 0.0
+    assert sample_value(fams, S.SOURCE_LAST_SUCCESS, source="bad") is None
+    assert sample_value(fams, S.SOURCE_LAST_SUCCESS, source="good") > 1e9
     # Cumulative across scrapes.
     scrape(registry)
     assert errors(scrape(registry), "bad", SOURCE_FAILED) == 3.0
@@ -385,7 +371,7 @@ def test_malformed_reading_does_not_fail_the_scrape():
 
     registry, _ = build_registry([StaticSource("s", make), StaticSource("w", worse)])
     fams = scrape(registry)
-    assert value(fams, S.POWER, **gpu_labels(0)) == 100.0
+    assert sample_value(fams, S.POWER, **gpu_labels(0)) == 100.0
     assert S.TEMPERATURE.name not in fams and S.MEMORY_USED.name not in fams
     assert errors(fams, "s", BAD_SAMPLE) == 2.0
     assert errors(fams, "w", BAD_SAMPLE) == 1.0
@@ -450,8 +436,8 @@ def test_stale_and_last_success_come_from_sources_that_know_them():
 
     registry, _ = build_registry([Lagging("slow", lambda: full_reading(range(1))), StaticSource("s", Reading)])
     fams = scrape(registry)
-    assert value(fams, S.SOURCE_STALE, source="slow") == 1.0
-    assert value(fams, S.SOURCE_STALE, source="s") is None, "sources that cannot be stale do not claim 0"
-    assert value(fams, S.SOURCE_LAST_SUCCESS, source="slow") == 1_700_000_000.0
-    assert value(fams, S.SOURCE_LAST_SUCCESS, source="s") > 1_700_000_000.0
-    assert value(fams, S.POWER, **gpu_labels(0)) == 0.5
+    assert sample_value(fams, S.SOURCE_STALE, source="slow") == 1.0
+    assert sample_value(fams, S.SOURCE_STALE, source="s") is None, "sources that cannot be stale do not claim 0"
+    assert sample_value(fams, S.SOURCE_LAST_SUCCESS, source="slow") == 1_700_000_000.0
+    assert sample_value(fams, S.SOURCE_LAST_SUCCESS, source="s") > 1_700_000_000.0
+    assert sample_value(fams, S.POWER, **gpu_labels(0)) == 0.5

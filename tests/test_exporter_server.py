@@ -26,7 +26,7 @@ from exporter import sources as source_registry
 from exporter.server import parse_listen
 from exporter.server import run as run_exporter
 from exporter.sources.base import Reading, Source
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, promtool_check, sample_value
 
 TRUEGPU = str(Path(sys.executable).with_name("truegpu"))
 CONTRACT = {m.family_name: m for m in S.METRICS}
@@ -94,19 +94,6 @@ def exporter(*args: str) -> Iterator[Exporter]:
 
 def families(body: bytes) -> dict[str, object]:
     return {f.name: f for f in text_string_to_metric_families(body.decode())}
-
-
-def promtool_check(promtool: str, body: bytes) -> None:
-    proc = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=60)
-    assert proc.returncode == 0, f"promtool check metrics failed:\n{proc.stdout.decode()}{proc.stderr.decode()}"
-
-
-def sample_value(fams: dict, metric: S.Metric, **labels: str) -> float | None:
-    fam = fams.get(metric.family_name)
-    for s in fam.samples if fam else ():
-        if s.name == metric.name and s.labels == labels:
-            return s.value
-    return None
 
 
 # simulated source, real subprocess ------------------------------------------------------------
