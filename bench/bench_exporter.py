@@ -35,7 +35,7 @@ from exporter.sources.base import Reading, Source
 from exporter.sources.simulated import SimulatedSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scrape_compare import bare_registry, median_us, series_of
+from scrape_compare import bare_registry, median_call_us, paired_scrape_us, series_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,13 +121,8 @@ def main() -> int:
         raise SystemExit("the bare registry does not hold the same series as the collector")
     live, live_collector = build_registry([SimulatedSource(args.scenario, hostnames=[host], seed=args.seed)])
 
-    # Interleave rounds so drift (turbo, other load) hits both sides alike.
-    ours_t, bare_t = [], []
-    for _ in range(5):
-        ours_t.append(median_us(ours, args.runs // 5))
-        bare_t.append(median_us(bare, args.runs // 5))
-    ours_us, bare_us = statistics.median(ours_t), statistics.median(bare_t)
-    live_us = median_us(live, max(args.runs // 5, 50))
+    ours_us, bare_us = paired_scrape_us(ours, bare, args.runs)
+    live_us = median_call_us(lambda: generate_latest(live), max(args.runs // 5, 50))
     live_collector.close()
 
     starts = [startup(args.scenario, host) for _ in range(args.startups)]

@@ -1,11 +1,14 @@
 """Real sources through the whole exporter: the fake-NVML 8x H100 node and dcgm-exporter's H100
 output on loopback, behind the deadline wrapper as deployed, side by side with a bare
-prometheus_client registry holding the same series (render only), and per-scrape latency
-under 10 concurrent scrapers over HTTP on loopback.
+prometheus_client registry holding the same series, and per-scrape latency under 10
+concurrent scrapers over HTTP on loopback.
 
-``*_fresh_*``: every scrape collects (``--max-age 0``): source cost + render.
-``*_concurrent*``: the deployed default (``--max-age 1``): scrapes within a second share
-one collection, so concurrent scrapers mostly pay for rendering.
+``*_scrape_*``: as deployed (``--collect-interval 5``): the sources are collected on the
+exporter's background thread and a scrape collects the collector's latest families and renders
+them, exactly what a scrape of the bare registry does with its gauges.
+``*_collection_*``: what one background collection costs (source + validation + families),
+paid once per interval whatever the number of scrapers, and that cost as a share of one core.
+``*_collect_on_scrape_*``: ``--collect-interval 0``, a whole collection inside every scrape.
 
 Prints ``name value`` lines; run from the repository root (the fake pynvml lives in tests/):
 ``python bench/bench_sources.py [--runs N]``.
@@ -14,7 +17,6 @@ Prints ``name value`` lines; run from the repository root (the fake pynvml lives
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import threading
 import time
@@ -27,11 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from prometheus_client import generate_latest  # noqa: E402
-from scrape_compare import bare_registry, median_call_us, median_us, series_of  # noqa: E402
+from scrape_compare import bare_registry, median_call_us, paired_scrape_us, series_of  # noqa: E402
 
 from exporter.collector import build_registry  # noqa: E402
 from exporter.server import (  # noqa: E402
-    DEFAULT_MAX_AGE,
+    DEFAULT_COLLECT_INTERVAL,
     make_app,
     make_server,
 )
@@ -101,25 +103,27 @@ def compare(name: str, make: Callable[[], Source], runs: int, scrapers: int) -> 
     probe.close()
     if not reading.up:
         raise SystemExit(f"{name}: source not up: {reading.errors}")
-    ours, fresh_collector = build_registry([DeadlineSource(make(), 5.0)])
     bare = bare_registry(reading, name)
-    if series_of(generate_latest(ours)) - series_of(generate_latest(bare)) - {
-        ("truegpu_exporter_source_stale", (("source", name),))
-    }:
-        raise SystemExit(f"{name}: the bare registry does not hold the same series as the exporter")
-    ours_t, bare_t = [], []
-    for _ in range(5):  # interleaved so drift hits both sides alike
-        ours_t.append(median_us(ours, runs // 5))
-        bare_t.append(median_us(bare, runs // 5))
-    ours_us, bare_us = statistics.median(ours_t), statistics.median(bare_t)
-    fresh_collector.close()
-    shared, collector = build_registry([DeadlineSource(make(), 5.0)], max_age=DEFAULT_MAX_AGE)
-    lat = sorted(concurrent_latencies(shared, collector, scrapers, max(runs // scrapers, 20)))
+    deployed, collector = build_registry([DeadlineSource(make(), 5.0)], interval=DEFAULT_COLLECT_INTERVAL)
+    on_scrape, on_scrape_collector = build_registry([DeadlineSource(make(), 5.0)])
+    for ours in (deployed, on_scrape):
+        if series_of(generate_latest(ours)) - series_of(generate_latest(bare)) - {
+            ("truegpu_exporter_source_stale", (("source", name),))
+        }:
+            raise SystemExit(f"{name}: the bare registry does not hold the same series as the exporter")
+    scrape_us, bare_us = paired_scrape_us(deployed, bare, runs)
+    collect_on_scrape_us, bare2_us = paired_scrape_us(on_scrape, bare, runs)
+    collection_us = median_call_us(on_scrape_collector._collect, runs)
+    on_scrape_collector.close()
+    lat = sorted(concurrent_latencies(deployed, collector, scrapers, max(runs // scrapers, 20)))
     collector.close()
     print(f"{name}_series {sum(len(v) for v in reading.samples.values())}")
-    print(f"{name}_fresh_scrape_us {ours_us:.0f}")
+    print(f"{name}_scrape_us {scrape_us:.0f}")
     print(f"{name}_bare_registry_us {bare_us:.0f}")
-    print(f"{name}_fresh_scrape_ratio {ours_us / bare_us:.3f}")
+    print(f"{name}_scrape_ratio {scrape_us / bare_us:.3f}")
+    print(f"{name}_collection_us {collection_us:.0f}")
+    print(f"{name}_collection_core_pct {100 * collection_us / 1e6 / DEFAULT_COLLECT_INTERVAL:.3f}")
+    print(f"{name}_collect_on_scrape_ratio {collect_on_scrape_us / bare2_us:.3f}")
     print(f"{name}_concurrent{scrapers}_p50_ms {1000 * lat[len(lat) // 2]:.1f}")
     print(f"{name}_concurrent{scrapers}_p99_ms {1000 * lat[int(len(lat) * 0.99) - 1]:.1f}")
 

@@ -1,8 +1,11 @@
 """One prometheus_client collector over all exporter sources.
 
-On every scrape it asks each source for a fresh Reading and builds brand-new metric
-families from the contract (exporter/schema.py), so a GPU that vanished disappears from
-/metrics instead of lingering with its last value. Nothing a source does can fail the
+Each collection asks every source for a fresh Reading and builds brand-new metric families
+from the contract (exporter/schema.py), so a GPU that vanished disappears from /metrics
+instead of lingering with its last value. Deployed, collections run on their own thread at a
+fixed cadence (as dcgm-exporter does) and a scrape only renders the latest one: scrape
+latency never depends on how fast NVML or an endpoint answers, and any number of scrapers
+cost one NVML round per interval. Nothing a source does can fail the
 scrape as a whole: a raising source loses only its own families, a bad sample loses only
 itself, and both are counted in truegpu_exporter_errors_total.
 """
@@ -12,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.metrics_core import Metric as PromMetric
@@ -110,7 +113,8 @@ def _family_for(metric: object) -> _Family | None:
 
 
 class TruegpuCollector:
-    """Collects every source on each scrape into fresh, validated, de-duplicated families.
+    """Collects every source into fresh, validated, de-duplicated families: every ``interval``
+    seconds on a background thread (scrapes serve the latest), or on each scrape when it is 0.
 
     When two sources emit the same series (same family, same GPU uuid and family labels)
     one wins and the other's sample is dropped silently. ``sources`` are in precedence
@@ -123,12 +127,13 @@ class TruegpuCollector:
         sources: Sequence[Source],
         precedence: Mapping[str, Sequence[str]] | None = None,
         *,
-        max_age: float = 0.0,
-        clock: Callable[[], float] = time.monotonic,
+        interval: float = 0.0,
     ) -> None:
         names = [s.name for s in sources]
         if len(set(names)) != len(names):
             raise ValueError(f"source names must be unique, got {names}")
+        if interval < 0:
+            raise ValueError("the collection interval must be >= 0 seconds")
         for family, order in (precedence or {}).items():
             if family not in BY_NAME:
                 raise ValueError(f"precedence names unknown family {family!r}")
@@ -140,22 +145,22 @@ class TruegpuCollector:
             (family, src): i - len(order) for family, order in (precedence or {}).items() for i, src in enumerate(order)
         }
         self.sources: tuple[Source, ...] = tuple(sources)
-        # Cumulative across scrapes; (source, kind) -> count. source_failed starts at 0 so that
-        # increase() sees the first failure.
+        # Cumulative across collections; (source, kind) -> count. source_failed starts at 0 so
+        # that increase() sees the first failure.
         self._errors: dict[tuple[str, str], int] = {(n, SOURCE_FAILED): 0 for n in names}
         self._was_up: dict[str, bool] = dict.fromkeys(names, True)
         self._logged: set[tuple[str, ...]] = set()
-        #: source -> (up, series served) of the latest scrape; for start-up logs and / page.
+        #: source -> (up, series served) of the latest collection; for start-up logs and / page.
         self.last: dict[str, tuple[bool, int]] = {}
         self._last_success: dict[str, float] = {}
-        # Sources are not required to be thread-safe; concurrent scrapes take turns.
+        # Sources are not required to be thread-safe; collections never overlap.
         self._lock = threading.Lock()
-        #: Scrapes within ``max_age`` seconds of the last collection are served that collection:
-        #: two Prometheus replicas (or a dashboard) scraping together cost one NVML/DCGM round,
-        #: and GPM never has to wait out its 100 ms between samples for the second scrape.
-        self.max_age = float(max_age)
-        self._clock = clock
-        self._cached: tuple[float, list[PromMetric]] | None = None
+        #: Seconds between background collections; 0 collects on every scrape instead.
+        self.interval = float(interval)
+        self._latest: list[PromMetric] = []
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     # prometheus_client calls describe() at register time; an empty answer keeps it from
     # calling collect() (and so every source) just to learn the names.
@@ -163,16 +168,40 @@ class TruegpuCollector:
         return []
 
     def collect(self) -> Iterator[PromMetric]:
+        if self.interval <= 0:
+            with self._lock:
+                return iter(self._collect())
+        self.start()
+        # Only the very first scrape can wait here, and no longer than the sources' deadlines.
+        self._ready.wait()
+        return iter(self._latest)
+
+    def start(self) -> None:
+        """Start the background collections (no-op when already running or ``interval`` is 0)."""
         with self._lock:
-            if self._cached is not None and self._clock() - self._cached[0] < self.max_age:
-                return iter(self._cached[1])
-            families = self._collect()
-            if self.max_age > 0:
-                self._cached = (self._clock(), families)
-            return iter(families)
+            if self.interval <= 0 or self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._loop, name="collect", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        """Collect at a fixed cadence (start to start); a collection that overruns the interval
+        is followed at once by the next, never by a burst of missed ones."""
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self._latest = self._collect()
+            except Exception:  # _collect contains source failures itself; this is a bug, not a source
+                log.exception("collection failed; serving the previous one")
+            self._ready.set()
+            next_at = max(next_at + self.interval, time.monotonic())
+            self._stop.wait(next_at - time.monotonic())
 
     def close(self) -> None:
-        """Close every source; one failing close does not keep the others open."""
+        """Stop collecting and close every source; one failing close does not keep the others open."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
         for source in self.sources:
             try:
                 source.close()
@@ -354,7 +383,7 @@ class TruegpuCollector:
 
 
 def build_registry(
-    sources: Sequence[Source], precedence: Mapping[str, Sequence[str]] | None = None, *, max_age: float = 0.0
+    sources: Sequence[Source], precedence: Mapping[str, Sequence[str]] | None = None, *, interval: float = 0.0
 ) -> tuple[CollectorRegistry, TruegpuCollector]:
     """A registry holding only the truegpu collector.
 
@@ -362,6 +391,6 @@ def build_registry(
     Python process, not the GPUs, and would add series to every node for no GPU insight.
     """
     registry = CollectorRegistry(auto_describe=False)
-    collector = TruegpuCollector(sources, precedence, max_age=max_age)
+    collector = TruegpuCollector(sources, precedence, interval=interval)
     registry.register(collector)
     return registry, collector

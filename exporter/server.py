@@ -38,9 +38,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9835
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"
-#: One collection serves every scrape within a second: far below any sane scrape interval,
-#: long enough that concurrent scrapers never trigger back-to-back NVML/GPM rounds.
-DEFAULT_MAX_AGE = 1.0
+#: Background collections every 5 s: a third of the usual 15 s scrape interval, so served
+#: values are at most seconds old, while an 8-GPU NVML round (tens of ms on real drivers) costs
+#: well under 1% of a core. GPM windows tile the whole time axis whatever this is.
+DEFAULT_COLLECT_INTERVAL = 5.0
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -81,13 +82,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--deadline", type=float, default=DEFAULT_DEADLINE, metavar="SECONDS",
-        help="longest a real source (nvml, dcgm) may take per scrape before its last good values are "
+        help="longest a real source (nvml, dcgm) may take per collection before its last good values are "
         f"served, marked by truegpu_exporter_source_stale (default {DEFAULT_DEADLINE:g})",
     )
     p.add_argument(
-        "--max-age", type=float, default=DEFAULT_MAX_AGE, metavar="SECONDS",
-        help="scrapes within this many seconds of the last collection share it (HA Prometheus pairs, "
-        f"dashboards); 0 collects on every scrape (default {DEFAULT_MAX_AGE:g})",
+        "--collect-interval", type=float, default=DEFAULT_COLLECT_INTERVAL, metavar="SECONDS",
+        help="collect every source this often on a background thread; scrapes serve the latest "
+        f"collection. 0 collects on every scrape instead (default {DEFAULT_COLLECT_INTERVAL:g})",
     )
     p.add_argument(
         "--precedence", action="append", type=parse_precedence, default=[], metavar="FAMILY=SRC[,SRC...]",
@@ -178,7 +179,7 @@ def make_app(registry: CollectorRegistry, collector: TruegpuCollector) -> WsgiAp
             body = (
                 f"<html><head><title>truegpu exporter</title></head><body><h1>truegpu exporter {__version__}</h1>"
                 f'<p><a href="/metrics">/metrics</a> &middot; <a href="/healthz">/healthz</a></p>'
-                f"<p>Sources at the last scrape:</p><ul>{rows}</ul></body></html>\n"
+                f"<p>Sources at the last collection:</p><ul>{rows}</ul></body></html>\n"
             )
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
             return [body.encode()]
@@ -218,10 +219,10 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         return _error(f"source {name}: {exc}")
 
     try:
-        max_age = getattr(args, "max_age", DEFAULT_MAX_AGE)
-        if max_age < 0:
-            raise ValueError("--max-age must be >= 0")
-        registry, collector = build_registry(sources, dict(getattr(args, "precedence", ())), max_age=max_age)
+        interval = getattr(args, "collect_interval", DEFAULT_COLLECT_INTERVAL)
+        if interval < 0:
+            raise ValueError("--collect-interval must be >= 0")
+        registry, collector = build_registry(sources, dict(getattr(args, "precedence", ())), interval=interval)
     except ValueError as exc:
         for s in sources:
             s.close()
@@ -233,8 +234,9 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         collector.close()
         return _error(f"cannot listen on {host or '*'}:{port}: {exc}")
 
-    # One collection before serving: says in the log whether each source works, and warms
-    # the code paths so the first real scrape is as fast as the rest.
+    # The first collection before serving: says in the log whether each source works, and the
+    # first scrape gets data instead of waiting for it.
+    collector.start()
     list(registry.collect())
     for name, (up, series) in collector.last.items():
         (log.info if up else log.warning)("source %s: %s, %d series", name, "up" if up else "DOWN", series)

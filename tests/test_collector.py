@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 
 import pytest
@@ -285,24 +286,72 @@ def test_precedence_naming_unknown_family_or_source_is_rejected():
         build_registry(src, precedence={S.SM_ACTIVE.name: ["dcgm", "nvml"]})
 
 
-def test_scrapes_within_max_age_share_one_collection():
-    calls = []
+def counting_power_source(fail_every: int = 0) -> tuple[list[int], StaticSource]:
+    """A source whose power value is the number of collections so far; every ``fail_every``-th
+    collection also reports one gpu_lost error."""
+    calls: list[int] = []
 
     def make() -> Reading:
         calls.append(1)
         r = Reading()
         r.add(S.POWER, gpu_labels(0), float(len(calls)))
+        if fail_every and len(calls) % fail_every == 0:
+            r.fail("gpu_lost", "gone", gpu="1")
         return r
 
-    now = [100.0]
-    collector = TruegpuCollector([StaticSource("s", make)], max_age=1.0, clock=lambda: now[0])
+    return calls, StaticSource("s", make)
+
+
+def registered(collector: TruegpuCollector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    first = series(registry, S.POWER)
-    now[0] += 0.5
-    assert series(registry, S.POWER) == first and len(calls) == 1  # shared within max_age
-    now[0] += 0.6
-    assert list(series(registry, S.POWER).values()) == [2.0] and len(calls) == 2  # stale: collected again
+    return registry
+
+
+def test_scrapes_between_background_collections_share_the_latest():
+    calls, source = counting_power_source()
+    collector = TruegpuCollector([source], interval=3600.0)
+    try:
+        registry = registered(collector)
+        first = series(registry, S.POWER)  # waits for the first background collection
+        assert list(first.values()) == [1.0]
+        for _ in range(5):
+            assert series(registry, S.POWER) == first
+        assert len(calls) == 1  # scrapes rendered; nothing collected again
+    finally:
+        collector.close()
+    assert source.closed and collector._thread is not None and not collector._thread.is_alive()
+
+
+def test_background_collections_keep_coming_and_count_errors_once_each():
+    calls, source = counting_power_source(fail_every=1)
+    collector = TruegpuCollector([source], interval=0.02)
+    try:
+        registry = registered(collector)
+        collector.start()
+        deadline = time.monotonic() + 10
+        while len(calls) < 5:
+            assert time.monotonic() < deadline, "background collections stalled"
+            time.sleep(0.01)
+        fams = scrape(registry)
+        power = sample_value(fams, S.POWER, **gpu_labels(0))
+        # errors_total counts collections, not scrapes: it matches the collection the value came from
+        assert errors(fams, "s", "gpu_lost") == power >= 5
+    finally:
+        collector.close()
+    stopped_at = len(calls)
+    time.sleep(0.1)
+    assert len(calls) == stopped_at  # close() stopped the thread
+
+
+def test_collect_on_every_scrape_when_interval_is_zero():
+    calls, source = counting_power_source()
+    registry, collector = build_registry([source])
+    assert calls == []  # nothing collects before the first scrape
+    assert [list(series(registry, S.POWER).values()) for _ in range(3)] == [[1.0], [2.0], [3.0]]
+    assert collector._thread is None
+    with pytest.raises(ValueError, match="interval"):
+        TruegpuCollector([source], interval=-1)
 
 
 def test_duplicate_within_one_source_served_once():

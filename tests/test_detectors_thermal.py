@@ -3,6 +3,7 @@ and the quality bar on every simulator scenario in both dialects."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,7 +32,7 @@ def gpu(host: str, idx: int, steps: int, power: float | Sequence[float] = 400.0,
     p = np.broadcast_to(np.asarray(power, float), (steps,))
     x = np.broadcast_to(np.asarray(extra, float), (steps,))
     # a little sensor noise, deterministic per GPU, so nothing is exactly equal
-    noise = np.random.default_rng(hash((host, idx)) % 2**32).uniform(-0.5, 0.5, steps)
+    noise = np.random.default_rng(zlib.crc32(f"{host}/{idx}".encode())).uniform(-0.5, 0.5, steps)
     d = {"hostname": host, "gpu": idx, "rack": rack, "power": list(p), "temp": list(temp_at(p, x) + noise), **more}
     if throttle is not None:
         d["thermal_throttle"] = list(np.broadcast_to(np.asarray(throttle, float), (steps,)))

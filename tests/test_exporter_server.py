@@ -183,7 +183,8 @@ def test_lost_gpu_is_omitted_and_counted(promtool):
         (["--source", "simulated", "--scenario", "healthy-fleet", "--precedence", "truegpu_power_watts=dcgm"],
          "not configured: dcgm"),
         (["--source", "dcgm", "--deadline", "0"], "--deadline must be > 0"),
-        (["--source", "simulated", "--scenario", "healthy-fleet", "--max-age", "-1"], "--max-age must be >= 0"),
+        (["--source", "simulated", "--scenario", "healthy-fleet", "--collect-interval", "-1"],
+         "--collect-interval must be >= 0"),
     ],
 )
 def test_bad_command_lines_fail_clearly(args, needle):
@@ -262,7 +263,7 @@ def test_registered_source_served_on_each_listen_form(monkeypatch, host):
         source_registry.SOURCES, "counting", source_registry.SourceSpec("counting", "test source", lambda a: source)
     )
     port = free_port()
-    args = argparse.Namespace(sources=["counting"], listen=parse_listen(f"{host}:{port}"), max_age=0.0)
+    args = argparse.Namespace(sources=["counting"], listen=parse_listen(f"{host}:{port}"), collect_interval=3600.0)
     stop = threading.Event()
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(run_exporter(args, stop)))
@@ -283,8 +284,8 @@ def test_registered_source_served_on_each_listen_form(monkeypatch, host):
         thread.join(timeout=10)
     assert result == [0]
     assert source.closed.is_set()
-    # one warm-up collection at start, then this scrape: fresh values every scrape with --max-age 0
-    assert sample_value(fams, S.POWER, hostname="h", gpu="0", uuid="GPU-0") == 2.0
+    # the first background collection, made before serving, is what the scrape renders
+    assert sample_value(fams, S.POWER, hostname="h", gpu="0", uuid="GPU-0") == 1.0 and source.scrapes == 1
     assert sample_value(fams, S.SOURCE_UP, source="counting") == 1.0
 
 

@@ -68,7 +68,7 @@ def _simulated(args: argparse.Namespace) -> Source:
 
 def _with_deadline(module: str) -> Callable[[argparse.Namespace], Source]:
     """Factory for a real source: built by ``module.from_args`` and wrapped so a slow device or
-    endpoint never holds a scrape past ``--deadline`` (the last good values are served, marked)."""
+    endpoint never holds a collection past ``--deadline`` (the last good values are served, marked)."""
 
     def factory(args: argparse.Namespace) -> Source:
         from importlib import import_module

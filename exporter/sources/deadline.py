@@ -1,10 +1,10 @@
 """Bound how long a scrape waits for a real source.
 
 NVML calls can hang for seconds (a GPU in recovery, a wedged driver) and an HTTP source can
-stall. A scrape must still answer in time, so every real source is wrapped: the inner
-collection runs on a worker thread, and when it overruns the deadline the scrape gets the
-last good values marked stale instead of nothing. At most one inner collection runs at a
-time, so a hung source never piles up threads.
+stall. The collection must still finish in time, for the other sources and for a scrape that
+collects, so every real source is wrapped: the inner collection runs on a worker thread, and
+when it overruns the deadline the collection gets the last good values marked stale instead of
+nothing. At most one inner collection runs at a time, so a hung source never piles up threads.
 """
 
 from __future__ import annotations
