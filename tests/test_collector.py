@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -342,6 +343,41 @@ def test_background_collections_keep_coming_and_count_errors_once_each():
     stopped_at = len(calls)
     time.sleep(0.1)
     assert len(calls) == stopped_at  # close() stopped the thread
+
+
+def test_scrape_never_waits_for_a_collection_in_progress():
+    """A source wedged mid-collection (no deadline wrapper here) holds the background thread,
+    never a scrape: scrapes keep getting the previous collection at once."""
+    gate = threading.Event()
+    calls: list[int] = []
+
+    def make() -> Reading:
+        calls.append(1)
+        if len(calls) > 1:
+            gate.wait(30)
+        r = Reading()
+        r.add(S.POWER, gpu_labels(0), float(len(calls)))
+        return r
+
+    collector = TruegpuCollector([StaticSource("s", make)], interval=0.01)
+    try:
+        registry = registered(collector)
+        assert list(series(registry, S.POWER).values()) == [1.0]
+        deadline = time.monotonic() + 10
+        while len(calls) < 2:  # the second collection is now stuck in the source
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for _ in range(3):
+            t0 = time.monotonic()
+            assert list(series(registry, S.POWER).values()) == [1.0]
+            assert time.monotonic() - t0 < 5  # rendered, not waited for (the source is stuck for 30 s)
+        gate.set()
+        while list(series(registry, S.POWER).values()) == [1.0]:
+            assert time.monotonic() < deadline, "the collection after the stuck one never landed"
+            time.sleep(0.01)
+    finally:
+        gate.set()
+        collector.close()
 
 
 def test_collect_on_every_scrape_when_interval_is_zero():
