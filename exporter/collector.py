@@ -158,6 +158,7 @@ class TruegpuCollector:
         #: Seconds between background collections; 0 collects on every scrape instead.
         self.interval = float(interval)
         self._latest: list[PromMetric] = []
+        self._collections = 0
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -176,6 +177,12 @@ class TruegpuCollector:
         self._ready.wait()
         return iter(self._latest)
 
+    @property
+    def generation(self) -> int | None:
+        """How many background collections have landed; None when every scrape collects. What a
+        scrape renders can only change when this does."""
+        return self._collections if self.interval > 0 else None
+
     def start(self) -> None:
         """Start the background collections (no-op when already running or ``interval`` is 0)."""
         with self._lock:
@@ -191,6 +198,7 @@ class TruegpuCollector:
         while not self._stop.is_set():
             try:
                 self._latest = self._collect()
+                self._collections += 1
             except Exception:  # _collect contains source failures itself; this is a bug, not a source
                 log.exception("collection failed; serving the previous one")
             self._ready.set()

@@ -158,7 +158,7 @@ def make_app(registry: CollectorRegistry, collector: TruegpuCollector) -> WsgiAp
     """/metrics (prometheus_client exposition, OpenMetrics negotiation, gzip), / and /healthz."""
     from prometheus_client.exposition import make_wsgi_app
 
-    metrics = make_wsgi_app(registry)
+    metrics = _rendered_once_per_collection(make_wsgi_app(registry), collector)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or "/"
@@ -187,6 +187,40 @@ def make_app(registry: CollectorRegistry, collector: TruegpuCollector) -> WsgiAp
         return [b"not found; metrics are on /metrics\n"]
 
     return app
+
+
+def _rendered_once_per_collection(app: WsgiApp, collector: TruegpuCollector) -> WsgiApp:
+    """Between two background collections /metrics cannot change, so each distinct request
+    (Accept, Accept-Encoding, query) is rendered once per collection and the bytes reused:
+    HA Prometheus pairs, federation and ad-hoc curls hitting a node together share one render."""
+    lock = threading.Lock()
+    cache: dict[tuple[str, str, str], tuple[str, list[tuple[str, str]], bytes]] = {}
+    rendered_for: list[int | None] = [None]
+
+    def cached(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        generation = collector.generation
+        if generation is None or environ.get("REQUEST_METHOD") != "GET":
+            return app(environ, start_response)
+        key = (environ.get("HTTP_ACCEPT", ""), environ.get("HTTP_ACCEPT_ENCODING", ""), environ.get("QUERY_STRING", ""))
+        with lock:
+            if rendered_for[0] != generation:
+                cache.clear()
+                rendered_for[0] = generation
+            hit = cache.get(key)
+            if hit is None:
+                started: list[tuple[str, list[tuple[str, str]]]] = []
+                body = b"".join(app(environ, lambda status, headers, exc_info=None: started.append((status, headers))))
+                hit = (started[0][0], started[0][1], body)
+                if len(cache) < _MAX_RENDERINGS:  # odd clients must not grow it without bound
+                    cache[key] = hit
+        start_response(hit[0], list(hit[1]))
+        return [hit[2]]
+
+    return cached
+
+
+#: Distinct request shapes kept per collection; Prometheus sends one, curl and browsers a few more.
+_MAX_RENDERINGS = 16
 
 
 # Command ----------------------------------------------------------------------------------

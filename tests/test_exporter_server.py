@@ -289,6 +289,67 @@ def test_registered_source_served_on_each_listen_form(monkeypatch, host):
     assert sample_value(fams, S.SOURCE_UP, source="counting") == 1.0
 
 
+class RenderCounter:
+    """A plain prometheus_client collector beside ours: counts how often /metrics is rendered."""
+
+    def __init__(self) -> None:
+        self.renders = 0
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator:
+        self.renders += 1
+        return iter(())
+
+
+def wsgi_get(app, **headers: str) -> tuple[str, dict[str, str], bytes]:
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": "",
+               **{"HTTP_" + k.upper(): v for k, v in headers.items()}}
+    started: list = []
+    body = b"".join(app(environ, lambda status, hdrs, exc_info=None: started.append((status, dict(hdrs)))))
+    return started[0][0], started[0][1], body
+
+
+def test_each_collection_is_rendered_once_per_request_shape():
+    from exporter.collector import build_registry
+    from exporter.server import make_app
+
+    source = CountingSource()
+    registry, collector = build_registry([source], interval=0.2)
+    counter = RenderCounter()
+    registry.register(counter)
+    app = make_app(registry, collector)
+    try:
+        collector.start()
+        while collector.generation == 0:
+            time.sleep(0.005)
+        for _ in range(20):
+            generation, before = collector.generation, counter.renders
+            plain = wsgi_get(app)
+            again = wsgi_get(app)
+            om = wsgi_get(app, accept="application/openmetrics-text; version=1.0.0")
+            om_again = wsgi_get(app, accept="application/openmetrics-text; version=1.0.0")
+            gz = wsgi_get(app, accept_encoding="gzip")
+            if collector.generation != generation:
+                continue  # a collection landed mid-round: try again
+            assert counter.renders - before == 3, "plain, OpenMetrics and gzip: one render each"
+            assert plain == again and om == om_again
+            assert plain[1]["Content-Type"].startswith("text/plain") and b"truegpu_power_watts" in plain[2]
+            assert om[1]["Content-Type"].startswith("application/openmetrics-text") and om[2].endswith(b"# EOF\n")
+            assert gz[1].get("Content-Encoding") == "gzip" and gzip.decompress(gz[2]) == plain[2]
+            break
+        else:
+            pytest.fail("no round without a collection landing in it")
+        # a new collection is rendered anew, with its values
+        deadline = time.monotonic() + 10
+        while wsgi_get(app)[2] == plain[2]:
+            assert time.monotonic() < deadline, "a new collection was never served"
+            time.sleep(0.01)
+    finally:
+        collector.close()
+
+
 # real sources, real subprocess ------------------------------------------------------------------
 def test_nvml_without_a_driver_and_dcgm_together(promtool):
     """This machine has no NVIDIA driver: the nvml source reports itself down and the exporter
