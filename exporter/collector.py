@@ -5,9 +5,9 @@ from the contract (exporter/schema.py), so a GPU that vanished disappears from /
 instead of lingering with its last value. Deployed, collections run on their own thread at a
 fixed cadence (as dcgm-exporter does) and a scrape only renders the latest one: scrape
 latency never depends on how fast NVML or an endpoint answers, and any number of scrapers
-cost one NVML round per interval. Nothing a source does can fail the
-scrape as a whole: a raising source loses only its own families, a bad sample loses only
-itself, and both are counted in truegpu_exporter_errors_total.
+cost one NVML round per interval. Nothing a source does can fail a collection as a whole: a
+raising source loses only its own families, a bad sample loses only itself, and both are
+counted in truegpu_exporter_errors_total.
 """
 
 from __future__ import annotations
