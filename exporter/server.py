@@ -40,7 +40,8 @@ DEFAULT_PORT = 9835
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"
 #: Background collections every 5 s: a third of the usual 15 s scrape interval, so served
 #: values are at most seconds old, while an 8-GPU NVML round (tens of ms on real drivers) costs
-#: well under 1% of a core. GPM windows tile the whole time axis whatever this is.
+#: well under 1% of a core. GPM byte counters integrate every window whatever this is;
+#: GPM ratios average the last one (set it to the scrape interval to cover all of it).
 DEFAULT_COLLECT_INTERVAL = 5.0
 
 StartResponse = Callable[..., Any]
