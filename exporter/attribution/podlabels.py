@@ -15,7 +15,7 @@ needs ``GET /api/v1/namespaces/{namespace}/pods/{name}`` on the API server.
   to ``max_stale`` seconds) or None, and the job falls back to the pod-name derivation.
   Failures that concern every pod (unreachable, timeout, 401/403, 5xx) also pause all
   requests for ``backoff`` seconds, so a dead API server costs one timeout per backoff,
-  not one per pod per scrape. Each failure is logged once per kind until a request
+  not one per pod per collection. Each failure is logged once per kind until a request
   succeeds, and :meth:`KubeApiPodLabels.refresh` hands the failures since its last call
   back as :class:`~exporter.attribution.base.AttributionError` (kinds ``kube_api_*``),
   which the exporter counts in truegpu_exporter_errors_total.
@@ -123,7 +123,7 @@ class KubeApiPodLabels:
 
     Also an :class:`~exporter.attribution.base.Attributor` that attributes nothing: its
     ``refresh()`` returns the lookup failures since the previous call, so putting it
-    after the KubernetesAttributor in a CompositeAttributor counts them per scrape.
+    after the KubernetesAttributor in a CompositeAttributor counts them per collection.
     """
 
     name = "kube-api"

@@ -48,8 +48,8 @@ class DeadlineSource(Source):
         self._lock = threading.Lock()
         self._run: _Run | None = None
         self._last_good: Reading | None = None
-        # One long-lived worker instead of a thread per scrape: starting a thread costs more
-        # than a whole collection of some sources, and scrapes come every few seconds.
+        # One long-lived worker instead of a thread per collection: starting a thread costs more
+        # than a whole collection of some sources, and collections come every few seconds.
         self._wake = threading.Event()
         self._closed = False
         self._worker: threading.Thread | None = None
