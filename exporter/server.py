@@ -196,17 +196,18 @@ def _rendered_once_per_collection(app: WsgiApp, collector: TruegpuCollector) -> 
     HA Prometheus pairs, federation and ad-hoc curls hitting a node together share one render."""
     lock = threading.Lock()
     cache: dict[tuple[str, str, str], tuple[str, list[tuple[str, str]], bytes]] = {}
-    rendered_for: list[int | None] = [None]
+    rendered_for: int | None = None
 
     def cached(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        nonlocal rendered_for
         generation = collector.generation
         if generation is None or environ.get("REQUEST_METHOD") != "GET":
             return app(environ, start_response)
         key = (environ.get("HTTP_ACCEPT", ""), environ.get("HTTP_ACCEPT_ENCODING", ""), environ.get("QUERY_STRING", ""))
         with lock:
-            if rendered_for[0] != generation:
+            if rendered_for != generation:
                 cache.clear()
-                rendered_for[0] = generation
+                rendered_for = generation
             hit = cache.get(key)
             if hit is None:
                 started: list[tuple[str, list[tuple[str, str]]]] = []
@@ -270,8 +271,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         return _error(f"cannot listen on {host or '*'}:{port}: {exc}")
 
     # The first collection before serving: says in the log whether each source works, and the
-    # first scrape gets data instead of waiting for it.
-    collector.start()
+    # first scrape gets data instead of waiting for it (collect() starts the background thread).
     list(registry.collect())
     for name, (up, series) in collector.last.items():
         (log.info if up else log.warning)("source %s: %s, %d series", name, "up" if up else "DOWN", series)
