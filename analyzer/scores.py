@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.coverage import Coverage, coverage, coverage_unknown, observed_rows
 from analyzer.frame import Fleet
 from analyzer.signals import ALLOCATION_COLUMNS
 
@@ -73,7 +74,7 @@ AGG_COLUMNS: tuple[str, ...] = (
     "wasted_gpu_hours", "idle_gpu_hours", "unknown_gpu_hours", "low_confidence_share",
 )
 ROW_COLUMNS: tuple[str, ...] = (
-    "busy", "clock_ratio", "effective_util", "effective_tensor", "masking_gap", "confidence",
+    "busy", "clock_ratio", "effective_util", "effective_tensor", "masking_gap", "confidence", "observed",
 )
 
 
@@ -114,8 +115,9 @@ def row_scores(fleet: Fleet) -> pd.DataFrame:
 
     Columns: ``busy`` (kernel-resident fraction: gpu_util on whole GPUs, gr_active on MIG
     instances or when gpu_util is missing), ``clock_ratio``, ``effective_util``,
-    ``effective_tensor``, ``masking_gap`` (floats, NaN = unknown) and ``confidence``
-    (categorical "high" | "low", NaN when nothing is known).
+    ``effective_tensor``, ``masking_gap`` (floats, NaN = unknown), ``confidence``
+    (categorical "high" | "low", NaN when nothing is known) and ``observed`` (the row has
+    any data: analyzer.coverage).
     """
     fr = fleet.frame
     mig = mig_rows(fr)
@@ -141,6 +143,7 @@ def row_scores(fleet: Fleet) -> pd.DataFrame:
             "effective_tensor": np.clip(tensor * scale, 0.0, 1.0),
             "masking_gap": reported - sm,
             "confidence": pd.Categorical.from_codes(codes, dtype=CONFIDENCE),
+            "observed": observed_rows(fr),
         },
         index=fr.index,
     )
@@ -170,6 +173,7 @@ def _parts(fleet: Fleet, rows: pd.DataFrame) -> pd.DataFrame:
         known = ~np.isnan(x)
         out["h_" + key] = np.where(known, w, 0.0)
         out["s_" + key] = np.where(known, w * x, 0.0)
+    out["h_obs"] = np.where(rows["observed"].to_numpy(dtype=bool), w, 0.0)
     out["h_low"] = np.where(rows["confidence"].cat.codes.to_numpy() == 1, w, 0.0)
     out["h_idle"] = np.where(rows["busy"].to_numpy() < IDLE_UTIL, w, 0.0)  # NaN < x is False
     return pd.DataFrame(out, index=fr.index)
@@ -204,7 +208,8 @@ def _table(sums: pd.DataFrame, keys: list[str], allocated_only: bool) -> pd.Data
         out = pd.DataFrame({
             "gpu_hours": total["h"],
             "allocated_gpu_hours": al["h"],
-            "unallocated_gpu_hours": total["h"] - al["h"],
+            # Seen with no workload; hours without data are unknown, never unallocated.
+            "unallocated_gpu_hours": total["h_obs"] - al["h_obs"],
             "reported_util": mean(total, "rep"),
             "effective_util": mean(total, "eff"),
             "effective_tensor": mean(total, "ten"),
@@ -214,7 +219,8 @@ def _table(sums: pd.DataFrame, keys: list[str], allocated_only: bool) -> pd.Data
             # Allocated hours we *know* did no work; unknown hours are not waste, they are unknown.
             "wasted_gpu_hours": al["h_eff"] - al["s_eff"],
             "idle_gpu_hours": al["h_idle"],
-            "unknown_gpu_hours": total["h"] - total["h_eff"],
+            # No data at all, or held by a workload whose effective utilization is unknown.
+            "unknown_gpu_hours": (total["h"] - total["h_obs"]) + (al["h_obs"] - al["h_eff"]),
             "low_confidence_share": (total["h_low"] / total["h_eff"]).where(total["h_eff"] > 0),
         })
     out = out.reset_index(drop=not keys)
@@ -229,8 +235,8 @@ def aggregate(
     Each row weighs ``w = step * gpu_share / 3600`` GPU-hours (a 3g MIG slice for 15 s is
     3/7 * 15 / 3600). Per group (columns ``AGG_COLUMNS``):
 
-    * ``gpu_hours`` = sum w; ``allocated_gpu_hours`` = sum w over rows with an allocation
-      label; ``unallocated_gpu_hours`` the rest;
+    * ``gpu_hours`` = sum w (capacity); ``allocated_gpu_hours`` = sum w over rows with an
+      allocation label; ``unallocated_gpu_hours`` = sum w over rows with data and no allocation;
     * ``reported_util``, ``effective_util``, ``effective_tensor``, ``masking_gap``: w-weighted
       means over the rows where the value is known (unknown rows are excluded, not zeroed);
     * ``effective_gpu_hours`` = sum w * effective_util (the GPU-hours of real SM work);
@@ -238,7 +244,9 @@ def aggregate(
     * ``wasted_gpu_hours`` = allocated hours with known effective_util minus the effective
       GPU-hours in them (allocated - effective, over what we can measure);
     * ``idle_gpu_hours`` = allocated hours whose GPU was idle (busy < IDLE_UTIL);
-    * ``unknown_gpu_hours`` = hours with unknown effective_util (reported, never counted as 0);
+    * ``unknown_gpu_hours`` = hours without data, plus allocated hours whose effective_util is
+      unknown (reported, never counted as 0 or as unallocated). Per group:
+      ``allocated_effective + wasted + unknown + unallocated = gpu_hours`` exactly;
     * ``low_confidence_share`` = share of the known hours scored by the fallback estimate.
 
     Rows whose allocation key (job, namespace, pod) is NaN are left out of that level's
@@ -264,6 +272,8 @@ class Scores:
     end: float = 0.0
     #: Why a score is weaker than it could be (e.g. SM activity not collected).
     notes: list[str] = field(default_factory=list)
+    #: How much of the window has data (analyzer.coverage).
+    coverage: Coverage = field(default_factory=coverage_unknown)
 
 
 def compute_scores(fleet: Fleet, *, window: float = 300.0) -> Scores:
@@ -279,7 +289,8 @@ def compute_scores(fleet: Fleet, *, window: float = 300.0) -> Scores:
         levels[name] = _table(sums, keys, allocated_only=False)
         allocated[name] = _table(sums, keys, allocated_only=True)
     del parts
-    notes = []
+    cov = coverage(fleet.frame, fleet.step, rows["observed"].to_numpy(dtype=bool))
+    notes = [m for m in (cov.message(),) if m]
     if not fleet.has("sm_active"):
         why = fleet.missing.get("sm_active", "SM activity is not in the input")
         notes.append(
@@ -294,7 +305,7 @@ def compute_scores(fleet: Fleet, *, window: float = 300.0) -> Scores:
             "job": bottlenecks(fleet, rows, by=("job",), window=window),
             "gpu": bottlenecks(fleet, rows, by=("uuid", "gpu_instance"), window=window),
         },
-        step=fleet.step, start=fleet.start, end=fleet.end, notes=notes,
+        step=fleet.step, start=fleet.start, end=fleet.end, notes=notes, coverage=cov,
     )
 
 
@@ -328,5 +339,6 @@ def fleet_summary(scores: Scores) -> dict[str, Any]:
         "unallocated_gpu_hours": num(f["unallocated_gpu_hours"]),
         "unknown_gpu_hours": num(f["unknown_gpu_hours"]),
         "low_confidence_share": num(f["low_confidence_share"]),
+        "coverage": scores.coverage.as_dict(),
         "notes": list(scores.notes),
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analyzer.coverage import hold_allocations
 from analyzer.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, gpu_share
 from analyzer.signals import ALLOCATION_COLUMNS, SIGNALS, Signal
 from exporter import schema as S
@@ -82,7 +83,7 @@ def fleet_from_cluster(
             arrays = [table[k][:T] for k in keys]
         cols[signal.name] = per_row(_combine(signal, arrays))
 
-    frame = pd.DataFrame(cols)
+    frame = hold_allocations(pd.DataFrame(cols))
     return Fleet(
         frame=frame, step=float(step), start=start, end=start + T * step,
         events=_xid_events(cluster, table, times, step), topology=_topology(cluster), dialect="truegpu",
