@@ -53,8 +53,8 @@ class Finding:
         out = asdict(self)
         out["start"] = rfc3339(self.start)
         out["end"] = None if self.end is None else rfc3339(self.end)
-        out["evidence"] = _clean(self.evidence)
-        out["score"] = round(float(self.score), 4)
+        out["evidence"] = json_ready(self.evidence, digits=4)
+        out["score"] = json_ready(float(self.score), digits=4)
         return out
 
 
@@ -62,16 +62,19 @@ def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _clean(value: Any) -> Any:
-    """Evidence as plain JSON: numpy scalars to Python, NaN/inf to None, floats rounded."""
+def json_ready(value: Any, digits: int | None = None) -> Any:
+    """Plain strict JSON: numpy scalars to Python, NaN/inf to None (unknown), floats rounded to
+    ``digits`` when given. Every JSON output goes through it and ``json.dump(allow_nan=False)``."""
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): json_ready(v, digits) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
+        return [json_ready(v, digits) for v in value]
     if hasattr(value, "item") and not isinstance(value, str):
         value = value.item()
     if isinstance(value, float):
-        return round(value, 4) if math.isfinite(value) else None
+        if not math.isfinite(value):
+            return None
+        return round(value, digits) if digits is not None else value
     return value
 
 

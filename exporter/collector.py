@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 #: errors_total kinds the collector itself assigns (sources add their own, e.g. gpu_lost).
 SOURCE_FAILED = "source_failed"
 BAD_SAMPLE = "bad_sample"
+#: A finite value outside the family's valid range (schema.Metric.valid_range): dropped.
+OUT_OF_RANGE = "out_of_range"
 
 _new_sample = tuple.__new__  # Sample(...) without the namedtuple's Python-level __new__
 
@@ -68,6 +70,9 @@ class _Family:
     #: for gpu_info only the uuid, since two sources may disagree on its descriptive labels.
     same: tuple[str, ...]
     mig_same: tuple[str, ...]
+    #: Inclusive valid range of a value (the contract's).
+    lo: float
+    hi: float
 
     @classmethod
     def of(cls, metric: Metric) -> _Family:
@@ -94,6 +99,8 @@ class _Family:
             mig_names=metric.all_labels + MIG_LABELS if mig else (),
             same=same,
             mig_same=mig_same,
+            lo=metric.valid_range[0],
+            hi=metric.valid_range[1],
         )
 
     def new(self) -> PromMetric:
@@ -332,6 +339,7 @@ class TruegpuCollector:
             append = prom.samples.append
             sample_name = fam.sample_name
             keys, mig_keys, same, mig_same = fam.keys, fam.mig_keys, fam.same, fam.mig_same
+            lo, hi = fam.lo, fam.hi
             for labels, value in samples:
                 try:
                     lk = labels.keys()
@@ -348,6 +356,10 @@ class TruegpuCollector:
                     if value - value != 0:  # NaN and +-Inf; TypeError for non-numbers
                         bad += 1
                         self._log_bad(source, fam, labels, value, "value is not finite")
+                        continue
+                    if not lo <= value <= hi:
+                        self._count(source, OUT_OF_RANGE)
+                        self._log_bad(source, fam, labels, value, f"outside the valid range [{lo:g}, {hi:g}]")
                         continue
                 except (TypeError, AttributeError):
                     bad += 1

@@ -62,12 +62,28 @@ class DcgmField:
         return self.field.lower()
 
 
+#: Ratios may overshoot 1 by this much (rounding in drivers and in dcgm-exporter's percent).
+RATIO_TOLERANCE = 0.02
+#: Valid range per unit: anything outside is a driver sentinel, an overflow or a bad parse,
+#: never a reading. Physical bounds, far from any real GPU, so no real value is dropped.
+UNIT_RANGES: dict[str, tuple[float, float]] = {
+    "ratio": (0.0, 1.0 + RATIO_TOLERANCE),
+    "celsius": (-50.0, 200.0),
+    "watts": (0.0, 20_000.0),
+    "hertz": (0.0, 1e11),
+}
+#: Every other family (bytes, counters, counts, info series): non-negative.
+DEFAULT_RANGE = (0.0, float("inf"))
+
+
 @dataclass(frozen=True, eq=False)
 class Metric:
     """One metric family of the contract.
 
     Compared and hashed by identity: every Metric is a module-level singleton here, and
     sources key their samples by Metric on hot paths where hashing all fields would cost.
+    ``valid`` overrides the unit's range (``UNIT_RANGES``); values outside ``valid_range``
+    or not finite are dropped and counted at the edge (exporter, analyzer ingest).
     """
 
     name: str
@@ -78,6 +94,19 @@ class Metric:
     scope: Scope = "gpu"
     nvml: str = ""
     dcgm: tuple[DcgmField, ...] = field(default=())
+    valid: tuple[float, float] | None = None
+
+    @property
+    def valid_range(self) -> tuple[float, float]:
+        """Inclusive (low, high) bounds of a valid value; counters are never negative."""
+        if self.valid is not None:
+            return self.valid
+        return DEFAULT_RANGE if self.type == "counter" else UNIT_RANGES.get(self.unit, DEFAULT_RANGE)
+
+    def accepts(self, value: float) -> bool:
+        """True for a finite value within ``valid_range``."""
+        lo, hi = self.valid_range
+        return lo <= value <= hi and value - value == 0
 
     @property
     def base_labels(self) -> tuple[str, ...]:
@@ -240,6 +269,7 @@ CLOCK_EVENT_ACTIVE = Metric(
         DcgmField("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", kind="bitmask"),
         DcgmField("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", kind="bitmask"),
     ),
+    valid=(0.0, 1.0),
 )
 
 # Interconnect ----------------------------------------------------------------------------
@@ -276,6 +306,7 @@ PCIE_LINK_GENERATION = Metric(
         DcgmField("DCGM_FI_DEV_PCIE_LINK_GEN", labels=(("state", "current"),)),
         DcgmField("DCGM_FI_DEV_PCIE_MAX_LINK_GEN", labels=(("state", "max"),)),
     ),
+    valid=(0.0, 16.0),
 )
 PCIE_LINK_WIDTH = Metric(
     "truegpu_pcie_link_width", "gauge", "",
@@ -286,6 +317,7 @@ PCIE_LINK_WIDTH = Metric(
         DcgmField("DCGM_FI_DEV_PCIE_LINK_WIDTH", labels=(("state", "current"),)),
         DcgmField("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", labels=(("state", "max"),)),
     ),
+    valid=(0.0, 64.0),
 )
 PCIE_REPLAYS = Metric(
     "truegpu_pcie_replays_total", "counter", "",
@@ -330,12 +362,14 @@ ROW_REMAP_PENDING = Metric(
     "1 when a row remap is pending and the GPU needs a reset to apply it.",
     nvml="nvmlDeviceGetRemappedRows() isPending",
     dcgm=(DcgmField("DCGM_FI_DEV_ROW_REMAP_PENDING"),),
+    valid=(0.0, 1.0),
 )
 ROW_REMAP_FAILURE = Metric(
     "truegpu_row_remap_failure", "gauge", "",
     "1 when row remapping failed (no spare rows left): the GPU should be replaced.",
     nvml="nvmlDeviceGetRemappedRows() failureOccurred",
     dcgm=(DcgmField("DCGM_FI_DEV_ROW_REMAP_FAILURE"),),
+    valid=(0.0, 1.0),
 )
 NVLINK_ERRORS = Metric(
     "truegpu_nvlink_errors_total", "counter", "",
@@ -389,6 +423,7 @@ SOURCE_UP = Metric(
     "truegpu_exporter_source_up", "gauge", "",
     "1 when the source's last collection succeeded for every GPU, else 0.",
     labels=("source",), scope="exporter",
+    valid=(0.0, 1.0),
 )
 COLLECT_DURATION = Metric(
     "truegpu_exporter_collect_duration_seconds", "gauge", "seconds",
@@ -405,6 +440,7 @@ SOURCE_STALE = Metric(
     "truegpu_exporter_source_stale", "gauge", "",
     "1 while the exporter serves a source's last good values because a collection overran its deadline.",
     labels=("source",), scope="exporter",
+    valid=(0.0, 1.0),
 )
 SOURCE_LAST_SUCCESS = Metric(
     "truegpu_exporter_source_last_success_timestamp_seconds", "gauge", "seconds",
@@ -416,6 +452,7 @@ GPM_SUPPORTED = Metric(
     "1 when NVML GPM profiling (SM activity, occupancy, tensor, DRAM) works on this GPU, 0 when it "
     "does not (pre-Hopper, vGPU): then NVML cannot provide those families (dcgm-exporter may).",
     nvml="nvmlGpmQueryDeviceSupport().isSupportedDevice",
+    valid=(0.0, 1.0),
 )
 
 METRICS: tuple[Metric, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Metric))
@@ -428,6 +465,26 @@ SELF_METRICS: tuple[Metric, ...] = (
 DCGM_BY_FIELD: dict[str, tuple[Metric, DcgmField]] = {
     name: (m, f) for m in METRICS for f in m.dcgm for name in (f.field, f.legacy_name)
 }
+
+
+
+def dcgm_valid_range(field_name: str) -> tuple[float, float] | None:
+    """Valid range of a dcgm-exporter field as dcgm-exporter prints it (before ``scale``)."""
+    hit = DCGM_BY_FIELD.get(field_name)
+    if hit is None:
+        return None
+    metric, f = hit
+    if f.kind != "value":  # rates, bitmasks and last-XID codes: non-negative
+        return DEFAULT_RANGE
+    lo, hi = metric.valid_range
+    return (lo / f.scale, hi / f.scale) if f.scale > 0 else DEFAULT_RANGE
+
+
+def valid_range_of(name: str) -> tuple[float, float] | None:
+    """Valid range of a sample of ``name`` (a contract family or its sample name, or a dcgm field)."""
+    m = BY_NAME.get(name) or BY_NAME.get(name + "_total")
+    return m.valid_range if m is not None else dcgm_valid_range(name)
+
 
 # dcgm-exporter facts -----------------------------------------------------------------
 def dcgm_field(metric: Metric, **labels: str) -> DcgmField:

@@ -20,7 +20,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import schema as S
-from exporter.collector import BAD_SAMPLE, SOURCE_FAILED, TruegpuCollector, build_registry
+from exporter.collector import BAD_SAMPLE, OUT_OF_RANGE, SOURCE_FAILED, TruegpuCollector, build_registry
 from exporter.sources.base import Reading, Source
 from tests.conftest import promtool_check, sample_value
 
@@ -526,3 +526,27 @@ def test_stale_and_last_success_come_from_sources_that_know_them():
     assert sample_value(fams, S.SOURCE_LAST_SUCCESS, source="slow") == 1_700_000_000.0
     assert sample_value(fams, S.SOURCE_LAST_SUCCESS, source="s") > 1_700_000_000.0
     assert sample_value(fams, S.POWER, **gpu_labels(0)) == 0.5
+
+
+def test_out_of_range_values_dropped_and_counted_per_contract(caplog):
+    def make() -> Reading:
+        r = Reading()
+        r.add(S.GPU_UTILIZATION, gpu_labels(0), 0.5)
+        r.add(S.GPU_UTILIZATION, gpu_labels(1), 42949672.95)  # dcgm's 4294967295 % as a ratio
+        r.add(S.SM_ACTIVE, gpu_labels(0), 5.0)  # a ratio of 5
+        r.add(S.SM_ACTIVE, gpu_labels(1), 1.01)  # rounding overshoot: within the tolerance
+        r.add(S.TEMPERATURE, {**gpu_labels(0), "sensor": "gpu"}, 2.1e9)
+        r.add(S.POWER, gpu_labels(0), -3.0)
+        r.add(S.ENERGY, gpu_labels(0), 1e12)  # counters have no upper bound
+        return r
+
+    registry, _ = build_registry([StaticSource("s", make)])
+    with caplog.at_level(logging.WARNING, logger="exporter.collector"):
+        fams = scrape(registry)
+    assert [s.value for s in fams[S.GPU_UTILIZATION.name].samples] == [0.5]
+    assert [s.value for s in fams[S.SM_ACTIVE.name].samples] == [1.01]
+    assert S.TEMPERATURE.name not in fams and S.POWER.name not in fams
+    assert [s.value for s in fams[S.ENERGY.family_name].samples if s.name == S.ENERGY.name] == [1e12]
+    assert errors(fams, "s", OUT_OF_RANGE) == 4.0
+    assert errors(fams, "s", BAD_SAMPLE) is None
+    assert "outside the valid range [0, 1.02]" in caplog.text

@@ -66,13 +66,15 @@ def test_openmetrics_file_exact_frame(tmp_path):
         {"metric": UTIL, "timestamp": T0 + 0.25, "value": 0.75, **g0},
         {"metric": UTIL, "timestamp": T0 + 15.0, "value": 1.0, "hostname": "node-a", "gpu": "1", "uuid": "GPU-1"},
         {"metric": ENERGY, "timestamp": T0 + 0.5, "value": 1500.0, **g0},
-        {"metric": ENERGY, "timestamp": T0 + 15.0, "value": math.inf, **g0},
+        # +Inf parses, but no counter is infinite: unknown, and counted.
+        {"metric": ENERGY, "timestamp": T0 + 15.0, "value": "nan", **g0},
         # empty label value = label absent (Prometheus semantics)
         {"metric": "truegpu_gpu_allocation_info", "timestamp": float(T0), "value": 1.0,
          "hostname": "node-a", "pod": 'a "q" b\\c\nd # {x}, y'},
     ]  # fmt: skip
     assert (report.samples, report.series, report.bad_line_count) == (6, 4, 0)
     assert report.exemplars_ignored == 1
+    assert report.out_of_range == {ENERGY: 1} and "1 out-of-range values -> NaN" in report.summary()
     assert report.metric_types == {UTIL: "gauge", "truegpu_energy_joules": "counter",
                                    "truegpu_gpu_allocation_info": "gauge"}  # fmt: skip
     assert report.files == [str(tmp_path / "in.om")]

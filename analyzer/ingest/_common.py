@@ -41,6 +41,8 @@ class IngestReport:
     bad_line_count: int = 0
     #: metric name -> DCGM sentinel values turned into NaN.
     sentinels: dict[str, int] = field(default_factory=dict)
+    #: metric name -> values outside the contract's valid range (or +-Inf) turned into NaN.
+    out_of_range: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     #: ``# TYPE`` declarations seen in files (family name -> type).
     metric_types: dict[str, str] = field(default_factory=dict)
@@ -75,6 +77,8 @@ class IngestReport:
             parts.append(f"{self.bad_line_count} bad lines")
         if self.sentinels:
             parts.append(f"{self.sentinel_count} DCGM sentinel values -> NaN")
+        if self.out_of_range:
+            parts.append(f"{sum(self.out_of_range.values())} out-of-range values -> NaN")
         if self.filtered_samples:
             parts.append(f"{self.filtered_samples} samples filtered out")
         if self.missing:
@@ -132,6 +136,7 @@ class FrameBuilder:
     """Accumulates samples by series id and builds the long frame once at the end."""
 
     def __init__(self, report: IngestReport, sentinels: bool = True) -> None:
+        """``sentinels=False`` reads raw: no DCGM sentinel and no valid-range check."""
         self.report = report
         self.sentinels = sentinels
         self._ids: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
@@ -139,6 +144,10 @@ class FrameBuilder:
         self._labels: list[tuple[tuple[str, str], ...]] = []
         self._dcgm: list[bool] = []
         self._dcgm_arr = np.zeros(0, dtype=bool)
+        #: Per series: the valid range of its values (the contract's; any finite value for others).
+        self._lo: list[float] = []
+        self._hi: list[float] = []
+        self._range_arr = np.zeros((2, 0))
         self._sids: list[np.ndarray] = []
         self._ts: list[np.ndarray] = []
         self._vals: list[np.ndarray] = []
@@ -153,32 +162,46 @@ class FrameBuilder:
             self._metric.append(metric)
             self._labels.append(tuple((k, v) for k, v in labels if v != ""))
             self._dcgm.append(is_dcgm_name(metric))
+            lo, hi = schema.valid_range_of(metric) or (-np.inf, np.inf)
+            self._lo.append(lo)
+            self._hi.append(hi)
         return sid
 
     def metric_of(self, sid: int) -> str:
         return self._metric[sid]
 
     def add(self, sids: np.ndarray, timestamps: np.ndarray, values: np.ndarray) -> None:
-        """Append samples (arrays of equal length); DCGM sentinels become NaN and are counted."""
+        """Append samples (arrays of equal length). DCGM sentinels, then values outside the
+        contract's valid range (+-Inf included), become NaN (unknown) and are counted."""
         if not len(sids):
             return
-        values = np.asarray(values, dtype=np.float64)
+        values = np.array(values, dtype=np.float64)  # a copy: masked values are overwritten
         if self.sentinels:
-            mask = sentinel_mask(values)
-            if mask.any():
-                if len(self._dcgm_arr) != len(self._dcgm):
-                    self._dcgm_arr = np.array(self._dcgm, dtype=bool)
-                mask &= self._dcgm_arr[sids]
-                if mask.any():
-                    values = values.copy()
-                    values[mask] = np.nan
-                    hit, counts = np.unique(sids[mask], return_counts=True)
-                    for sid, count in zip(hit.tolist(), counts.tolist(), strict=True):
-                        name = self._metric[sid]
-                        self.report.sentinels[name] = self.report.sentinels.get(name, 0) + count
+            if len(self._dcgm_arr) != len(self._dcgm):
+                self._dcgm_arr = np.array(self._dcgm, dtype=bool)
+            self._drop(values, sids, sentinel_mask(values) & self._dcgm_arr[sids], self.report.sentinels)
+            if self._range_arr.shape[1] != len(self._lo):
+                self._range_arr = np.array([self._lo, self._hi], dtype=np.float64)
+            lo, hi = self._range_arr[0][sids], self._range_arr[1][sids]
+            with np.errstate(invalid="ignore"):
+                bad = (values < lo) | (values > hi) | np.isinf(values)
+            self._drop(values, sids, bad, self.report.out_of_range)
+        self._append(sids, timestamps, values)
+
+    def _append(self, sids: np.ndarray, timestamps: np.ndarray, values: np.ndarray) -> None:
         self._sids.append(np.asarray(sids, dtype=np.int64))
         self._ts.append(np.asarray(timestamps, dtype=np.float64))
         self._vals.append(values)
+
+    def _drop(self, values: np.ndarray, sids: np.ndarray, mask: np.ndarray, counts: dict[str, int]) -> None:
+        """Set ``values[mask]`` to NaN and count them per metric name in ``counts``."""
+        if not mask.any():
+            return
+        values[mask] = np.nan
+        hit, n = np.unique(sids[mask], return_counts=True)
+        for sid, count in zip(hit.tolist(), n.tolist(), strict=True):
+            name = self._metric[sid]
+            counts[name] = counts.get(name, 0) + count
 
     def build(self) -> pd.DataFrame:
         """The long frame: metric, timestamp, value, then one categorical column per label."""

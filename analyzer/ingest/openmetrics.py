@@ -27,7 +27,6 @@ seconds) or are bad lines when none is given.
 from __future__ import annotations
 
 import gzip
-import math
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -44,6 +43,8 @@ TimestampUnit = Literal["auto", "s", "ms"]
 
 #: Above this an auto-detected Prometheus-text timestamp is milliseconds (see module doc).
 MS_THRESHOLD = 1e11
+#: The latest timestamp any unit can mean (9999-12-31 in milliseconds): later ones are bad lines.
+MAX_TIMESTAMP = 253_402_300_799_999.0
 DEFAULT_CHUNK_BYTES = 1 << 22
 
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -124,8 +125,8 @@ def parse_sample_line(text: str) -> tuple[str, list[tuple[str, str]], float, flo
             exemplar = True
         else:
             timestamp = _parse_float(tokens[1], "timestamp")
-            if not math.isfinite(timestamp):
-                raise ParseError(f"timestamp {tokens[1]!r} is not finite")
+            if not 0.0 <= timestamp <= MAX_TIMESTAMP:
+                raise ParseError(f"timestamp {tokens[1][:40]!r} is not a time between 1970 and 9999")
             if len(tokens) > 2:
                 if not tokens[2].startswith("#"):
                     raise ParseError(f"unexpected {tokens[2][:20]!r} after the timestamp")
@@ -189,8 +190,8 @@ class _TimestampCache(dict[bytes, float]):
 
     def __missing__(self, token: bytes) -> float:
         t = float(token)
-        if not math.isfinite(t):
-            raise ValueError(f"timestamp {token!r} is not finite")
+        if not 0.0 <= t <= MAX_TIMESTAMP:
+            raise ValueError(f"timestamp {token!r} is not a time between 1970 and 9999")
         self[token] = t
         return t
 
