@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -48,6 +45,7 @@ from exporter.sources.dcgm import (
     from_args,
 )
 from tests.conftest import ROOT, free_port
+from tests.httpstub import Endpoint
 
 FIXTURES = ROOT / "fixtures" / "dcgm"
 H100 = FIXTURES / "h100_mig_pods.txt"
@@ -56,52 +54,6 @@ L40S = FIXTURES / "l40s_default_counters.txt"
 V100 = FIXTURES / "v100_ecc_nvlink_xid.txt"
 SENTINELS = FIXTURES / "t4_sentinels.txt"
 POD_LABELS = {"pod", "namespace", "container", "pod_name", "pod_namespace", "container_name", "job", "hpc_job"}
-
-
-class Endpoint:
-    """A dcgm-exporter stand-in: serves ``body`` with ``status`` after ``delay`` seconds."""
-
-    def __init__(self) -> None:
-        self.body = b""
-        self.status = 200
-        self.delay = 0.0
-        self.hits = 0
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/metrics"
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                endpoint.hits += 1
-                if endpoint.delay:
-                    time.sleep(endpoint.delay)
-                body = endpoint.body
-                try:
-                    self.send_response(endpoint.status)
-                    self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (timeout test)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
-
-    def serve(self, body: str | bytes | Path, status: int = 200) -> None:
-        if isinstance(body, Path):
-            body = body.read_bytes()
-        self.body = body.encode() if isinstance(body, str) else body
-        self.status = status
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ string literal.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -41,6 +42,11 @@ RANGE_FUNCTIONS = frozenset({
     "rate", "irate", "increase", "delta", "idelta", "deriv", "changes", "resets",
 })  # fmt: skip
 _RETRY_STATUS = frozenset({500, 502, 503, 504})
+#: The largest answer read (bytes): past it the query is refused with advice, not decoded into GBs.
+MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+#: The most series one answer may hold (one query chunk).
+MAX_SERIES_PER_ANSWER = 200_000
+_NARROW = "narrow the query: --matcher on a host/namespace, a shorter window or a coarser --step"
 
 
 class PrometheusError(RuntimeError):
@@ -191,6 +197,35 @@ def chunk_windows(start: float, end: float, step: float, max_points: int = MAX_P
     return windows
 
 
+# Answers -------------------------------------------------------------------------------------
+def _list(value: Any, where: str, what: str) -> list:
+    """``value`` when it is a list (None is an empty one); else the answer is malformed."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise PrometheusError(f"{where}: malformed answer: {what} is a {type(value).__name__}, not a list")
+    return value
+
+
+def _matrix_series(item: Any, where: str) -> tuple[dict[str, str], np.ndarray, np.ndarray, int]:
+    """(labels, timestamps, values, 1 if it holds native histograms) of one matrix series."""
+    if not isinstance(item, dict):
+        raise PrometheusError(f"{where}: malformed answer: a series is a {type(item).__name__}, not an object")
+    labels = item.get("metric") or {}
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise PrometheusError(f"{where}: malformed answer: 'metric' must map label names to strings")
+    values = _list(item.get("values"), where, "values")
+    try:
+        ts = np.array([p[0] for p in values], dtype=np.float64)
+        vs = np.array([float(p[1]) for p in values], dtype=np.float64)  # Prometheus sends values as strings
+        if any(len(p) != 2 for p in values) or not np.isfinite(ts).all():
+            raise ValueError("not [timestamp, value] pairs")
+    except (TypeError, ValueError, IndexError, KeyError) as exc:
+        raise PrometheusError(f"{where}: malformed answer: values must be [timestamp, \"value\"] pairs ({exc})") \
+            from None
+    return labels, ts, vs, int(bool(item.get("histograms")))
+
+
 # Client --------------------------------------------------------------------------------------
 @dataclass
 class RangeResult:
@@ -216,6 +251,7 @@ class PrometheusClient:
         *,
         backoff: float = 0.5,
         max_points: int = MAX_POINTS,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"Prometheus URL must start with http:// or https://, not {url!r}")
@@ -226,6 +262,7 @@ class PrometheusClient:
         self.retries = max(0, int(retries))
         self.backoff = backoff
         self.max_points = max_points
+        self.max_response_bytes = max_response_bytes
         self.requests_made = 0
         self.session = requests.Session()
         self.session.verify = verify
@@ -254,42 +291,69 @@ class PrometheusClient:
         """
         url = f"{self.url}/api/v1/{path}"
         last: str = ""
+        t0 = time.monotonic()
+        attempts = 0
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
+                pause = self.backoff * 2 ** (attempt - 1)
+                if time.monotonic() - t0 + pause > 2 * self.timeout:
+                    break  # a hung server: give up after about two timeouts, not retries x timeout
+                time.sleep(pause)
             self.requests_made += 1
+            attempts += 1
             try:
                 if method == "GET":
-                    resp = self.session.get(url, params=params, timeout=self.timeout)
+                    resp = self.session.get(url, params=params, timeout=self.timeout, stream=True)
                 else:
-                    resp = self.session.post(url, data=params, timeout=self.timeout)
+                    resp = self.session.post(url, data=params, timeout=self.timeout, stream=True)
+                with resp:
+                    content = self._read(resp, url)
             except requests.exceptions.SSLError as e:
                 raise PrometheusError(f"TLS error talking to Prometheus at {self.url}: {e}", url=url) from e
             except (requests.ConnectionError, requests.Timeout) as e:
                 last = f"cannot reach Prometheus at {self.url} ({type(e).__name__}: {e})"
                 continue
             if resp.status_code in _RETRY_STATUS:
-                last = self._http_error_text(resp, url)
+                last = self._http_error_text(resp, content, url)
                 continue
-            return self._decode(resp, url)
-        raise PrometheusError(f"{last} [gave up after {self.retries + 1} attempts]", url=url)
+            return self._decode(resp, content, url)
+        raise PrometheusError(
+            f"{last} [gave up after {attempts} attempts in {time.monotonic() - t0:.0f} s]", url=url)
+
+    def _read(self, resp: requests.Response, url: str) -> bytes:
+        """The body, refused past MAX_RESPONSE_BYTES before it is all in memory."""
+        declared = resp.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > self.max_response_bytes:
+            raise self._too_large(url, int(declared))
+        chunks, size = [], 0
+        for chunk in resp.iter_content(1 << 20):
+            size += len(chunk)
+            if size > self.max_response_bytes:
+                raise self._too_large(url, size)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self, url: str, size: int) -> PrometheusError:
+        return PrometheusError(
+            f"Prometheus {url} answered more than {self.max_response_bytes / 2**20:.0f} MiB "
+            f"({size / 2**20:.0f} MiB so far): {_NARROW}", url=url)
 
     @staticmethod
-    def _http_error_text(resp: requests.Response, url: str) -> str:
+    def _http_error_text(resp: requests.Response, content: bytes, url: str) -> str:
         try:
-            body = resp.json()
+            body = json.loads(content)
             detail = f"{body.get('errorType', '?')}: {body.get('error', '')}"
-        except ValueError:
-            detail = resp.text[:200].strip()
+        except (ValueError, AttributeError):
+            detail = content[:200].decode("utf-8", "replace").strip()
         return f"Prometheus {url} answered HTTP {resp.status_code}: {detail}"
 
-    def _decode(self, resp: requests.Response, url: str) -> dict:
+    def _decode(self, resp: requests.Response, content: bytes, url: str) -> dict:
         try:
-            body = resp.json()
+            body = json.loads(content)
         except ValueError:
             raise PrometheusError(
                 f"Prometheus {url} returned invalid JSON (HTTP {resp.status_code}, "
-                f"Content-Type {resp.headers.get('Content-Type', '?')}): {resp.text[:200]!r}",
+                f"Content-Type {resp.headers.get('Content-Type', '?')}): {content[:200]!r}",
                 url=url,
                 status=resp.status_code,
             ) from None
@@ -301,8 +365,8 @@ class PrometheusClient:
                 f"Prometheus {url} answered HTTP {resp.status_code}: {detail}",
                 url=url,
                 status=resp.status_code,
-                error_type=error_type,
-                error=error,
+                error_type=str(error_type),
+                error=str(error),
             )
         return body
 
@@ -314,25 +378,27 @@ class PrometheusClient:
         for w_start, w_end in chunk_windows(start, end, step, self.max_points):
             body = self.api("query_range", {"query": promql, "start": repr(w_start), "end": repr(w_end),
                                             "step": repr(float(step))})  # fmt: skip
-            warnings.extend(str(w) for w in body.get("warnings") or ())
-            warnings.extend(f"info: {w}" for w in body.get("infos") or ())
-            data = body.get("data") or {}
-            if data.get("resultType") != "matrix":
+            where = f"Prometheus {self.url}: answer to {promql!r} at {w_start:.0f}..{w_end:.0f}"
+            warnings.extend(str(w) for w in _list(body.get("warnings"), where, "warnings"))
+            warnings.extend(f"info: {w}" for w in _list(body.get("infos"), where, "infos"))
+            data = body.get("data")
+            if not isinstance(data, dict) or data.get("resultType") != "matrix":
+                got = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+                raise PrometheusError(f"{where}: expected a matrix from query_range, got {got!r}", url=self.url)
+            result = _list(data.get("result"), where, "data.result")
+            if len(result) > MAX_SERIES_PER_ANSWER:
                 raise PrometheusError(
-                    f"Prometheus {self.url}: expected a matrix from query_range, got {data.get('resultType')!r}",
-                    url=self.url,
-                )
-            for item in data.get("result") or ():
-                labels = dict(item.get("metric") or {})
-                values = item.get("values") or ()
-                if item.get("histograms"):
-                    histograms += 1
-                if not values:
+                    f"{where}: {len(result):,} series, over the limit of {MAX_SERIES_PER_ANSWER:,}: {_NARROW}",
+                    url=self.url)
+            for i, item in enumerate(result):
+                labels, ts, vs, histogram = _matrix_series(item, f"{where}: data.result[{i}]")
+                histograms += histogram
+                if not len(ts):
                     continue
                 key = tuple(sorted(labels.items()))
                 entry = merged.setdefault(key, (labels, [], []))
-                entry[1].append(np.array([p[0] for p in values], dtype=np.float64))
-                entry[2].append(np.array([p[1] for p in values], dtype=np.float64))
+                entry[1].append(ts)
+                entry[2].append(vs)
         series = [(labels, np.concatenate(ts), np.concatenate(vs)) for labels, ts, vs in merged.values()]
         return RangeResult(series, warnings, histograms)
 
@@ -346,7 +412,10 @@ class PrometheusClient:
         if end is not None:
             params.append(("end", repr(float(end))))
         body = self.api("label/__name__/values", params, method="GET")
-        return [str(n) for n in body.get("data") or ()]
+        names = _list(body.get("data"), f"Prometheus {self.url}: answer to label/__name__/values", "data")
+        if not all(isinstance(n, str) for n in names):
+            raise PrometheusError(f"Prometheus {self.url}: malformed answer: metric names must be strings")
+        return names
 
     def existing_metrics(
         self,
