@@ -30,11 +30,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+import swagger_ui_bundle
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
 from analyzer.findings import KINDS, Finding, rfc3339, sort_findings
@@ -489,6 +492,9 @@ def _report_json(report: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- app
+#: Where /docs loads Swagger UI's script and style from (the swagger-ui-bundle package).
+DOCS_ASSETS = "/docs/assets"
+
 
 
 def create_app(service: AnalyzerService, settings: ApiSettings | None = None) -> FastAPI:
@@ -506,7 +512,10 @@ def create_app(service: AnalyzerService, settings: ApiSettings | None = None) ->
         title="truegpu analyzer", version=__version__,
         description="Findings, effective-utilization scores and cost reports of the GPU fleet, from the "
         "analysis loop's latest results. /api/* needs `Authorization: Bearer TOKEN`.",
+        docs_url=None, redoc_url=None,
     )
+    # Swagger UI from a Python package, not a CDN: /docs works on an air-gapped cluster.
+    app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_bundle.swagger_ui_path), name="docs-assets")
     app.state.service, app.state.registry, app.state.settings = service, registry, settings
     def api_auth(request: Request, _cred: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]) -> None:
         auth.require(request)
@@ -667,9 +676,26 @@ def create_app(service: AnalyzerService, settings: ApiSettings | None = None) ->
 
     @app.get("/healthz", include_in_schema=False)
     def healthz(request: Request) -> JSONResponse:
+        """Liveness: 200 while the process serves, "starting" in the body until a first good analysis."""
         if settings.protect_healthz:
             auth.require(request)
         return JSONResponse(service.health_json())
+
+    @app.get("/readyz", include_in_schema=False)
+    def readyz(request: Request) -> JSONResponse:
+        """Readiness: 503 until the first good analysis, so no traffic reaches an empty service."""
+        if settings.protect_healthz:
+            auth.require(request)
+        health = service.health_json()
+        return JSONResponse(health, status_code=200 if health["last_success"] is not None else 503)
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json", title=f"{app.title} - API docs",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js", swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+        )
 
     @app.get("/robots.txt", include_in_schema=False)
     def robots() -> PlainTextResponse:

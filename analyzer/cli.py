@@ -56,6 +56,27 @@ def add_prometheus_arguments(prom: argparse._ArgumentGroup) -> None:
     prom.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP request (default 30)")
 
 
+_FILES_DEFAULTS = ("; files: the data's first sample", "; files: the end of the step holding the last sample")
+
+
+def add_range_arguments(group: argparse._ArgumentGroup, start_default: str, files: bool = True) -> None:
+    """--start/--end, the same everywhere: the window is [start, end), end excluded, on every input."""
+    first, last = _FILES_DEFAULTS if files else ("", "")
+    group.add_argument("--start", type=_arg(parse_time), help=f"RFC 3339, unix seconds or now-6h ({start_default}"
+                       f"{first})")
+    group.add_argument("--end", type=_arg(parse_time), help="as --start; excluded: the window is [start, end) "
+                       f"(default: now{last})")
+
+
+def resolve_range(start: float | None, end: float | None, window: float | None,
+                  default_window: float) -> tuple[float, float]:
+    """[start, end) from --start/--end/--window: end defaults to now, start to end - window."""
+    if window is not None and start is not None and end is not None:
+        raise ValueError("give --window or both --start and --end, not all three")
+    end = time.time() if end is None else end
+    return (end - (default_window if window is None else window) if start is None else start), end
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "analyze", help="score GPU telemetry and report findings",
@@ -67,9 +88,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="OpenMetrics/Prometheus text file with timestamps, plain or gzip (repeatable)")
     src.add_argument("--prometheus", metavar="URL", help="Prometheus, Thanos, Mimir or VictoriaMetrics base URL")
     win = p.add_argument_group("window")
-    win.add_argument("--start", type=_arg(parse_time), help="RFC 3339, unix seconds or now-6h "
-                     "(Prometheus default: end - 1h; files: the data's first sample)")
-    win.add_argument("--end", type=_arg(parse_time), help="as --start (Prometheus default: now)")
+    add_range_arguments(win, "Prometheus default: end - 1h")
     win.add_argument("--step", type=_arg(parse_positive_duration), default=None,
                      help=f"analysis resolution, e.g. 60s (Prometheus default {DEFAULT_STEP:g}s; files: inferred)")
     add_prometheus_arguments(p.add_argument_group("Prometheus"))
@@ -168,8 +187,7 @@ def _load(args: argparse.Namespace, progress: _Progress) -> Fleet:
             raise ValueError(f"input file not found: {', '.join(missing)}")
         progress(f"reading {len(args.input)} file(s)")
         return load_files(args.input, step=args.step, job_label=args.job_label, start=args.start, end=args.end)
-    end = args.end if args.end is not None else time.time()
-    start = args.start if args.start is not None else end - 3600
+    start, end = resolve_range(args.start, args.end, None, 3600.0)
     step = args.step or DEFAULT_STEP
     progress(f"querying {args.prometheus} from {iso(start)} to {iso(end)} every {step:g}s")
     return load_prometheus(args.prometheus, start, end, step, matchers=dict(args.matcher) or None,
@@ -189,9 +207,12 @@ def _analyze(fleet: Fleet, kinds: list[str] | None, progress: _Progress) -> tupl
 
 
 def _emit(fleet: Fleet, scores: Any, findings: list[Finding], args: argparse.Namespace, out: TextIO) -> None:
+    from analyzer.findings import json_ready
+
     summary = build_summary(fleet, scores, findings)
     if args.json:
-        json.dump({"findings": [f.to_json() for f in findings], "summary": summary}, out, indent=2)
+        doc = {"findings": [f.to_json() for f in findings], "summary": json_ready(summary)}
+        json.dump(doc, out, indent=2, allow_nan=False)
         out.write("\n")
     else:
         out.write(format_summary(summary) + "\n\n" + format_findings(findings) + "\n")
@@ -316,6 +337,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{_hours(s['effective_gpu_hours'])} effective, {_hours(s['wasted_gpu_hours'])} wasted "
         f"({_hours(s['idle_gpu_hours'])} idle), {_hours(s['unallocated_gpu_hours'])} unallocated, "
         f"{_hours(s['unknown_gpu_hours'])} unknown",
+        f"data coverage: {_pct(s['coverage']['ratio'])} of the window's GPU-hours have data",
     ]
     for signal, why in s["missing"].items():
         lines.append(f"unknown: {signal}: {why}")

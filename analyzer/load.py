@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from analyzer import dialects as D
+from analyzer.budget import check_window
 from analyzer.frame import Fleet
 from analyzer.ingest import IngestReport, MetricFilter, PrometheusClient, query_prometheus, read_openmetrics
 from analyzer.ingest.prometheus import MatcherValue
@@ -119,8 +120,7 @@ def load_prometheus(
     Raises ValueError naming the URL when the server has no GPU telemetry in the window.
     """
     start, end, step = float(start), float(end), float(step)
-    if step <= 0 or end <= start:
-        raise ValueError(f"load_prometheus: need step > 0 and end > start, got start={start}, end={end}, step={step}")
+    check_window(start, end, step)  # before any query
     with PrometheusClient(url, **client_kwargs) as client:
         found = client.existing_metrics(sorted(D.needed_names()), matchers, start, end + step)
         telemetry = [n for n in found if n not in {m.name for m in D.INFO_METRICS}]

@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 
 from analyzer import dialects as D
+from analyzer.budget import BudgetError, check_rows, check_window
+from analyzer.coverage import hold_allocations
 from analyzer.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, empty_frame, gpu_share
 from analyzer.ingest import IngestReport
 from analyzer.signals import ALLOCATION_COLUMNS, SIGNALS, Signal
@@ -66,8 +68,9 @@ def normalize(
     data = _Input(long, job_label)
     grid = data.grid(step, start, end, notes)
     devices = data.devices()
+    check_rows(len(devices), grid.T, grid.step)
     state = _State(data, grid, devices, report)
-    frame = state.frame()
+    frame = hold_allocations(state.frame())
     events = state.events()
     missing = state.missing(frame)
     notes.extend(data.notes + state.notes)
@@ -103,6 +106,12 @@ def _report_notes(report: IngestReport | None) -> list[str]:
         parts = ", ".join(f"{name} ({n})" for name, n in sorted(report.sentinels.items()))
         notes.append(
             f"{report.sentinel_count} DCGM blank/not-supported values treated as unknown (not 0): {parts}"
+        )
+    if report.out_of_range:
+        parts = ", ".join(f"{name} ({n})" for name, n in sorted(report.out_of_range.items()))
+        notes.append(
+            f"{sum(report.out_of_range.values())} values outside the metric contract's valid range (or infinite) "
+            f"dropped as unknown: {parts}"
         )
     notes.extend(f"ingest warning: {w}" for w in report.warnings)
     if report.missing:
@@ -216,14 +225,11 @@ class _Input:
                 step = spacing
         step = float(step)
         if not math.isfinite(step) or step <= 0:
-            raise ValueError(f"normalize: step must be a positive number of seconds, not {step!r}")
+            raise BudgetError(f"step must be a positive number of seconds, not {step!r}")
         start = float(ts.min()) if start is None else float(start)
         if end is None:  # the end of the step holding the last sample
             end = start + (math.floor((float(ts.max()) - start) / step + _EPS) + 1) * step
-        end = float(end)
-        if end <= start:
-            raise ValueError(f"normalize: end {end!r} is not after start {start!r}")
-        T = math.ceil((end - start) / step - _EPS)
+        T = check_window(start, float(end), step)
         self.bf = np.floor((self.ts - start) / step + _EPS).astype(np.int64)
         be = np.ceil((self.ts - start) / step - _EPS).astype(np.int64) - 1
         self.be = np.where((be < 0) & (np.abs(self.ts - start) < _EPS * max(step, 1.0)), 0, be)

@@ -16,10 +16,12 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from analyzer.cli import DEFAULT_STEP, _arg, _client_kwargs, add_prometheus_arguments
+from analyzer.budget import check_window
+from analyzer.cli import DEFAULT_STEP, _arg, _client_kwargs, add_prometheus_arguments, add_range_arguments
 from exporter.server import parse_listen
 from exporter.timeparse import parse_positive_duration
 
@@ -52,6 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help=f"how much history each run analyzes, ending now (default {DEFAULT_WINDOW / 60:g}m)")
     loop.add_argument("--step", type=_arg(parse_positive_duration), default=DEFAULT_STEP,
                       help=f"analysis resolution (default {DEFAULT_STEP:g}s)")
+    add_range_arguments(loop, "with --end: analyze this fixed past range once and serve it, e.g. backfilled "
+                        "history; default: the last --window, every --interval", files=False)
     loop.add_argument("--kinds", type=lambda s: [k for k in s.split(",") if k], default=None,
                       help="comma-separated finding kinds to run (default: all)")
     loop.add_argument("--job-label", help="label naming the job (e.g. hpc_job); default: derived from the pod")
@@ -164,6 +168,13 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
     from analyzer.service import AnalyzerService, make_app, prometheus_loader
 
     try:
+        fixed = None
+        if args.start is not None or args.end is not None:
+            if args.start is None or args.end is None:
+                raise ValueError("a fixed range needs both --start and --end")
+            fixed = (args.start, args.end)
+        now = time.time()
+        check_window(*(fixed or (now - args.window, now)), args.step)  # refuse at start, not at the first tick
         client_kwargs = _client_kwargs(args)
         loader = prometheus_loader(args.prometheus, args.step, matchers=dict(args.matcher) or None,
                                    job_label=args.job_label, **client_kwargs)
@@ -176,7 +187,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
         settings, rollup = api_settings(args, loader)
         service = AnalyzerService(loader, url=args.prometheus, interval=args.interval, window=args.window,
                                   step=args.step, kinds=args.kinds, stale_after=args.stale_after,
-                                  on_result=rollup)
+                                  on_result=rollup, fixed=fixed)
     except (ValueError, OSError) as exc:
         return _error(str(exc))
     if settings.no_auth:

@@ -206,7 +206,10 @@ class AnalyzerService:
         stale_after: float | None = None,
         clock: Callable[[], float] = time.time,
         on_result: Callable[[Analysis], None] | None = None,
+        fixed: tuple[float, float] | None = None,
     ) -> None:
+        if fixed is not None:
+            window = fixed[1] - fixed[0]
         if interval <= 0 or window <= 0 or step <= 0:
             raise ValueError("interval, window and step must be > 0")
         if window < step:
@@ -218,6 +221,11 @@ class AnalyzerService:
         self.step = float(step)
         self.kinds = list(kinds) if kinds is not None else None
         self.stale_after = float(stale_after) if stale_after is not None else 2 * self.interval + 60.0
+        #: A fixed past range [start, end): analyzed until one run succeeds, then served as is (it
+        #: cannot go stale). How people look at backfilled or historical data through the API.
+        self.fixed = fixed
+        if fixed is not None:
+            self.stale_after = math.inf
         self.clock = clock
         #: Called in the loop thread after each good run (e.g. the daily cost rollup); its errors are logged.
         self.on_result = on_result
@@ -233,19 +241,21 @@ class AnalyzerService:
         return self._snapshot
 
     def health_json(self) -> dict[str, Any]:
-        """/healthz body: the process is up ("ok") plus the last run's state."""
+        """/healthz and /readyz body: "starting" until a first good analysis, then "ok" (or "stale"
+        when the last good one is older than ``stale_after``), plus the last run's state."""
         snap = self._snapshot
         h, now = snap.health, self.clock()
         a = snap.analysis
+        stale = h.stale(now, self.stale_after)
         return {
-            "status": "ok",
+            "status": "starting" if h.last_success is None else "stale" if stale else "ok",
             "prometheus": self.url,
             "last_success": None if h.last_success is None else iso(h.last_success),
             "last_success_age_seconds": None if h.last_success is None else round(now - h.last_success, 3),
             "last_error": h.last_error,
             "last_error_time": None if h.last_error_time is None else iso(h.last_error_time),
             "last_run_duration_seconds": None if h.last_duration is None else round(h.last_duration, 3),
-            "stale": h.stale(now, self.stale_after),
+            "stale": stale,
             "runs": {"ok": h.runs_ok, "error": h.runs_error},
             "interval_seconds": self.interval,
             "window_seconds": self.window,
@@ -255,7 +265,10 @@ class AnalyzerService:
 
     # -- running ---------------------------------------------------------------------------
     def window_at(self, now: float) -> tuple[float, float]:
-        """[end - window, end) with end aligned down to the step, so rows line up from run to run."""
+        """[end - window, end) with end aligned down to the step, so rows line up from run to run;
+        the fixed range when there is one."""
+        if self.fixed is not None:
+            return self.fixed
         end = math.floor(now / self.step) * self.step
         return end - self.window, end
 
@@ -333,7 +346,9 @@ class AnalyzerService:
     def _loop(self) -> None:
         while not self._stop.is_set():
             began = time.monotonic()
-            self.run_once()
+            if self.run_once() and self.fixed is not None:
+                self._stop.wait()  # a fixed range is analyzed once: serve it until stopped
+                return
             # Ticks are `interval` apart from run start; a run longer than that starts the next at once.
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - began)))
 

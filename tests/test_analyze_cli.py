@@ -127,3 +127,23 @@ def test_evaluate_cli_gates_and_json(capsys):
     assert main([*args, "--min-precision", "1.01"]) == 1
     assert main(["evaluate", "--kinds", "psychic"]) == 2
     assert "unknown kind(s) psychic" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("step", [15.0, 60.0])
+def test_file_and_prometheus_agree_on_totals_and_open_episodes(tmp_path, capsys, promtool, prometheus_bin, step):
+    """The same [start, end) read from a file and from a real Prometheus: identical totals and findings,
+    and the straggler episode still going at the window's end stays open (end null) at either step."""
+    cluster = Cluster(load_scenario(SCENARIO))
+    t0, span = cluster.start + 5400.0, 1800.0  # inside the thermal straggler (40m .. 2h40m)
+    path = tmp_path / "h.om"
+    write_history(path, cluster, t0, t0 + span + step, step)
+    window = ["--start", str(t0), "--end", str(t0 + span), "--step", f"{step:g}s"]
+    from_file = analyze_json(capsys, "--input", str(path), *window)
+    with backfilled_prometheus(tmp_path, [path], promtool, prometheus_bin) as url:
+        from_prom = analyze_json(capsys, "--prometheus", url, *window)
+    keys = ("gpu_hours", "allocated_gpu_hours", "effective_gpu_hours", "wasted_gpu_hours", "unknown_gpu_hours",
+            "unallocated_gpu_hours")
+    assert [from_file["summary"][k] for k in keys] == pytest.approx([from_prom["summary"][k] for k in keys])
+    assert from_file["findings"] == from_prom["findings"]
+    stragglers = [f for f in from_file["findings"] if f["kind"] == "straggler"]
+    assert stragglers and all(f["end"] is None for f in stragglers)

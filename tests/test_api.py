@@ -140,7 +140,13 @@ def test_metrics_and_healthz_open_by_default_docs_open(api):
     assert get(api, "/metrics", headers=None).status_code == 200
     assert get(api, "/healthz", headers=None).json()["status"] == "ok"
     spec = get(api, "/openapi.json", headers=None).json()
-    assert get(api, "/docs", headers=None).status_code == 200
+    docs = get(api, "/docs", headers=None)
+    assert docs.status_code == 200 and "cdn" not in docs.text.lower()
+    # Swagger UI comes from the swagger-ui-bundle package: /docs works with no internet.
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+        assert f"/docs/assets/{asset}" in docs.text
+        r = get(api, f"/docs/assets/{asset}", headers=None)
+        assert r.status_code == 200 and len(r.content) > 10_000, asset
     assert {"/api/findings", "/api/scores", "/api/reports/cost"} <= set(spec["paths"])
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     findings = spec["paths"]["/api/findings"]["get"]
@@ -156,7 +162,7 @@ def test_metrics_and_healthz_open_by_default_docs_open(api):
 def test_protect_metrics_disabled_api_and_no_auth(analyzed, catalog):
     service, _ = analyzed
     with served(make_app(service, ApiSettings(token=TOKEN, protect_metrics=True, protect_healthz=True))) as url:
-        for path in ("/metrics", "/healthz"):
+        for path in ("/metrics", "/healthz", "/readyz"):
             r = get(url, path, headers=None)
             assert r.status_code == 401 and "WWW-Authenticate" in r.headers
             assert get(url, path).status_code == 200
@@ -270,12 +276,17 @@ def test_503_before_the_first_result_then_stale_then_fresh(cluster, catalog):
         assert r.status_code == 503 and "prom.test:9090" in r.json()["last_error"]
         page = get(url, "/")
         assert page.status_code == 503 and "No results yet" in page.text
-        assert get(url, "/healthz").status_code == 200
+        # Liveness stays 200 (a slow first run must not get the pod killed); readiness waits.
+        health = get(url, "/healthz")
+        assert health.status_code == 200 and health.json()["status"] == "starting"
+        ready = get(url, "/readyz")
+        assert ready.status_code == 503 and ready.json()["status"] == "starting"
 
         source.down = False
         assert service.run_once() is True
         fresh = get(url, "/api/findings")
         assert fresh.status_code == 200 and fresh.json()["stale"] is False
+        assert get(url, "/readyz").status_code == 200 and get(url, "/healthz").json()["status"] == "ok"
         assert fresh.headers["X-Truegpu-Stale"] == "false"
         as_of = fresh.json()["as_of"]
 

@@ -438,6 +438,7 @@ def test_json_round_trip(mixed_report):
     for k, v in mixed_report.totals.items():
         assert (math.isnan(v) and math.isnan(back.totals[k])) or back.totals[k] == pytest.approx(v), k
     assert back.tags == mixed_report.tags and back.notes == mixed_report.notes
+    assert back.coverage == mixed_report.coverage and doc["coverage"]["ratio"] == mixed_report.coverage.ratio
     assert (back.group_by, back.start, back.end, back.currency) == (
         mixed_report.group_by, mixed_report.start, mixed_report.end, mixed_report.currency)
     assert outputs.to_focus_csv(back) == outputs.to_focus_csv(mixed_report)

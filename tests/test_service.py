@@ -323,7 +323,9 @@ def test_serve_cli_unreachable_prometheus_stays_up_and_stops_on_sigterm(tmp_path
             except requests.RequestException:
                 time.sleep(0.2)
                 continue
-            assert health.status_code == 200 and health.json()["status"] == "ok"
+            # Alive (200) but never analyzed: "starting", and not ready.
+            assert health.status_code == 200 and health.json()["status"] == "starting"
+            assert requests.get(f"{url}/readyz", timeout=2).status_code == 503
             n = _value(text, O.ANALYZER_RUNS.name, result="error")
             if n > 0 and (not errors or n > errors[-1]):
                 errors.append(n)

@@ -235,7 +235,14 @@ def _window_sum(m: np.ndarray, window: int) -> np.ndarray:
 
 def persistent(cond: np.ndarray, window: int, k: int) -> np.ndarray:
     """k-of-n persistence of a (S, T) tristate condition (1/0/NaN): 1 where at least ``k`` of the
-    ``window`` centered steps hold, 0 where some step is known and fewer hold, NaN where none is known."""
+    ``window`` centered steps hold, 0 where some step is known and fewer hold, NaN where none is known.
+
+    At the edges of the data the centered window is cut short; there the same share ``k / window``
+    of the steps that exist must hold, so a problem still going at the end of a window stays open
+    whatever the step (otherwise 12 of 20 could never hold in the last 10 steps at 15 s).
+    """
     true = rolling_count(cond == 1.0, window)
     known = rolling_count(~np.isnan(cond), window)
-    return np.where(true >= k, 1.0, np.where(known > 0, 0.0, np.nan))
+    present = rolling_count(np.ones((1, cond.shape[1]), dtype=bool), window)
+    need = np.ceil(k * present / window - 1e-9)
+    return np.where(true >= need, 1.0, np.where(known > 0, 0.0, np.nan))

@@ -14,7 +14,9 @@ The cost identity (per row, so per group, per day and for the fleet)::
 and ``waste = idle_allocated + masked + straggler + throttled + underused``. With
 ``eff = effective_util`` and ``busy``/``clock_ratio``/``masking_gap`` from ``row_scores``:
 
-* unallocated rows (no namespace/pod/container/job label): all ``unallocated``;
+* rows without any data (analyzer.coverage: before a GPU first reports, after it stops, gaps,
+  outside the data's span): all ``unknown``, whoever held the GPU;
+* unallocated rows with data (no namespace/pod/container/job label): all ``unallocated``;
 * allocated rows whose effective utilization is unknown: all ``unknown`` (never 0, never waste);
 * allocated, known: ``effective = eff`` (the same effective GPU-hours as
   ``scores.allocated_effective_gpu_hours``), the rest ``1 - eff`` is waste (the same hours as
@@ -62,6 +64,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.coverage import Coverage, coverage_unknown
 from analyzer.findings import STRAGGLER, Finding
 from analyzer.finops.catalog import Catalog
 from analyzer.frame import Fleet
@@ -128,6 +131,8 @@ class CostReport:
     catalog_source: str = ""
     team_label: str | None = None
     notes: list[str] = field(default_factory=list)
+    #: How much of the window has data (its hours without data are the ``unknown`` component).
+    coverage: Coverage = field(default_factory=coverage_unknown)
 
 
 # ------------------------------------------------------------------ team map
@@ -240,6 +245,7 @@ def _fractions(fleet: Fleet, scores: Scores, findings: Sequence[Finding]) -> tup
         raise ValueError("scores do not belong to this fleet (compute_scores(fleet) first)")
     w = fr["gpu_share"].to_numpy(dtype=np.float64) * (fleet.step / 3600.0)
     alloc = allocated_rows(fr)
+    observed = rows["observed"].to_numpy(dtype=bool)
     eff = rows["effective_util"].to_numpy(dtype=np.float64)
     known = ~np.isnan(eff)
     measured = alloc & known
@@ -264,8 +270,8 @@ def _fractions(fleet: Fleet, scores: Scores, findings: Sequence[Finding]) -> tup
         "straggler": straggler,
         "throttled": np.where(active, act - e, 0.0),
         "underused": rest - masked,
-        "unknown": np.where(alloc & ~known, 1.0, 0.0),
-        "unallocated": np.where(alloc, 0.0, 1.0),
+        "unknown": np.where(~observed | (alloc & ~known), 1.0, 0.0),
+        "unallocated": np.where(alloc | ~observed, 0.0, 1.0),
     }
     return fr_, alloc, claimed
 
@@ -413,6 +419,7 @@ def cost_report(
         tags=_tags(fleet, group_by, groups["group"].tolist(), label, team_map),
         unpriced_models={str(k): float(v) for k, v in unpriced.items()}, straggler_findings_gpu_hours=claimed,
         catalog_source=catalog.source, team_label=label if group_by == "team" or team_map else None, notes=notes,
+        coverage=scores.coverage,
     )
 
 

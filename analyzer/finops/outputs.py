@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.coverage import Coverage, coverage_unknown
+from analyzer.findings import json_ready
 from analyzer.finops.costs import (
     COMPONENTS,
     DETAIL_COLUMNS,
@@ -146,22 +148,10 @@ def to_focus_csv(report: CostReport) -> str:
 # ------------------------------------------------------------------ JSON
 
 
-def _clean(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {str(k): _clean(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_clean(x) for x in v]
-    if hasattr(v, "item") and not isinstance(v, str):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
-
-
 def to_json(report: CostReport) -> dict[str, Any]:
     """JSON-ready dict: window, catalog, fleet totals, groups (with derived ratios) and the
     (day, group, model) detail that ``from_json`` rebuilds the report from."""
-    return _clean({
+    return json_ready({
         "schema": JSON_SCHEMA,
         "group_by": report.group_by,
         "start": _iso(report.start), "end": _iso(report.end),
@@ -171,6 +161,7 @@ def to_json(report: CostReport) -> dict[str, Any]:
         "identity": "cost = effective + idle_allocated + masked + straggler + throttled + underused + unknown "
                     "+ unallocated; waste = idle_allocated + masked + straggler + throttled + underused",
         "totals": report.totals,
+        "coverage": report.coverage.as_dict(),
         "groups": [{**g, "tags": report.tags.get(str(g["group"]), {})} for g in report.groups.to_dict("records")],
         "unpriced_models": report.unpriced_models,
         "straggler_findings_gpu_hours": report.straggler_findings_gpu_hours,
@@ -194,6 +185,7 @@ def from_json(data: dict[str, Any]) -> CostReport:
         straggler_findings_gpu_hours=float(data.get("straggler_findings_gpu_hours") or 0.0),
         catalog_source=data.get("catalog_source", ""), team_label=data.get("team_label"),
         notes=list(data.get("notes") or []),
+        coverage=Coverage.from_dict(data["coverage"]) if data.get("coverage") else coverage_unknown(),
     )
 
 

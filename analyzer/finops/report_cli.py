@@ -1,7 +1,8 @@
 """``truegpu report``: the effective-cost report of a window, as FOCUS CSV, JSON or HTML.
 
-Input: ``--prometheus URL`` (the ``--window`` ending now), ``--input FILE...`` (OpenMetrics
-history files: the window is the data) or ``--demo`` (the simulated mixed-fleet scenario).
+Input: ``--prometheus URL`` (``--start/--end``, or the ``--window`` ending at ``--end``/now),
+``--input FILE...`` (OpenMetrics history files: the data, or ``--start/--end``) or ``--demo``
+(the simulated mixed-fleet scenario). The window is ``[start, end)`` on every input.
 CSV and JSON go to stdout unless ``--out`` names a file (or a directory: ``cost-report.csv`` /
 ``cost-report.json`` in it); HTML needs ``--out DIR`` and writes ``DIR/cost-report.html``.
 
@@ -14,11 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from analyzer.cli import DEFAULT_STEP, _arg, _error, _load, _Progress, add_prometheus_arguments
+from analyzer.cli import (
+    DEFAULT_STEP,
+    _arg,
+    _error,
+    _load,
+    _Progress,
+    add_prometheus_arguments,
+    add_range_arguments,
+    resolve_range,
+)
 from analyzer.signals import ALLOCATION_COLUMNS
 from exporter.timeparse import parse_positive_duration
 
@@ -47,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--demo", action="store_true", help=f"the simulated {DEMO_SCENARIO} fleet (no services needed)")
     win = p.add_argument_group("window")
     win.add_argument("--window", type=_arg(parse_positive_duration), default=None, metavar="DURATION",
-                     help=f"with --prometheus: how far back from now, e.g. 7d (default {DEFAULT_WINDOW})")
+                     help=f"with --prometheus: how far back from --end, e.g. 7d (default {DEFAULT_WINDOW})")
+    add_range_arguments(win, "Prometheus default: --end - --window")
     win.add_argument("--step", type=_arg(parse_positive_duration), default=None,
                      help=f"resolution (Prometheus default {DEFAULT_STEP:g}s, {LONG_WINDOW_STEP:g}s for windows over "
                      "a day; files: inferred)")
@@ -79,7 +89,9 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("give exactly one of --prometheus URL, --input FILE (repeatable) or --demo"
                          + (f" (got {', '.join(sources)})" if sources else ""))
     if args.window is not None and not args.prometheus:
-        raise ValueError("--window applies to --prometheus; with --input or --demo the window is the data")
+        raise ValueError("--window applies to --prometheus; with --input use --start/--end")
+    if args.demo and (args.start is not None or args.end is not None):
+        raise ValueError("--start/--end apply to --prometheus and --input; --demo is the whole simulated run")
     if args.format == "html" and args.out is None:
         raise ValueError("--format html needs --out DIR (the page is written to DIR/cost-report.html)")
     if args.format == "html" and args.out.exists() and not args.out.is_dir():
@@ -95,13 +107,12 @@ def _fleet(args: argparse.Namespace, progress: _Progress) -> Any:
         progress(f"simulating {scenario.name}")
         return fleet_from_cluster(Cluster(scenario), step=args.step or DEFAULT_STEP)
     load_args = argparse.Namespace(**vars(args))
-    load_args.start = load_args.end = None
     if args.prometheus:
-        window = args.window if args.window is not None else parse_positive_duration(DEFAULT_WINDOW)
-        load_args.end = time.time()
-        load_args.start = load_args.end - window
+        load_args.start, load_args.end = resolve_range(args.start, args.end, args.window,
+                                                       parse_positive_duration(DEFAULT_WINDOW))
         if load_args.step is None:
-            load_args.step = LONG_WINDOW_STEP if window > LONG_WINDOW_S else DEFAULT_STEP
+            span = load_args.end - load_args.start
+            load_args.step = LONG_WINDOW_STEP if span > LONG_WINDOW_S else DEFAULT_STEP
     return _load(load_args, progress)
 
 
@@ -148,7 +159,7 @@ def run_report(args: argparse.Namespace, out: TextIO | None = None) -> int:
         if args.format == "csv":
             text = outputs.to_focus_csv(report)
         else:
-            text = json.dumps(outputs.to_json(report), indent=2) + "\n"
+            text = json.dumps(outputs.to_json(report), indent=2, allow_nan=False) + "\n"
         if args.out is None:
             out.write(text)
         else:

@@ -153,7 +153,9 @@ class KubernetesAttributor(CachedAttributor[_Table]):
             errors.append(AttributionError(
                 "grpc_missing", f"Kubernetes attribution needs grpcio and protobuf ({type(exc).__name__}: {exc})"))
             return None
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        # A local subchannel pool: channels otherwise share gRPC's global subchannels, and one still
+        # backing off from a dead kubelet would refuse the first call after the kubelet is back.
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.use_local_subchannel_pool", 1)]
         try:
             with grpc.insecure_channel(f"unix:{self.socket_path}", options=options) as channel:
                 stub = api_pb2_grpc.PodResourcesListerStub(channel)
