@@ -29,14 +29,17 @@ def render() -> str:
         "",
         f"Per-GPU series carry `{'`, `'.join(schema.GPU_LABELS)}`; MIG instances add "
         f"`{'`, `'.join(schema.MIG_LABELS)}`. A source that cannot provide a family omits it: "
-        "missing is unknown, never 0.",
+        "missing is unknown, never 0. A value outside its family's valid range (or not finite) is "
+        "dropped and counted, in the exporter and at the analyzer's ingest.",
         "",
-        "| metric | type | labels | help | NVML | dcgm-exporter |",
-        "|---|---|---|---|---|---|",
+        "| metric | type | labels | valid range | help | NVML | dcgm-exporter |",
+        "|---|---|---|---|---|---|---|",
     ]
     for m in schema.METRICS:
         labels = ", ".join(m.labels) or "-"
-        lines.append(f"| `{m.name}` | {m.type} | {labels} | {m.help} | {m.nvml or '-'} | {_dcgm(m)} |")
+        lo, hi = m.valid_range
+        valid = f"{lo:g} .. {hi:g}" if hi != float("inf") else f">= {lo:g}"
+        lines.append(f"| `{m.name}` | {m.type} | {labels} | {valid} | {m.help} | {m.nvml or '-'} | {_dcgm(m)} |")
     lines += ["", "Clock-event reasons (`reason` label):", ""]
     lines += [f"- `0x{bit:x}` {name}" for bit, name in schema.CLOCK_EVENT_REASONS.items()]
     return "\n".join(lines) + "\n"
