@@ -41,6 +41,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
 from analyzer.findings import KINDS, Finding, rfc3339, sort_findings
+from analyzer.finops.costs import GROUP_BY
 
 if TYPE_CHECKING:
     from analyzer.service import Analysis, AnalyzerService, Snapshot
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 LEVEL_NAMES = ("gpu", "node", "job", "namespace", "model", "fleet")
 GROUP_BYS = ("namespace", "job", "team", "node", "model")
 Level = Literal["gpu", "node", "job", "namespace", "model", "fleet"]
-GroupBy = Literal["namespace", "job", "team", "node", "model"]
+GroupBy = Literal[GROUP_BY]  # the one list, analyzer.finops.costs.GROUP_BY
 Severity = Literal["critical", "warning", "info"]
 CostFormat = Literal["json", "csv", "html"]
 Kind = Literal[KINDS]  # type: ignore[valid-type]
@@ -431,11 +432,15 @@ class CostSource:
         except Exception as exc:
             log.error("rollup store %s: %s", self.settings.store, exc)
             raise HTTPException(503, f"the rollup store failed: {type(exc).__name__}: {exc}") from None
-        return rollup_report(rows, group_by, start_day, end_day, self.settings.catalog)
+        return rollup_report(rows, group_by, start_day, end_day, self.settings.catalog, until=end)
 
 
-def rollup_report(rows: Any, group_by: str, start_day: Any, end_day: Any, catalog: Any) -> Any:
-    """A CostReport over stored daily rollups (per day and group; no per-model detail: model "")."""
+def rollup_report(rows: Any, group_by: str, start_day: Any, end_day: Any, catalog: Any,
+                  until: float | None = None) -> Any:
+    """A CostReport over stored daily rollups (per day and group; no per-model detail: model "").
+
+    ``until`` ends the report before the end of ``end_day`` (today's rollup covers up to now, not
+    up to midnight: a charge period never ends in the future)."""
     from datetime import UTC, datetime, time, timedelta
 
     import numpy as np
@@ -450,8 +455,10 @@ def rollup_report(rows: Any, group_by: str, start_day: Any, end_day: Any, catalo
     groups, totals = summarize(detail)
     start = datetime.combine(start_day, time(), UTC).timestamp()
     end = datetime.combine(end_day + timedelta(days=1), time(), UTC).timestamp()
+    if until is not None:
+        end = max(start, min(end, float(until)))
     days = sorted(set(detail["day"]))
-    notes = [f"from the daily rollup store: {len(days)} of {round((end - start) / 86400)} day(s) have data"]
+    notes = [f"from the daily rollup store: {len(days)} of {math.ceil((end - start) / 86400 - 1e-9)} day(s) have data"]
     return CostReport(group_by=group_by, start=start, end=end, step=86400.0,
                       currency=getattr(catalog, "currency", ""), cluster=getattr(catalog, "cluster", None),
                       detail=detail, groups=groups, totals=totals, catalog_source="rollup store", notes=notes)

@@ -463,7 +463,7 @@ class RollupWriter:
     def write(self, start: float, end: float) -> int:
         """Analyze [start, end) (within one UTC day) and replace its day's rollups; the rows written."""
         from analyzer.detectors import run_detectors
-        from analyzer.finops import GROUP_BY, cost_report, daily_rollups
+        from analyzer.finops import ROLLUP_GROUP_BY, cost_report, daily_rollups
         from analyzer.finops.store import open_store
         from analyzer.scores import compute_scores
 
@@ -476,7 +476,7 @@ class RollupWriter:
         findings = run_detectors(fleet, self.kinds)
         written = 0
         with open_store(self.store) as store:
-            for group_by in self.group_bys or GROUP_BY:
+            for group_by in self.group_bys or ROLLUP_GROUP_BY:
                 report = cost_report(fleet, scores, findings, self.catalog, group_by=group_by, team_map=self.team_map)
                 rows = daily_rollups(report)
                 for day, part in rows.groupby("day", sort=True):

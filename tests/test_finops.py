@@ -394,7 +394,12 @@ def test_focus_csv_columns_and_values(mixed_report):
     text = outputs.to_focus_csv(mixed_report)
     header = text.splitlines()[0].split(",")
     assert header == list(outputs.FOCUS_COLUMNS)
-    assert "EffectiveCost" not in header  # FOCUS EffectiveCost is amortized cost: not ours to fill
+    assert set(outputs.FOCUS_MANDATORY) <= set(header)  # FOCUS 1.x's required columns
+    rows = parse_csv(text)
+    assert all(r["EffectiveCost"] == r["BilledCost"] == r["ContractedCost"] == r["ListCost"] for r in rows)
+    assert {r["BillingAccountId"] for r in rows} == {"truegpu"} and {r["ChargeClass"] for r in rows} == {""}
+    assert all(r[c] for r in rows for c in ("BillingAccountId", "ChargeCategory", "ChargePeriodStart",
+                                             "InvoiceIssuerName", "ProviderName", "PublisherName", "PricingUnit"))
     for col in ("BillingPeriodStart", "BillingPeriodEnd", "ChargePeriodStart", "ChargePeriodEnd", "BilledCost",
                 "ListCost", "ListUnitPrice", "ConsumedQuantity", "ConsumedUnit", "PricingUnit", "ServiceName",
                 "ServiceCategory", "ResourceType", "Tags", "ChargeCategory", "BillingCurrency"):
@@ -473,3 +478,27 @@ def test_html_escapes_user_text():
     assert "<script" not in page and "&lt;script&gt;" in page and "Evil &lt;GPU&gt;" in page
     csv_text = outputs.to_focus_csv(r)
     assert parse_csv(csv_text)[0]["x_Group"] in (evil, "ok")  # CSV quoting keeps the raw value
+
+
+def test_gpu_report_has_one_row_per_gpu_with_its_uuid_as_resource_id(scenario_inputs):
+    fleet, scores, findings = scenario_inputs["mixed-fleet"]
+    report = cost_report(fleet, scores, findings, default_catalog(), group_by="gpu")
+    uuids = set(fleet.frame["uuid"].astype(str))
+    assert set(report.groups["group"]) == uuids
+    assert report.totals["gpu_hours"] == pytest.approx(cost_report(fleet, scores, findings, default_catalog())
+                                                      .totals["gpu_hours"])
+    rows = parse_csv(outputs.to_focus_csv(report))
+    assert {r["ResourceId"] for r in rows} == uuids and all(r["ResourceId"] == r["x_Group"] for r in rows)
+
+
+def test_catalog_billing_account_reaches_focus_and_json(scenario_inputs):
+    fleet, scores, findings = scenario_inputs["mixed-fleet"]
+    data = {"currency": "USD", "billing_account": {"id": "acme-gpu", "name": "ACME GPU platform"},
+            "models": [{"key": "H100", "match": "H100", "price_per_gpu_hour": 2.0}]}
+    report = cost_report(fleet, scores, findings, parse_catalog(data))
+    rows = parse_csv(outputs.to_focus_csv(report))
+    assert {(r["BillingAccountId"], r["BillingAccountName"]) for r in rows} == {("acme-gpu", "ACME GPU platform")}
+    back = outputs.from_json(json.loads(json.dumps(outputs.to_json(report))))
+    assert (back.billing_account_id, back.billing_account_name) == ("acme-gpu", "ACME GPU platform")
+    with pytest.raises(CatalogError, match="billing_account must be a mapping"):
+        parse_catalog({**data, "billing_account": {"id": ""}})

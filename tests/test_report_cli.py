@@ -69,7 +69,7 @@ def test_json_and_html_files(history, capsys, tmp_path):
     # a directory for csv/json: the file goes inside it
     rc, _, err = report(capsys, "--input", str(history), "--out", str(tmp_path))
     assert rc == 0, err
-    assert (tmp_path / "cost-report.csv").read_text().startswith("BillingPeriodStart,")
+    assert (tmp_path / "cost-report.csv").read_text().startswith("BillingAccountId,")
     rc, _, err = report(capsys, "--input", str(history), "--format", "html", "--group-by", "model",
                         "--out", str(tmp_path / "html"))
     assert rc == 0, err

@@ -21,6 +21,7 @@ _EXPORTS = {
     "Catalog": "catalog", "CatalogError": "catalog", "ModelPrice": "catalog", "load_catalog": "catalog",
     "default_catalog": "catalog", "DEFAULT_CATALOG_PATH": "catalog",
     "CostReport": "costs", "cost_report": "costs", "daily_rollups": "costs", "GROUP_BY": "costs",
+    "ROLLUP_GROUP_BY": "costs",
     "ROLLUP_COLUMNS": "costs", "ROLLUP_KEY_COLUMNS": "costs", "ROLLUP_HOUR_COLUMNS": "costs",
     "ROLLUP_COST_COLUMNS": "costs", "UNALLOCATED": "costs", "load_team_map": "costs",
     "to_focus_csv": "outputs", "to_json": "outputs", "from_json": "outputs", "render_html": "outputs",

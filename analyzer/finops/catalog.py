@@ -8,6 +8,7 @@ File format (YAML; ``fixtures/prices/default.yaml`` is the documented default)::
         match: 'H100'             # case-insensitive regex searched in the model name of the data
         price_per_gpu_hour: 3.00  # one whole physical GPU for one hour
         mig_shares: {1g.10gb: 0.125}   # optional: price share of a MIG profile (default N/7)
+    billing_account: {id: acme-gpu, name: ACME GPU platform}   # optional: FOCUS BillingAccountId/Name
     clusters:                     # optional per-cluster overrides (``--cluster NAME``)
       onprem-a:
         models:
@@ -34,7 +35,9 @@ from typing import Any
 
 #: The documented default catalog (illustrative list prices: override them with your own).
 DEFAULT_CATALOG_PATH = Path(__file__).resolve().parents[2] / "fixtures" / "prices" / "default.yaml"
-_TOP_KEYS = {"currency", "models", "clusters", "source", "description"}
+_TOP_KEYS = {"currency", "models", "clusters", "source", "description", "billing_account"}
+#: FOCUS BillingAccountId when the catalog names none (internal chargeback of one's own GPUs).
+DEFAULT_BILLING_ACCOUNT = "truegpu"
 _MODEL_KEYS = {"key", "match", "price_per_gpu_hour", "mig_shares", "note"}
 _CURRENCY = re.compile(r"^[A-Z]{3}$")
 
@@ -67,6 +70,9 @@ class Catalog:
     #: Which cluster's overrides are applied (None: the defaults).
     cluster: str | None = None
     source: str = ""
+    #: FOCUS BillingAccountId / BillingAccountName (``billing_account: {id, name}`` in the file).
+    billing_account_id: str = DEFAULT_BILLING_ACCOUNT
+    billing_account_name: str = ""
 
     def lookup(self, model: str | None) -> ModelPrice | None:
         """The first entry matching ``model``; None when unpriced (never a silent $0)."""
@@ -81,6 +87,7 @@ class Catalog:
     def to_json(self) -> dict[str, Any]:
         return {
             "currency": self.currency, "cluster": self.cluster, "source": self.source,
+            "billing_account": {"id": self.billing_account_id, "name": self.billing_account_name},
             "models": [{"key": m.key, "match": m.match, "price_per_gpu_hour": m.price_per_gpu_hour,
                         **({"mig_shares": dict(m.mig_shares)} if m.mig_shares else {})} for m in self.models],
         }
@@ -165,7 +172,13 @@ def parse_catalog(data: Any, *, cluster: str | None = None, origin: str = "price
                 new.append(entry)
         models = new + models  # a cluster's own models match before the defaults
     source = data.get("source", "")
-    return Catalog(currency, models, cluster, str(source or origin))
+    account = data.get("billing_account") or {}
+    if not isinstance(account, Mapping) or set(account) - {"id", "name"} or not all(
+            isinstance(v, str) and v for v in account.values()):
+        raise CatalogError(f"{origin}: billing_account must be a mapping with non-empty string 'id' and 'name'")
+    return Catalog(currency, models, cluster, str(source or origin),
+                   billing_account_id=account.get("id", DEFAULT_BILLING_ACCOUNT),
+                   billing_account_name=account.get("name", ""))
 
 
 def load_catalog(path: str | Path | None = None, *, cluster: str | None = None) -> Catalog:

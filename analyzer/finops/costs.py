@@ -41,8 +41,9 @@ still split); the report names the models: they are never priced at $0 silently.
 Grouping (``group_by``): namespace, job and team group allocated rows and put every
 unallocated row into one ``UNALLOCATED`` group (capacity nobody holds is not a namespace's
 cost); allocated rows without the label go to ``(unknown)``, teams not in the map to
-``(unmapped)``. node and model group every row: their ``unallocated_*`` columns hold the idle
-capacity of that node/model. Sum over groups = fleet total in every case.
+``(unmapped)``. node, model and gpu (the GPU UUID, FOCUS ResourceId) group every row: their
+``unallocated_*`` columns hold the idle capacity of that node/model/GPU. Sum over groups =
+fleet total in every case.
 
 ``cost_per_effective_gpu_hour = cost / effective_gpu_hours`` (unallocated capacity included for
 the fleet, node and model; unknown where part of the group is unpriced).
@@ -66,12 +67,14 @@ import pandas as pd
 
 from analyzer.coverage import Coverage, coverage_unknown
 from analyzer.findings import STRAGGLER, Finding
-from analyzer.finops.catalog import Catalog
+from analyzer.finops.catalog import DEFAULT_BILLING_ACCOUNT, Catalog
 from analyzer.frame import Fleet
 from analyzer.scores import IDLE_UTIL, Scores, allocated_rows
 from analyzer.signals import ALLOCATION_COLUMNS
 
-GROUP_BY: tuple[str, ...] = ("namespace", "job", "team", "node", "model")
+GROUP_BY: tuple[str, ...] = ("namespace", "job", "team", "node", "model", "gpu")
+#: What the daily rollup store keeps by default: per-GPU rows are a report, not a history to keep.
+ROLLUP_GROUP_BY: tuple[str, ...] = tuple(g for g in GROUP_BY if g != "gpu")
 #: Group of the capacity nobody held (namespace/job/team reports).
 UNALLOCATED = "(unallocated)"
 #: Allocated rows without the grouping label.
@@ -131,6 +134,9 @@ class CostReport:
     catalog_source: str = ""
     team_label: str | None = None
     notes: list[str] = field(default_factory=list)
+    #: FOCUS BillingAccountId / BillingAccountName (from the price catalog).
+    billing_account_id: str = DEFAULT_BILLING_ACCOUNT
+    billing_account_name: str = ""
     #: How much of the window has data (its hours without data are the ``unknown`` component).
     coverage: Coverage = field(default_factory=coverage_unknown)
 
@@ -189,6 +195,12 @@ def _group_keys(fleet: Fleet, group_by: str, alloc: np.ndarray, team_label: str,
         return _labels(fr["hostname"], str, UNKNOWN_GROUP) if n else np.zeros(0, object)
     if group_by == "model":
         return _labels(fr["model"], lambda v: v or UNKNOWN_GROUP, UNKNOWN_GROUP) if n else np.zeros(0, object)
+    if group_by == "gpu":  # the GPU UUID (FOCUS ResourceId), a MIG instance as UUID/instance
+        if not n:
+            return np.zeros(0, object)
+        uuid = _labels(fr["uuid"], lambda v: v or UNKNOWN_GROUP, UNKNOWN_GROUP)
+        inst = _labels(fr["gpu_instance"], str, "") if "gpu_instance" in fr.columns else np.full(n, "", object)
+        return np.where(inst != "", uuid + "/" + inst, uuid)
     col = team_label if group_by == "team" else group_by
     if col not in fr.columns:
         keys = np.full(n, UNKNOWN_GROUP if group_by != "team" else UNMAPPED, dtype=object)
@@ -419,7 +431,8 @@ def cost_report(
         tags=_tags(fleet, group_by, groups["group"].tolist(), label, team_map),
         unpriced_models={str(k): float(v) for k, v in unpriced.items()}, straggler_findings_gpu_hours=claimed,
         catalog_source=catalog.source, team_label=label if group_by == "team" or team_map else None, notes=notes,
-        coverage=scores.coverage,
+        coverage=scores.coverage, billing_account_id=catalog.billing_account_id,
+        billing_account_name=catalog.billing_account_name,
     )
 
 
@@ -438,7 +451,7 @@ def _tags(fleet: Fleet, group_by: str, groups: list[str], label: str,
         if g in _SPECIAL:
             out[g] = {}
             continue
-        name = {"node": "hostname"}.get(group_by, group_by)
+        name = {"node": "hostname", "gpu": "uuid"}.get(group_by, group_by)
         tags = {name: g}
         if group_by == "job" and g in job_ns:
             tags["namespace"] = job_ns[g]

@@ -14,13 +14,18 @@ they apply:
   catalog cost of those GPU-hours (empty, never 0, for a model the catalog does not price),
   ``BillingCurrency`` the catalog's currency;
 * ``ServiceCategory`` "Compute", ``ServiceName`` "GPU Compute", ``ResourceType`` "GPU",
-  ``ResourceId`` the hostname for node reports, ``ResourceName`` the group, ``SkuId`` the
-  catalog entry, ``ProviderName`` the catalog cluster (or "unspecified");
+  ``ResourceId`` the hostname for node reports and the GPU UUID for gpu reports,
+  ``ResourceName`` the group, ``SkuId`` the catalog entry, ``ProviderName``,
+  ``PublisherName`` and ``InvoiceIssuerName`` the catalog cluster (or "unspecified"),
+  ``BillingAccountId``/``BillingAccountName`` the catalog's ``billing_account``,
+  ``ChargeClass`` empty (no row corrects an earlier one);
 * ``Tags``: JSON object with the group's namespace / job / team / hostname / model.
 
-``EffectiveCost`` is deliberately absent: in FOCUS it is the amortized cost after discounts
-and commitments, which this report does not know; our "effective" numbers (the cost of the
-GPU-hours that did real SM work) are in ``x_EffectiveGpuHours`` / ``x_EffectiveWorkCost``.
+Every FOCUS 1.x mandatory column is present (``FOCUS_MANDATORY``). Catalog prices are list
+prices with no amortized commitments or negotiated discounts, so ``EffectiveCost`` (FOCUS's
+amortized cost), ``ContractedCost``, ``ListCost`` and ``BilledCost`` are equal. FOCUS's
+"effective" is not ours: the cost of the GPU-hours that did real SM work is
+``x_EffectiveGpuHours`` / ``x_EffectiveWorkCost``.
 Every truegpu metric is an ``x_``-prefixed column: one per cost-identity component in
 GPU-hours and in dollars (``analyzer.finops.costs``), the waste total, the unpriced hours.
 """
@@ -70,12 +75,21 @@ def _x_hours(c: str) -> str:
     return f"x_Waste{_CAMEL[c]}GpuHours" if c in WASTE_COMPONENTS else f"x_{_CAMEL[c]}GpuHours"
 
 
-#: Standard FOCUS columns written, in order.
+#: Standard FOCUS columns written, in order: FOCUS 1.x's mandatory set (FOCUS_MANDATORY) plus the
+#: conditional ones that apply to GPU usage.
 FOCUS_STANDARD_COLUMNS: tuple[str, ...] = (
-    "BillingPeriodStart", "BillingPeriodEnd", "ChargePeriodStart", "ChargePeriodEnd", "ChargeCategory",
-    "ChargeFrequency", "ChargeDescription", "BilledCost", "ListCost", "ListUnitPrice", "BillingCurrency",
-    "ConsumedQuantity", "ConsumedUnit", "PricingQuantity", "PricingUnit", "ProviderName", "ServiceCategory",
-    "ServiceName", "ResourceId", "ResourceName", "ResourceType", "SkuId", "Tags",
+    "BillingAccountId", "BillingAccountName", "BillingPeriodStart", "BillingPeriodEnd", "ChargePeriodStart",
+    "ChargePeriodEnd", "ChargeCategory", "ChargeClass", "ChargeFrequency", "ChargeDescription", "BilledCost",
+    "EffectiveCost", "ListCost", "ContractedCost", "ListUnitPrice", "BillingCurrency", "ConsumedQuantity",
+    "ConsumedUnit", "PricingQuantity", "PricingUnit", "InvoiceIssuerName", "ProviderName", "PublisherName",
+    "ServiceCategory", "ServiceName", "ResourceId", "ResourceName", "ResourceType", "SkuId", "Tags",
+)
+#: FOCUS 1.x mandatory columns (every row carries them).
+FOCUS_MANDATORY: tuple[str, ...] = (
+    "BilledCost", "BillingAccountId", "BillingAccountName", "BillingCurrency", "BillingPeriodEnd",
+    "BillingPeriodStart", "ChargeCategory", "ChargeClass", "ChargeDescription", "ChargePeriodEnd",
+    "ChargePeriodStart", "ContractedCost", "EffectiveCost", "InvoiceIssuerName", "ListCost", "PricingQuantity",
+    "PricingUnit", "ProviderName", "PublisherName", "ServiceCategory", "ServiceName",
 )
 #: truegpu's own columns (x_ prefix, as FOCUS asks of custom columns).
 FOCUS_X_COLUMNS: tuple[str, ...] = (
@@ -97,6 +111,9 @@ def _num(v: Any, digits: int = 6) -> str:
     return f"{round(float(v), digits):.{digits}f}".rstrip("0").rstrip(".") or "0"
 
 
+_NO_RESOURCE = frozenset({UNALLOCATED, "(unknown)"})
+
+
 def focus_rows(report: CostReport) -> list[dict[str, str]]:
     """The FOCUS CSV rows as dicts of strings (FOCUS_COLUMNS)."""
     out = []
@@ -109,18 +126,23 @@ def focus_rows(report: CostReport) -> list[dict[str, str]]:
         tags = dict(report.tags.get(group, {}))
         if model:
             tags.setdefault("model", model)
+        provider = report.cluster or "unspecified"
         row = {
+            "BillingAccountId": report.billing_account_id, "BillingAccountName": report.billing_account_name,
             "BillingPeriodStart": _iso(report.start), "BillingPeriodEnd": _iso(report.end),
             "ChargePeriodStart": _iso(start), "ChargePeriodEnd": _iso(end),
-            "ChargeCategory": "Usage", "ChargeFrequency": "Usage-Based",
+            "ChargeCategory": "Usage", "ChargeClass": "", "ChargeFrequency": "Usage-Based",
             "ChargeDescription": f"{r['gpu_hours']:.2f} GPU-hours of {model or 'unknown GPU model'} "
                                  f"({report.group_by} {group})" + ("" if priced else ", unpriced model"),
-            "BilledCost": _num(cost), "ListCost": _num(cost), "ListUnitPrice": _num(r["unit_price"]),
+            # Catalog prices carry no amortized commitments or negotiated discounts: all four costs agree.
+            "BilledCost": _num(cost), "EffectiveCost": _num(cost), "ListCost": _num(cost),
+            "ContractedCost": _num(cost), "ListUnitPrice": _num(r["unit_price"]),
             "BillingCurrency": report.currency,
             "ConsumedQuantity": _num(r["gpu_hours"]), "ConsumedUnit": CONSUMED_UNIT,
             "PricingQuantity": _num(r["gpu_hours"]), "PricingUnit": CONSUMED_UNIT,
-            "ProviderName": report.cluster or "unspecified", "ServiceCategory": "Compute",
-            "ServiceName": "GPU Compute", "ResourceId": group if report.group_by == "node" else "",
+            "InvoiceIssuerName": provider, "ProviderName": provider, "PublisherName": provider,
+            "ServiceCategory": "Compute", "ServiceName": "GPU Compute",
+            "ResourceId": group if report.group_by in ("node", "gpu") and group not in _NO_RESOURCE else "",
             "ResourceName": group, "ResourceType": "GPU", "SkuId": r["sku"] if isinstance(r["sku"], str) else "",
             "Tags": json.dumps(tags, sort_keys=True),
             "x_GroupBy": report.group_by, "x_Group": group, "x_GpuModel": model, "x_Cluster": report.cluster or "",
@@ -157,6 +179,7 @@ def to_json(report: CostReport) -> dict[str, Any]:
         "start": _iso(report.start), "end": _iso(report.end),
         "start_unix": report.start, "end_unix": report.end, "step_seconds": report.step,
         "currency": report.currency, "cluster": report.cluster, "catalog_source": report.catalog_source,
+        "billing_account": {"id": report.billing_account_id, "name": report.billing_account_name},
         "team_label": report.team_label,
         "identity": "cost = effective + idle_allocated + masked + straggler + throttled + underused + unknown "
                     "+ unallocated; waste = idle_allocated + masked + straggler + throttled + underused",
@@ -186,7 +209,14 @@ def from_json(data: dict[str, Any]) -> CostReport:
         catalog_source=data.get("catalog_source", ""), team_label=data.get("team_label"),
         notes=list(data.get("notes") or []),
         coverage=Coverage.from_dict(data["coverage"]) if data.get("coverage") else coverage_unknown(),
+        **_billing(data.get("billing_account")),
     )
+
+
+def _billing(account: Any) -> dict[str, str]:
+    if not isinstance(account, dict):
+        return {}
+    return {"billing_account_id": str(account.get("id") or ""), "billing_account_name": str(account.get("name") or "")}
 
 
 # ------------------------------------------------------------------ HTML
@@ -308,8 +338,8 @@ def _method() -> str:
         "without SM activity, masking that cannot be told apart).",
         "Unknown: allocated GPU-hours with no utilization data (never counted as waste); unallocated: capacity "
         "nobody held.",
-        "FOCUS CSV: BilledCost/ListCost are catalog (list) costs; EffectiveCost (amortized cost in FOCUS) is not "
-        "reported; truegpu's numbers are the x_ columns.",
+        "FOCUS CSV: BilledCost, ListCost, ContractedCost and EffectiveCost (FOCUS's amortized cost) are the catalog "
+        "list cost (no commitments or discounts to amortize); truegpu's effective-work numbers are the x_ columns.",
     ]
     return ('<section id="method"><h2>How the cost is split</h2><ul class="defs">'
             + "".join(f"<li>{esc(d)}</li>" for d in defs) + "</ul></section>")
