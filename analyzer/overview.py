@@ -77,6 +77,9 @@ def _utilization(summary: dict[str, Any]) -> str:
         _card("wasted-gpu-hours", "GPU-hours wasted", fmt_hours(summary.get("wasted_gpu_hours")),
               "allocated − effective", warn=True),
         _card("idle-gpu-hours", "GPU-hours idle", fmt_hours(summary.get("idle_gpu_hours")), warn=True),
+        _card("unknown-gpu-hours", "GPU-hours unknown", fmt_hours(summary.get("unknown_gpu_hours")), "no usable data"),
+        _card("coverage", "Data coverage", fmt_pct((summary.get("coverage") or {}).get("ratio")),
+              "of the capacity has data"),
     ]
     return (f'<section id="utilization"><h2>Utilization</h2><div class="cards">{"".join(cards)}</div>'
             f'<h3>GPU-hours</h3><div class="cards">{"".join(hours)}</div></section>')

@@ -134,3 +134,18 @@ def test_coverage_of_an_empty_frame() -> None:
     empty = fleet.frame.iloc[:0]
     c = coverage(empty, 15.0, np.zeros(0, bool))
     assert c.ratio is None and c.message() is None
+
+
+def test_html_pages_show_coverage(hour_of_data, tmp_path) -> None:
+    from analyzer.finops import outputs
+    from analyzer.report import write_report
+    from analyzer.report.html import fmt_pct
+
+    long, report, start = hour_of_data
+    fleet = normalize(long, start=start - 3600, end=start + 7200, step=60.0, report=report)
+    scores = compute_scores(fleet)
+    page = write_report(tmp_path / "r", fleet, scores, []).read_text()
+    assert "Data coverage" in page and fmt_pct(scores.coverage.ratio) in page
+    assert "of this window has data" in page  # the mostly-empty sentence, among the notes
+    cost_page = outputs.render_html(cost_report(fleet, scores, [], default_catalog()))
+    assert "data coverage " + fmt_pct(scores.coverage.ratio) in cost_page and "of this window has data" in cost_page

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.coverage import Coverage, coverage_unknown
+from analyzer.coverage import MOSTLY_EMPTY, Coverage, coverage_unknown
 from analyzer.findings import json_ready
 from analyzer.finops.costs import (
     COMPONENTS,
@@ -306,6 +306,8 @@ def _headline(report: CostReport) -> str:
               f"{fmt_hours(t['unallocated_gpu_hours'])} GPU-hours"),
         card("cost per effective GPU-hour", money(t["cost_per_effective_gpu_hour"], cur),
               "total cost / effective GPU-hours"),
+        card("unknown (no data)", money(t["unknown_cost"], cur), f"{fmt_hours(t['unknown_gpu_hours'])} GPU-hours; "
+             f"data coverage {fmt_pct(report.coverage.ratio)}", warn=(report.coverage.ratio or 1.0) < MOSTLY_EMPTY),
     ]
     if t["unpriced_gpu_hours"] > 0:
         cards.append(card("unpriced GPU-hours", fmt_hours(t["unpriced_gpu_hours"]), "not in any cost", warn=True))

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.coverage import MOSTLY_EMPTY
 from analyzer.findings import Finding, rfc3339, sort_findings
 from analyzer.frame import Fleet
 from analyzer.report import data, svg
@@ -100,6 +101,11 @@ def _duration(seconds: float) -> str:
     if seconds < 2 * 86400:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:.1f} d"
+
+
+def _mostly_empty(summary: dict[str, Any]) -> bool:
+    ratio = (summary.get("coverage") or {}).get("ratio")
+    return ratio is not None and ratio < MOSTLY_EMPTY
 
 
 def _share(part: float | None, whole: float | None) -> str:
@@ -197,7 +203,9 @@ def _headline(s: dict[str, Any]) -> str:
         card("GPU-hours idle", fmt_hours(s["idle_gpu_hours"]), f"allocated, GPU util < {IDLE_UTIL:.0%}",
               warn=True),
         card("GPU-hours unallocated", fmt_hours(s["unallocated_gpu_hours"]), _share(s["unallocated_gpu_hours"], cap)),
-        card("GPU-hours unknown", fmt_hours(s["unknown_gpu_hours"]), "no utilization data"),
+        card("GPU-hours unknown", fmt_hours(s["unknown_gpu_hours"]), "no usable data (never 0, never unallocated)"),
+        card("Data coverage", fmt_pct((s.get("coverage") or {}).get("ratio")), "of the capacity has data",
+              warn=_mostly_empty(s)),
     ]
     return (
         '<section id="headline"><h2>Headline numbers</h2>'
