@@ -94,8 +94,11 @@ def _merge(reports: list[IngestReport]) -> IngestReport:
         out.series += r.series
         out.bad_lines += r.bad_lines
         out.bad_line_count += r.bad_line_count
-        for k, v in r.sentinels.items():
-            out.sentinels[k] = out.sentinels.get(k, 0) + v
+        for mine, theirs in ((out.sentinels, r.sentinels), (out.out_of_range, r.out_of_range),
+                             (out.conflicts, r.conflicts)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
+        out.conflict_example = out.conflict_example or r.conflict_example
         out.warnings += r.warnings
         out.missing += r.missing
         out.queries.update(r.queries)

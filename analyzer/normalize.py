@@ -113,6 +113,12 @@ def _report_notes(report: IngestReport | None) -> list[str]:
             f"{sum(report.out_of_range.values())} values outside the metric contract's valid range (or infinite) "
             f"dropped as unknown: {parts}"
         )
+    if report.conflicts:
+        parts = ", ".join(f"{name} ({n})" for name, n in sorted(report.conflicts.items()))
+        notes.append(
+            f"{sum(report.conflicts.values())} conflicting duplicate samples (one series, one time, different "
+            f"values; averaged): {parts}; first: {report.conflict_example}"
+        )
     notes.extend(f"ingest warning: {w}" for w in report.warnings)
     if report.missing:
         notes.append(f"queried but absent from the source: {', '.join(report.missing)}")

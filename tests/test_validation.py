@@ -77,3 +77,18 @@ def test_impossible_dcgm_values_are_unknown(tmp_path, capsys, cluster) -> None:
     for f in out["findings"]:
         temps = [v for k, v in f["evidence"].items() if "temp" in k and isinstance(v, int | float)]
         assert all(t < 200 for t in temps), f
+
+
+def test_conflicting_duplicates_are_reported_not_silently_merged(tmp_path) -> None:
+    from analyzer.load import load_files
+
+    name = S.GPU_UTILIZATION.name
+    lines = [f'{name}{{hostname="n",gpu="0",uuid="G0"}} {v} {1_700_000_000 + 15 * i}'
+             for i, v in enumerate([0.5, 0.5, 0.6, 0.7])]
+    lines.append(f'{name}{{hostname="n",gpu="0",uuid="G0"}} 0.9 1700000015')  # same series and time, other value
+    lines.append(f'{name}{{hostname="n",gpu="0",uuid="G0"}} 0.5 1700000000')  # an identical repeat: harmless
+    path = tmp_path / "dup.om"
+    path.write_text("\n".join(lines) + "\n")
+    fleet = load_files(path)
+    note = next(n for n in fleet.notes if "conflicting duplicate" in n)
+    assert "1 conflicting duplicate samples" in note and "0.5 vs 0.9" in note and 'uuid="G0"' in note

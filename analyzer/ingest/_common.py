@@ -43,6 +43,10 @@ class IngestReport:
     sentinels: dict[str, int] = field(default_factory=dict)
     #: metric name -> values outside the contract's valid range (or +-Inf) turned into NaN.
     out_of_range: dict[str, int] = field(default_factory=dict)
+    #: metric name -> (series, time) pairs given more than once with different values (averaged).
+    conflicts: dict[str, int] = field(default_factory=dict)
+    #: The first conflict, as "metric{labels} at T: v1 vs v2", for the note.
+    conflict_example: str = ""
     warnings: list[str] = field(default_factory=list)
     #: ``# TYPE`` declarations seen in files (family name -> type).
     metric_types: dict[str, str] = field(default_factory=dict)
@@ -79,6 +83,8 @@ class IngestReport:
             parts.append(f"{self.sentinel_count} DCGM sentinel values -> NaN")
         if self.out_of_range:
             parts.append(f"{sum(self.out_of_range.values())} out-of-range values -> NaN")
+        if self.conflicts:
+            parts.append(f"{sum(self.conflicts.values())} conflicting duplicate samples")
         if self.filtered_samples:
             parts.append(f"{self.filtered_samples} samples filtered out")
         if self.missing:
@@ -203,6 +209,29 @@ class FrameBuilder:
             name = self._metric[sid]
             counts[name] = counts.get(name, 0) + count
 
+    def _conflicts(self, sids: np.ndarray, ts: np.ndarray, vals: np.ndarray) -> None:
+        """Count (series, time) pairs given more than once with different values: never silently merged."""
+        if len(sids) < 2:
+            return
+        # One int64 key per (series, millisecond): hashing it is O(n); only the rare repeats are looked at.
+        key = sids.astype(np.int64) * (1 << 42) + np.rint(ts * 1000.0).astype(np.int64) % (1 << 42)
+        dup = pd.Series(key).duplicated(keep=False).to_numpy()
+        if not dup.any():
+            return
+        rep = pd.DataFrame({"k": key[dup], "s": sids[dup], "t": ts[dup], "v": vals[dup]})
+        spread = rep.groupby("k").agg(s=("s", "first"), t=("t", "first"), lo=("v", "min"), hi=("v", "max"))
+        bad = spread[spread["lo"] != spread["hi"]]
+        if bad.empty:
+            return
+        for sid, n in bad["s"].value_counts().items():
+            name = self._metric[int(sid)]
+            self.report.conflicts[name] = self.report.conflicts.get(name, 0) + int(n)
+        if not self.report.conflict_example:
+            first = bad.iloc[0]
+            labels = ",".join(f'{k}="{v}"' for k, v in self._labels[int(first["s"])])
+            self.report.conflict_example = (f"{self._metric[int(first['s'])]}{{{labels}}} at {first['t']:.3f}: "
+                                            f"{first['lo']:g} vs {first['hi']:g}")
+
     def build(self) -> pd.DataFrame:
         """The long frame: metric, timestamp, value, then one categorical column per label."""
         sids = np.concatenate(self._sids) if self._sids else np.zeros(0, dtype=np.int64)
@@ -212,6 +241,7 @@ class FrameBuilder:
         used = np.unique(sids)
         self.report.samples += len(sids)
         self.report.series += len(used)
+        self._conflicts(sids, ts, vals)
 
         label_names: dict[str, None] = {}
         used_labels: list[dict[str, str]] = [{} for _ in self._labels]
