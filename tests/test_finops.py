@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from analyzer.detectors import run_detectors
-from analyzer.findings import STRAGGLER, Finding
+from analyzer.findings import IDLE_MASKING, STRAGGLER, Finding
 from analyzer.finops import outputs
 from analyzer.finops.catalog import Catalog, CatalogError, default_catalog, load_catalog, parse_catalog
 from analyzer.finops.costs import (
@@ -165,7 +165,10 @@ def test_exact_dollars_for_every_component():
         gpu(util=0.5, sm=0.5, model="NVIDIA B200", namespace="c", job="jc"),  # 5: unpriced model
         {"namespace": "b", "job": "jb", "gpu_util": math.nan},          # 6: allocated, nothing measured
     ]
-    r = report_for(make_fleet(devices))
+    # The idle_masking detector flags GPUs 0 and 2: masked cost comes only from what it flags.
+    masking = [Finding(kind=IDLE_MASKING, severity="warning", summary="s", start=START, end=None, score=0.5,
+                       hostname="n0", gpu=g) for g in (0, 2)]
+    r = report_for(make_fleet(devices), masking)
     assert_identity(r)
     a, b, c, un = group(r, "a"), group(r, "b"), group(r, "c"), group(r, UNALLOCATED)
     # a: GPU 0 is 1.5 effective + 1.5 masked; GPU 1 is idle (its whole $3).
@@ -197,6 +200,10 @@ def test_exact_dollars_for_every_component():
     assert r.totals["effective_gpu_hours"] == pytest.approx(f["allocated_effective_gpu_hours"])
     assert r.totals["waste_gpu_hours"] == pytest.approx(f["wasted_gpu_hours"])
     assert r.totals["unknown_gpu_hours"] == pytest.approx(f["unknown_gpu_hours"])
+    # Without the detector's finding the same gap is under-use, never "masked": one definition.
+    plain = report_for(make_fleet(devices))
+    assert plain.totals["masked_cost"] == 0.0
+    assert plain.totals["waste_cost"] == pytest.approx(r.totals["waste_cost"])
 
 
 def test_mig_shares_override_prices_a_slice():
@@ -219,9 +226,10 @@ def test_straggler_wait_comes_from_the_findings_lost_hours_of_the_peers():
                 gpu=0, uuid="G0", job="train", namespace="ml", evidence={"lost_gpu_hours": 1.0, "slowdown": 0.33})
     r = report_for(fleet, [f], group_by="job")
     t, o = group(r, "train"), group(r, "other")
-    # 1 lost GPU-hour over the peers' 4 GPU-hours ($3 each): $3 of straggler wait, carved out of the masked time.
+    # 1 lost GPU-hour over the peers' 4 GPU-hours ($3 each): $3 of straggler wait, carved out of the
+    # non-working time (no idle_masking finding here: the rest is under-use, not masked).
     assert t["straggler_gpu_hours"] == pytest.approx(1.0) and t["straggler_cost"] == pytest.approx(3.0)
-    assert t["masked_cost"] == pytest.approx(6 * 0.5 * 3.0 - 3.0)
+    assert t["underused_cost"] == pytest.approx(6 * 0.5 * 3.0 - 3.0) and t["masked_cost"] == 0.0
     assert o["straggler_cost"] == 0.0
     assert r.straggler_findings_gpu_hours == pytest.approx(1.0)
     assert_identity(r)
@@ -229,7 +237,7 @@ def test_straggler_wait_comes_from_the_findings_lost_hours_of_the_peers():
     f.evidence["lost_gpu_hours"] = 10.0
     r = report_for(fleet, [f], group_by="job")
     assert group(r, "train")["straggler_gpu_hours"] == pytest.approx(4 * 0.5)
-    assert group(r, "train")["masked_cost"] == pytest.approx(3.0)  # the straggler's own GPU, 2 h x 0.5 x $3
+    assert group(r, "train")["underused_cost"] == pytest.approx(3.0)  # the straggler's own GPU, 2 h x 0.5 x $3
     assert any("capped" in n for n in r.notes)
     assert_identity(r)
 
@@ -327,7 +335,7 @@ def scenario_inputs():
     out = {}
     for name in ("mixed-fleet", "straggler-slowdowns"):
         fleet = fleet_from_cluster(Cluster(load_scenario(name)), step=60.0)
-        out[name] = (fleet, compute_scores(fleet), run_detectors(fleet, [STRAGGLER]))
+        out[name] = (fleet, compute_scores(fleet), run_detectors(fleet, [STRAGGLER, IDLE_MASKING]))
     return out
 
 

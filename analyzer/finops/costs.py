@@ -28,8 +28,9 @@ and ``waste = idle_allocated + masked + straggler + throttled + underused``. Wit
     ``throttled = act - eff`` (cycles the SMs were active at a reduced clock);
     of the remaining ``1 - act``: ``straggler`` = the row's share of the straggler findings'
     ``lost_gpu_hours`` (spread over the waiting peers' rows of that job during the episode in
-    proportion to their GPU-hours, capped by ``1 - act``), then
-    ``masked = min(max(masking_gap, 0), rest)`` (GPU util reported that no SM backs), then
+    proportion to their GPU-hours, capped by ``1 - act``), then, on the rows (device and time)
+    of an ``idle_masking`` finding only, ``masked = min(max(masking_gap, 0), rest)`` (GPU util
+    reported that no SM backs, where the detector says it is masking), then
     ``underused`` = what is left (time without resident kernels on a GPU that is not idle, and
     on MIG instances / without SM activity the part that masking cannot be told from).
 
@@ -66,7 +67,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.coverage import Coverage, coverage_unknown
-from analyzer.findings import STRAGGLER, Finding
+from analyzer.findings import IDLE_MASKING, STRAGGLER, Finding
 from analyzer.finops.catalog import DEFAULT_BILLING_ACCOUNT, Catalog
 from analyzer.frame import Fleet
 from analyzer.scores import IDLE_UTIL, Scores, allocated_rows
@@ -82,6 +83,8 @@ UNKNOWN_GROUP = "(unknown)"
 #: Allocated rows whose team-map key has no team.
 UNMAPPED = "(unmapped)"
 
+#: The finding kinds the split reads (straggler wait, masked): run at least these before cost_report.
+COST_FINDING_KINDS: tuple[str, ...] = (STRAGGLER, IDLE_MASKING)
 #: The cost identity's components, in order (see the module docstring).
 COMPONENTS: tuple[str, ...] = (
     "effective", "idle_allocated", "masked", "straggler", "throttled", "underused", "unknown", "unallocated",
@@ -211,6 +214,36 @@ def _group_keys(fleet: Fleet, group_by: str, alloc: np.ndarray, team_label: str,
     return np.where(alloc, keys, UNALLOCATED)
 
 
+def _eq(fr: pd.DataFrame, col: str, value: Any) -> np.ndarray:
+    if col not in fr.columns:
+        return np.zeros(len(fr), bool)
+    return np.array((fr[col] == str(value)).to_numpy(dtype=bool, na_value=False))
+
+
+def _device_rows(fr: pd.DataFrame, f: Finding) -> np.ndarray:
+    """Rows of the finding's host, GPU and MIG instance (as far as the finding names them)."""
+    rows = _eq(fr, "hostname", f.hostname)
+    if f.gpu is not None:
+        rows &= _eq(fr, "gpu", f.gpu)
+        if f.gpu_instance:
+            rows &= _eq(fr, "gpu_instance", f.gpu_instance)
+    return rows
+
+
+def flagged_rows(fleet: Fleet, findings: Sequence[Finding], kind: str) -> np.ndarray:
+    """Rows (device and time) inside a finding of ``kind``: the detector's own definition, reused."""
+    fr = fleet.frame
+    out = np.zeros(len(fr), bool)
+    if not len(fr):
+        return out
+    ts = fr["timestamp"].to_numpy(dtype=np.float64)
+    for f in findings:
+        if f.kind == kind and f.hostname:
+            end = fleet.end if f.end is None else float(f.end)
+            out |= _device_rows(fr, f) & (ts >= float(f.start)) & (ts < end)
+    return out
+
+
 def _straggler_share(fleet: Fleet, findings: Sequence[Finding], w: np.ndarray, active: np.ndarray) -> tuple[
         np.ndarray, float]:
     """Per row: the fraction of its hours the straggler findings say it spent waiting (uncapped)."""
@@ -220,27 +253,16 @@ def _straggler_share(fleet: Fleet, findings: Sequence[Finding], w: np.ndarray, a
     if not len(fr) or "job" not in fr.columns:
         return out, claimed
     ts = fr["timestamp"].to_numpy(dtype=np.float64)
-
-    def eq(col: str, value: Any) -> np.ndarray:
-        if col not in fr.columns:
-            return np.zeros(len(fr), bool)
-        return np.array((fr[col] == str(value)).to_numpy(dtype=bool, na_value=False))
-
     for f in findings:
         lost = f.evidence.get("lost_gpu_hours") if f.evidence else None
         if f.kind != STRAGGLER or not f.job or lost is None or not math.isfinite(float(lost)) or float(lost) <= 0:
             continue
         end = fleet.end if f.end is None else float(f.end)
-        peers = eq("job", f.job) & (ts >= float(f.start)) & (ts < end) & active
+        peers = _eq(fr, "job", f.job) & (ts >= float(f.start)) & (ts < end) & active
         if f.namespace:
-            peers &= eq("namespace", f.namespace)
+            peers &= _eq(fr, "namespace", f.namespace)
         if f.hostname:
-            culprit = eq("hostname", f.hostname)
-            if f.gpu is not None:
-                culprit &= eq("gpu", f.gpu)
-                if f.gpu_instance:
-                    culprit &= eq("gpu_instance", f.gpu_instance)
-            peers &= ~culprit
+            peers &= ~_device_rows(fr, f)
         hours = float(w[peers].sum())
         if hours > 0:
             out[peers] += float(lost) / hours
@@ -274,7 +296,9 @@ def _fractions(fleet: Fleet, scores: Scores, findings: Sequence[Finding]) -> tup
     straggler = np.minimum(share, rest)
     rest = rest - straggler
     gap = np.nan_to_num(rows["masking_gap"].to_numpy(dtype=np.float64), nan=0.0)
-    masked = np.where(active, np.minimum(np.clip(gap, 0.0, None), rest), 0.0)
+    # Masked only where the idle_masking detector flags it: one definition, the detector's.
+    masked_rows = active & flagged_rows(fleet, findings, IDLE_MASKING)
+    masked = np.where(masked_rows, np.minimum(np.clip(gap, 0.0, None), rest), 0.0)
     fr_ = {
         "effective": np.where(measured, e, 0.0),
         "idle_allocated": np.where(idle, 1.0 - e, 0.0),

@@ -131,17 +131,16 @@ def run_report(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         _check(args)
         catalog = load_catalog(args.prices, cluster=args.cluster)
-        from analyzer.finops.costs import cost_report, load_team_map
+        from analyzer.finops.costs import COST_FINDING_KINDS, cost_report, load_team_map
 
         team_map = load_team_map(args.team_map) if args.team_map else None
         fleet = _fleet(args, progress)
         from analyzer.detectors import run_detectors
-        from analyzer.findings import STRAGGLER
         from analyzer.scores import compute_scores
 
         progress(f"scoring {len(fleet.frame):,} rows")
         scores = compute_scores(fleet)
-        findings = run_detectors(fleet, [STRAGGLER])
+        findings = run_detectors(fleet, list(COST_FINDING_KINDS))
         report = cost_report(fleet, scores, findings, catalog, group_by=args.group_by,
                              team_label=args.team_label, team_map=team_map)
     except (ValueError, OSError, PrometheusError, KeyError) as exc:
