@@ -514,7 +514,7 @@ def create_app(service: AnalyzerService, settings: ApiSettings | None = None) ->
     settings = settings or ApiSettings()
     auth = Auth(settings)
     costs = CostSource(service, settings)
-    registry = build_registry(service.snapshot)
+    registry = build_registry(service.snapshot, settings.catalog)
     app = FastAPI(
         title="truegpu analyzer", version=__version__,
         description="Findings, effective-utilization scores and cost reports of the GPU fleet, from the "

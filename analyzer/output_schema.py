@@ -56,6 +56,14 @@ FLEET_REPORTED_UTILIZATION = Metric(
     labels=("allocation",), scope="exporter",
 )
 
+GPU_HOURLY_COST = Metric(
+    "truegpu_gpu_hourly_cost", "gauge", "",
+    "Price catalog's cost of one whole GPU of this model for one hour, in `currency` (FOCUS ListUnitPrice): "
+    "dashboards and rules multiply GPU-hours by it. One series per GPU model of the latest analysis that the "
+    "catalog prices; an unpriced model has no series (never $0).",
+    labels=("model", "sku", "currency"), scope="exporter",
+)
+
 ANALYZER_LAST_SUCCESS = Metric(
     "truegpu_analyzer_last_success_timestamp_seconds", "gauge", "seconds",
     "Unix time of the analyzer's last complete analysis run.",

@@ -19,7 +19,8 @@ from exporter.schema import Metric as SchemaMetric
 
 if TYPE_CHECKING:
     from analyzer.findings import Finding
-    from analyzer.service import Snapshot
+    from analyzer.finops.catalog import Catalog
+    from analyzer.service import Analysis, Snapshot
 
 
 def _gauge(m: SchemaMetric, labels: tuple[str, ...] | None = None) -> GaugeMetricFamily:
@@ -55,10 +56,12 @@ def open_finding_series(findings: tuple[Finding, ...] | list[Finding]) -> dict[t
 
 
 class ServiceCollector:
-    """Reads ``snapshot()`` once per scrape and yields the analyzer's families."""
+    """Reads ``snapshot()`` once per scrape and yields the analyzer's families (and, with a price
+    catalog, the price of each GPU model in the latest analysis)."""
 
-    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot], catalog: Catalog | None = None) -> None:
         self.snapshot = snapshot
+        self.catalog = catalog
 
     def describe(self) -> list[Metric]:  # no collect() at registration time
         return []
@@ -97,6 +100,7 @@ class ServiceCollector:
                     if value is not None:
                         fam.add_metric((allocation,), value)
         yield from (job_eff, job_rep, job_gpus, fleet_eff, fleet_rep)
+        yield self._prices(a)
 
         # Before the first success the timestamp is 0, so `time() - last_success > N` alerts fire.
         last = _gauge(O.ANALYZER_LAST_SUCCESS)
@@ -112,10 +116,21 @@ class ServiceCollector:
         yield runs
 
 
-def build_registry(snapshot: Callable[[], Snapshot]) -> CollectorRegistry:
+    def _prices(self, a: Analysis | None) -> GaugeMetricFamily:
+        prices = _gauge(O.GPU_HOURLY_COST)
+        if self.catalog is None or a is None or a.fleet is None or "model" not in a.fleet.frame.columns:
+            return prices
+        for model in sorted({str(m) for m in a.fleet.frame["model"].unique() if isinstance(m, str) and m}):
+            entry = self.catalog.lookup(model)
+            if entry is not None:
+                prices.add_metric((model, entry.key, self.catalog.currency), entry.price_per_gpu_hour)
+        return prices
+
+
+def build_registry(snapshot: Callable[[], Snapshot], catalog: Catalog | None = None) -> CollectorRegistry:
     """A registry holding only the service collector (no process/platform collectors)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ServiceCollector(snapshot))
+    registry.register(ServiceCollector(snapshot, catalog))
     return registry
 
 

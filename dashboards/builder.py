@@ -34,6 +34,8 @@ PER_SECOND = "cps"
 SECONDS = "s"
 NONE = "none"
 GPU_HOURS = "suffix: GPU-h"
+#: Money in the price catalog's currency (the series' ``currency`` label says which).
+COST = "none"
 
 #: Contract unit -> Grafana unit for a gauge shown as it is.
 UNIT_OF = {"ratio": RATIO, "bytes": BYTES, "watts": WATTS, "celsius": CELSIUS, "hertz": HERTZ,

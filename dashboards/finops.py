@@ -1,21 +1,20 @@
-"""FinOps: GPU-hours allocated vs effective per namespace and job (costs come later)."""
+"""FinOps: GPU-hours and their cost, allocated vs effective, per namespace and job."""
 
 from __future__ import annotations
 
 from analyzer import output_schema as out
-from dashboards.builder import COUNT, GPU_HOURS, RATIO, PanelSpec, q
+from dashboards.builder import COST, COUNT, GPU_HOURS, RATIO, PanelSpec, q
 from dashboards.queries import Dialect
 
 KEY = "finops"
 TITLE = "FinOps"
 DESCRIPTION = (
     "GPU-hours over the dashboard range: allocated (a pod/job held the GPU) and effective (effective "
-    "utilization integrated over that time); the difference is waste. COST PLACEHOLDER: prices are not "
-    "modelled yet - multiply GPU-hours by your $/GPU-hour; cost panels will come with the analyzer's "
-    "effective-cost reports. MIG instances count as one GPU each here."
+    "utilization integrated over that time); the difference is waste. Cost = allocated GPU-hours x the price "
+    "catalog's $/GPU-hour of each GPU's model, as the truegpu analyzer publishes it (truegpu_gpu_hourly_cost; "
+    "run `truegpu serve --prices FILE`); the exact split of the cost into effective work and waste is the "
+    "analyzer's cost report (/api/reports/cost). MIG instances count as one GPU each here."
 )
-
-_PLACEHOLDER = " Cost: not yet (placeholder) - multiply by your $/GPU-hour."
 
 
 def panels(d: Dialect) -> list[PanelSpec]:
@@ -28,11 +27,16 @@ def panels(d: Dialect) -> list[PanelSpec]:
                 q(alloc, f"{what} allocated", instant=True),
                 q(eff, f"{what} effective", instant=True),
                 q(f"({alloc}) - ({eff})", f"{what} waste", instant=True),
-            ], kind="table", description=f"Over the dashboard range.{_PLACEHOLDER}"),
+            ], kind="table", description="Over the dashboard range."),
             PanelSpec(f"Effective / allocated GPU-hours per {label}", RATIO,
                       [q(f"({eff}) / ({alloc})", what)],
                       description="Share of the allocated GPU-hours that did effective work (trailing range)."),
         ]
+    specs.append(PanelSpec(
+        "Cost of allocated GPU-hours per namespace (catalog prices)", COST,
+        [q(d.allocated_cost("namespace, currency"), "{{namespace}} ({{currency}})", instant=True)], kind="table",
+        description=f"Allocated GPU-hours x {out.GPU_HOURLY_COST.name} of the GPU's model, in the catalog's "
+                    "currency. Needs the truegpu analyzer with a price catalog; unpriced models are left out."))
     specs += [
         PanelSpec("Allocated GPUs per namespace", COUNT,
                   [q(f"count by (namespace) ({d.allocated()})", "{{namespace}}")], stacked=True),

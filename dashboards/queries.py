@@ -250,7 +250,19 @@ class Dialect:
                 [(S.HOSTNAME, "=~", V_HOST), (S.GPU, "=~", V_GPU),
                  ("namespace", "=~", V_NAMESPACE), ("job", "=~", V_JOB)])
         # Memory used is a default field and is reported per MIG instance.
-        return f"count by ({GPU_KEY}, GPU_I_ID, namespace, job) ({self.sel(S.MEMORY_USED, alloc=True)})"
+        return f"count by ({GPU_KEY}, GPU_I_ID, namespace, job, modelName) ({self.sel(S.MEMORY_USED, alloc=True)})"
+
+    def _with_model(self, expr: str) -> str:
+        """``expr`` (per GPU) with the GPU model as label ``model``: from gpu_info, or dcgm's modelName."""
+        if self.dcgm:
+            return f'label_replace({expr}, "model", "$1", "modelName", "(.*)")'
+        return f"{expr} * on({GPU_KEY}) group_left(model) max by ({GPU_KEY}, model) ({S.GPU_INFO.name})"
+
+    def allocated_cost(self, by: str) -> str:
+        """Allocated GPU-hours over the dashboard range times the catalog price of each GPU's model
+        (the analyzer's truegpu_gpu_hourly_cost); models the catalog does not price drop out, never $0."""
+        price = f"max by (model, currency) ({self.analyzer(out.GPU_HOURLY_COST)})"
+        return self.gpu_hours(f"{self._with_model(self.allocated())} * on(model) group_left(currency) {price}", by)
 
     def gpu_hours(self, expr: str, by: str) -> str:
         """GPU-hours of a 0..1-per-GPU expression over the dashboard range."""

@@ -438,3 +438,18 @@ def test_rollup_schedule_today_every_interval_closed_days_once_more_and_retries(
     for i in range(MAX_ROLLUP_ATTEMPTS):
         run(tomorrow + 86400 + 3660 * (i + 1))
     assert writer.pending == [] and writer.failures[tomorrow] == MAX_ROLLUP_ATTEMPTS  # given up, logged
+
+
+def test_metrics_publish_the_catalog_price_of_each_model_in_the_fleet(api, analyzed, catalog):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from analyzer import output_schema as out
+
+    text = get(api, "/metrics", headers=None).text
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    got = {s.labels["model"]: (s.labels["sku"], s.labels["currency"], s.value)
+           for s in fams[out.GPU_HOURLY_COST.name].samples}
+    models = {str(m) for m in analyzed[0].snapshot().analysis.fleet.frame["model"].unique()}
+    want = {m: (e.key, catalog.currency, e.price_per_gpu_hour) for m in models
+            if (e := catalog.lookup(m)) is not None}
+    assert got == want and got  # every priced model, and only those (unpriced: no series, never $0)

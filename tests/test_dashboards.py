@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from analyzer import output_schema as out
+from analyzer.finops.catalog import default_catalog
 from dashboards import GENERATED, build_all, write_all
 from dashboards.builder import SCHEMA_VERSION
 from exporter.simulator import Cluster
@@ -139,6 +140,9 @@ def _analyzer_history(path: Path, cluster: Cluster, start: float, end: float) ->
         if not np.isnan(open_).all():
             findings.append(({k: labels[k] for k in out.FINDING_LABELS}, open_))
     jobs = sorted({(namespace[w], w) for w in namespace})
+    catalog = default_catalog()
+    prices = [(m, catalog.lookup(m)) for m in sorted(set(map(str, cluster.gpus.model)))]
+    prices = [(m, e) for m, e in prices if e is not None]
     series = [
         *((out.FINDING_ACTIVE, f, v) for f, v in findings),
         *((out.FINDING_SCORE, f, 0.5 * v) for f, v in findings),
@@ -147,6 +151,8 @@ def _analyzer_history(path: Path, cluster: Cluster, start: float, end: float) ->
         *((out.JOB_ALLOCATED_GPUS, {"namespace": n, "job": j}, 8 * ones) for n, j in jobs),
         *((out.FLEET_EFFECTIVE_UTILIZATION, {"allocation": a}, 0.3 * ones) for a in ("allocated", "all")),
         *((out.FLEET_REPORTED_UTILIZATION, {"allocation": a}, 0.7 * ones) for a in ("allocated", "all")),
+        *((out.GPU_HOURLY_COST, {"model": m, "sku": e.key, "currency": catalog.currency}, e.price_per_gpu_hour * ones)
+          for m, e in prices),
     ]
     with open(path, "w") as f:
         write_openmetrics(f, series, times)
