@@ -45,6 +45,10 @@ def panels(d: Dialect) -> list[PanelSpec]:
                   reduce="lastNotNull", description="Allocated minus effective GPU-hours over the range."),
         PanelSpec("Effective utilization by namespace", RATIO,
                   [q(f"avg by (namespace) ({d.effective(alloc=True)})", "{{namespace}}")], width=12),
+        PanelSpec("Data coverage", RATIO, [q(d.coverage(), "GPUs reporting")], width=12,
+                  description="Share of the GPUs seen in the dashboard range that report data at each time. "
+                              "Time without data is unknown (the analyzer counts it as unknown GPU-hours, "
+                              "never as idle or unallocated)."),
         PanelSpec("Allocated GPUs", COUNT, [
             q(f"count({d.sel(S.GPU_UTILIZATION)})", "all GPUs"),
             q(f"count(count by ({GPU_KEY}) ({d.allocated()}))", "allocated"),

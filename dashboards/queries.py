@@ -268,6 +268,11 @@ class Dialect:
         """GPU-hours of a 0..1-per-GPU expression over the dashboard range."""
         return f"sum by ({by}) (sum_over_time(({expr})[{RANGE}:{HOUR_STEP}])) / {STEPS_PER_HOUR}"
 
+    def coverage(self) -> str:
+        """Share of the GPUs seen in the dashboard range that report data now (missing = unknown, never 0)."""
+        seen = self.sel(S.MEMORY_USED)  # a default dcgm-exporter field, present on every GPU and MIG instance
+        return f"count({seen}) / count(max_over_time(({seen})[{RANGE}:{HOUR_STEP}]))"
+
     def allocated_gpu_hours(self, by: str) -> str:
         return self.gpu_hours(self.allocated(), by)
 
