@@ -24,6 +24,10 @@ from analyzer.signals import ALLOCATION_COLUMNS, NAMES
 
 #: Below this share of the window with data, every output says the window is mostly empty.
 MOSTLY_EMPTY = 0.5
+#: Optional frame column (float, 0..1, NaN = not measured): the share of a row's step that samples
+#: cover. normalize sets it, so a row at the edge of the data (a 7-minute step holding 4 minutes of
+#: samples) counts 4/7 observed and 3/7 unknown; frames without it count a row with data whole.
+DATA_SHARE = "data_share"
 
 
 def observed_rows(frame: pd.DataFrame) -> np.ndarray:
@@ -33,6 +37,15 @@ def observed_rows(frame: pd.DataFrame) -> np.ndarray:
         if name in frame.columns:
             out |= frame[name].notna().to_numpy()
     return out
+
+
+def observed_share(frame: pd.DataFrame) -> np.ndarray:
+    """Per row, the share of its GPU-hours with data: 0 without any, else DATA_SHARE (1 where unmeasured)."""
+    seen = observed_rows(frame).astype(np.float64)
+    if DATA_SHARE in frame.columns:
+        share = frame[DATA_SHARE].to_numpy(dtype=np.float64)
+        seen = np.where(seen > 0, np.where(np.isnan(share), 1.0, np.clip(share, 0.0, 1.0)), 0.0)
+    return seen
 
 
 def _codes(frame: pd.DataFrame, col: str) -> np.ndarray:
@@ -138,14 +151,16 @@ def _minute(t: float) -> str:
 
 
 def coverage(frame: pd.DataFrame, step: float, observed: np.ndarray | None = None) -> Coverage:
-    """Capacity and observed GPU-hours of a frame (rows weigh ``step * gpu_share / 3600``)."""
-    seen = observed_rows(frame) if observed is None else observed
+    """Capacity and observed GPU-hours of a frame (rows weigh ``step * gpu_share / 3600``; ``observed``
+    is each row's share with data, ``observed_share``)."""
+    obs = observed_share(frame) if observed is None else observed
     if not len(frame):
         return Coverage(0.0, 0.0, None, None)
     w = frame["gpu_share"].to_numpy(dtype=np.float64) * (step / 3600.0)
     ts = frame["timestamp"].to_numpy(dtype=np.float64)
+    seen = obs > 0
     has = bool(seen.any())
     return Coverage(
-        capacity_gpu_hours=float(w.sum()), observed_gpu_hours=float(w[seen].sum()),
+        capacity_gpu_hours=float(w.sum()), observed_gpu_hours=float((w * obs).sum()),
         data_start=float(ts[seen].min()) if has else None, data_end=float(ts[seen].max()) + step if has else None,
     )

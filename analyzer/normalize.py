@@ -33,7 +33,7 @@ import pandas as pd
 
 from analyzer import dialects as D
 from analyzer.budget import BudgetError, check_rows, check_window
-from analyzer.coverage import hold_allocations
+from analyzer.coverage import DATA_SHARE, hold_allocations
 from analyzer.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, empty_frame, gpu_share
 from analyzer.ingest import IngestReport
 from analyzer.signals import ALLOCATION_COLUMNS, SIGNALS, Signal
@@ -274,6 +274,8 @@ class _Input:
 
 
 _INFO_NAMES = frozenset(m.name for m in D.INFO_METRICS)
+#: The series that measure how much of a row's step has samples (analyzer.coverage.DATA_SHARE).
+_SHARE_NAMES = frozenset({S.MEMORY_USED.name, *(n for f in S.MEMORY_USED.dcgm for n in (f.field, f.legacy_name))})
 
 
 def _blank(n: int) -> np.ndarray:
@@ -534,6 +536,7 @@ class _State:
         share = dict(zip(profiles, (gpu_share(p) for p in profiles), strict=True))
         cols["gpu_share"] = np.repeat(np.array([share[p] for p in prof[own]], dtype=np.float64), T)
         cols.update(self._allocation())
+        cols[DATA_SHARE] = self._rows(self.data_share())
         for signal in SIGNALS:
             dense = self.signal(signal)
             if dense is not None:
@@ -543,6 +546,25 @@ class _State:
             self.notes.append(f"{self.resets} counter resets (a drop in a counter) read as restarts from 0")
         frame = pd.DataFrame(cols)
         return frame if len(frame.columns) > 1 else empty_frame()
+
+    def data_share(self) -> np.ndarray:
+        """(n_src, T): the share of each row's step that samples cover, from memory used (on every GPU and
+        MIG instance in both dialects): samples per series x sample spacing / step, at most 1; NaN where
+        the device has no such sample in the row (a row with other data then counts whole). Exact across
+        series that change labels mid-window (a new pod): samples are divided by the series present."""
+        d, T = self.d, self.g.T
+        ref = np.isin(d.metric, list(_SHARE_NAMES)) & (d.series_own >= 0)
+        idx = self._samples(ref)
+        b = d.bf[idx]
+        keep = (b >= 0) & (b < T)
+        idx, b = idx[keep], b[keep]
+        n = self.n_src * T
+        samples = np.bincount(self.sample_src[idx] * T + b, minlength=n).astype(np.float64)
+        pairs = np.unique(d.sid[idx].astype(np.int64) * T + b)  # (series, row) present
+        series = np.bincount(d.series_own[pairs // T] * T + pairs % T, minlength=n).astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(series > 0, np.minimum(1.0, samples / series * self.g.spacing / self.g.step), np.nan)
+        return share.reshape(self.n_src, T)
 
     def _per_src(self, labels: np.ndarray) -> np.ndarray:
         """First non-empty label value per source device."""

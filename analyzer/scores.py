@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.coverage import Coverage, coverage, coverage_unknown, observed_rows
+from analyzer.coverage import Coverage, coverage, coverage_unknown, observed_share
 from analyzer.frame import Fleet
 from analyzer.signals import ALLOCATION_COLUMNS
 
@@ -116,8 +116,8 @@ def row_scores(fleet: Fleet) -> pd.DataFrame:
     Columns: ``busy`` (kernel-resident fraction: gpu_util on whole GPUs, gr_active on MIG
     instances or when gpu_util is missing), ``clock_ratio``, ``effective_util``,
     ``effective_tensor``, ``masking_gap`` (floats, NaN = unknown), ``confidence``
-    (categorical "high" | "low", NaN when nothing is known) and ``observed`` (the row has
-    any data: analyzer.coverage).
+    (categorical "high" | "low", NaN when nothing is known) and ``observed`` (the share of the
+    row with data, 0..1: analyzer.coverage.observed_share).
     """
     fr = fleet.frame
     mig = mig_rows(fr)
@@ -143,7 +143,7 @@ def row_scores(fleet: Fleet) -> pd.DataFrame:
             "effective_tensor": np.clip(tensor * scale, 0.0, 1.0),
             "masking_gap": reported - sm,
             "confidence": pd.Categorical.from_codes(codes, dtype=CONFIDENCE),
-            "observed": observed_rows(fr),
+            "observed": observed_share(fr),
         },
         index=fr.index,
     )
@@ -161,9 +161,11 @@ def _parts(fleet: Fleet, rows: pd.DataFrame) -> pd.DataFrame:
     ``h_x`` = hours where x is known, ``s_x`` = sum of w * x; a mean is s_x / h_x.
     """
     fr = fleet.frame
-    w = fr["gpu_share"].to_numpy(dtype=np.float64) * (fleet.step / 3600.0)
+    cap = fr["gpu_share"].to_numpy(dtype=np.float64) * (fleet.step / 3600.0)
+    # What is measured weighs the share of the row that has data (an edge row of the data counts in part).
+    w = cap * rows["observed"].to_numpy(dtype=np.float64)
     reported = np.where(mig_rows(fr), np.nan, _col(fr, "gpu_util"))
-    out: dict[str, np.ndarray] = {"h": w}
+    out: dict[str, np.ndarray] = {"h": cap}
     for key, x in (
         ("rep", reported),
         ("eff", rows["effective_util"].to_numpy()),
@@ -173,7 +175,7 @@ def _parts(fleet: Fleet, rows: pd.DataFrame) -> pd.DataFrame:
         known = ~np.isnan(x)
         out["h_" + key] = np.where(known, w, 0.0)
         out["s_" + key] = np.where(known, w * x, 0.0)
-    out["h_obs"] = np.where(rows["observed"].to_numpy(dtype=bool), w, 0.0)
+    out["h_obs"] = w
     out["h_low"] = np.where(rows["confidence"].cat.codes.to_numpy() == 1, w, 0.0)
     out["h_idle"] = np.where(rows["busy"].to_numpy() < IDLE_UTIL, w, 0.0)  # NaN < x is False
     return pd.DataFrame(out, index=fr.index)
@@ -289,7 +291,7 @@ def compute_scores(fleet: Fleet, *, window: float = 300.0) -> Scores:
         levels[name] = _table(sums, keys, allocated_only=False)
         allocated[name] = _table(sums, keys, allocated_only=True)
     del parts
-    cov = coverage(fleet.frame, fleet.step, rows["observed"].to_numpy(dtype=bool))
+    cov = coverage(fleet.frame, fleet.step, rows["observed"].to_numpy(dtype=np.float64))
     notes = [m for m in (cov.message(),) if m]
     if not fleet.has("sm_active"):
         why = fleet.missing.get("sm_active", "SM activity is not in the input")

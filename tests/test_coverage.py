@@ -149,3 +149,20 @@ def test_html_pages_show_coverage(hour_of_data, tmp_path) -> None:
     assert "of this window has data" in page  # the mostly-empty sentence, among the notes
     cost_page = outputs.render_html(cost_report(fleet, scores, [], default_catalog()))
     assert "data coverage " + fmt_pct(scores.coverage.ratio) in cost_page and "of this window has data" in cost_page
+
+
+def test_a_coarse_step_counts_only_the_covered_part_of_the_edge_row(hour_of_data) -> None:
+    """Samples every 60 s over 0..60 min (61 of them), read at a 7-minute step: 9 rows span 63 minutes,
+    the last one [56, 63) holds 5 samples. 61 of the 63 minutes have data; the other 2 are unknown."""
+    long, report, start = hour_of_data
+    fleet = normalize(long, start=start, step=420.0, report=report)
+    s = fleet_summary(compute_scores(fleet))
+    n = fleet.frame["uuid"].nunique()
+    assert s["gpu_hours"] == pytest.approx(n * 63 / 60)
+    assert s["coverage"]["observed_gpu_hours"] == pytest.approx(n * 61 / 60)
+    assert s["unknown_gpu_hours"] == pytest.approx(n * 2 / 60, abs=1e-9)
+    parts = s["effective_gpu_hours"] + s["wasted_gpu_hours"] + s["unknown_gpu_hours"] + s["unallocated_gpu_hours"]
+    assert parts == pytest.approx(s["gpu_hours"])
+    totals = cost_report(fleet, compute_scores(fleet), [], default_catalog()).totals
+    assert totals["unknown_gpu_hours"] == pytest.approx(n * 2 / 60, abs=1e-9)
+    assert sum(totals[f"{c}_gpu_hours"] for c in COMPONENTS) == pytest.approx(totals["gpu_hours"])

@@ -15,7 +15,9 @@ and ``waste = idle_allocated + masked + straggler + throttled + underused``. Wit
 ``eff = effective_util`` and ``busy``/``clock_ratio``/``masking_gap`` from ``row_scores``:
 
 * rows without any data (analyzer.coverage: before a GPU first reports, after it stops, gaps,
-  outside the data's span): all ``unknown``, whoever held the GPU;
+  outside the data's span): all ``unknown``, whoever held the GPU; a row only partly covered by
+  samples (the edge of the data inside a coarse step) splits its covered share as below and
+  counts the rest as ``unknown``;
 * unallocated rows with data (no namespace/pod/container/job label): all ``unallocated``;
 * allocated rows whose effective utilization is unknown: all ``unknown`` (never 0, never waste);
 * allocated, known: ``effective = eff`` (the same effective GPU-hours as
@@ -279,7 +281,7 @@ def _fractions(fleet: Fleet, scores: Scores, findings: Sequence[Finding]) -> tup
         raise ValueError("scores do not belong to this fleet (compute_scores(fleet) first)")
     w = fr["gpu_share"].to_numpy(dtype=np.float64) * (fleet.step / 3600.0)
     alloc = allocated_rows(fr)
-    observed = rows["observed"].to_numpy(dtype=bool)
+    obs = rows["observed"].to_numpy(dtype=np.float64)  # share of the row with data, 0..1
     eff = rows["effective_util"].to_numpy(dtype=np.float64)
     known = ~np.isnan(eff)
     measured = alloc & known
@@ -292,22 +294,23 @@ def _fractions(fleet: Fleet, scores: Scores, findings: Sequence[Finding]) -> tup
         act = np.where(scale > 0, np.minimum(e / scale, 1.0), e)
     act = np.maximum(act, e)
     rest = np.where(active, 1.0 - act, 0.0)
-    share, claimed = _straggler_share(fleet, findings, w, active)
+    share, claimed = _straggler_share(fleet, findings, w * obs, active)
     straggler = np.minimum(share, rest)
     rest = rest - straggler
     gap = np.nan_to_num(rows["masking_gap"].to_numpy(dtype=np.float64), nan=0.0)
     # Masked only where the idle_masking detector flags it: one definition, the detector's.
     masked_rows = active & flagged_rows(fleet, findings, IDLE_MASKING)
     masked = np.where(masked_rows, np.minimum(np.clip(gap, 0.0, None), rest), 0.0)
+    # The measured parts split the share of the row with data; the rest of the row is unknown.
     fr_ = {
-        "effective": np.where(measured, e, 0.0),
-        "idle_allocated": np.where(idle, 1.0 - e, 0.0),
-        "masked": masked,
-        "straggler": straggler,
-        "throttled": np.where(active, act - e, 0.0),
-        "underused": rest - masked,
-        "unknown": np.where(~observed | (alloc & ~known), 1.0, 0.0),
-        "unallocated": np.where(alloc | ~observed, 0.0, 1.0),
+        "effective": np.where(measured, e, 0.0) * obs,
+        "idle_allocated": np.where(idle, 1.0 - e, 0.0) * obs,
+        "masked": masked * obs,
+        "straggler": straggler * obs,
+        "throttled": np.where(active, act - e, 0.0) * obs,
+        "underused": (rest - masked) * obs,
+        "unknown": (1.0 - obs) + np.where(alloc & ~known, obs, 0.0),
+        "unallocated": np.where(alloc, 0.0, obs),
     }
     return fr_, alloc, claimed
 
