@@ -47,6 +47,7 @@ bench: install
 	$(PY) bench/bench_sources.py
 	$(PY) bench/bench_ingest.py
 	$(PY) bench/bench_analyze.py
+	$(PY) bench/bench_report.py
 
 clean:
 	rm -rf $(VENV) out truegpu-report .pytest_cache .ruff_cache
