@@ -27,15 +27,8 @@ if str(ROOT) not in sys.path:
 from analyzer.detectors import run_detectors  # noqa: E402
 from analyzer.scores import compute_scores  # noqa: E402
 from analyzer.simulated import fleet_from_cluster  # noqa: E402
+from bench.benchutil import status_mb  # noqa: E402
 from exporter.simulator import Cluster, load_scenario  # noqa: E402
-
-
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
 
 
 def main() -> None:
@@ -67,7 +60,7 @@ def main() -> None:
     print(f"scores_seconds {best_scores:.3f}")
     print(f"detectors_seconds {best_detect:.3f}")
     print(f"analyze_seconds {best_scores + best_detect:.3f}")
-    print(f"analyze_peak_rss_mb {_status_mb('VmHWM'):.0f}")
+    print(f"analyze_peak_rss_mb {status_mb('VmHWM'):.0f}")
 
 
 if __name__ == "__main__":

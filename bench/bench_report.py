@@ -32,15 +32,8 @@ from analyzer.finops.catalog import default_catalog  # noqa: E402
 from analyzer.finops.costs import COST_FINDING_KINDS, cost_report  # noqa: E402
 from analyzer.scores import compute_scores  # noqa: E402
 from analyzer.simulated import fleet_from_cluster  # noqa: E402
+from bench.benchutil import reset_peak, status_mb  # noqa: E402
 from exporter.simulator import Cluster, load_scenario  # noqa: E402
-
-
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
 
 
 def main() -> None:
@@ -58,12 +51,8 @@ def main() -> None:
     t0 = time.perf_counter()
     fleet = fleet_from_cluster(cluster, step=args.step)
     build = time.perf_counter() - t0
-    fleet_rss = _status_mb("VmRSS")
-    try:  # reset the peak: what matters is the report's, not the simulation's
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
+    fleet_rss = status_mb("VmRSS")
+    reset_peak()  # what matters is the report's peak, not the simulation's
     t0 = time.perf_counter()
     scores = compute_scores(fleet)
     findings = run_detectors(fleet, list(COST_FINDING_KINDS))
@@ -74,7 +63,7 @@ def main() -> None:
     print(f"report_fleet_build_seconds {build:.1f}")
     print(f"report_seconds {took:.1f}")
     print(f"report_fleet_rss_mb {fleet_rss:.0f}")
-    print(f"report_peak_rss_mb {_status_mb('VmHWM'):.0f}")
+    print(f"report_peak_rss_mb {status_mb('VmHWM'):.0f}")
     print(f"# total cost {report.totals['cost']:,.0f} {report.currency}", file=sys.stderr)
 
 
