@@ -437,7 +437,10 @@ class CostSource:
 
 def rollup_report(rows: Any, group_by: str, start_day: Any, end_day: Any, catalog: Any,
                   until: float | None = None) -> Any:
-    """A CostReport over stored daily rollups (per day and group; no per-model detail: model "").
+    """A CostReport over stored daily rollups (per day, group and model).
+
+    SKU and list unit price are today's catalog entry for each stored model (rows written before
+    the store kept models have model "" and none); the dollars are those stored when the day was written.
 
     ``until`` ends the report before the end of ``end_day`` (today's rollup covers up to now, not
     up to midnight: a charge period never ends in the future)."""
@@ -450,7 +453,11 @@ def rollup_report(rows: Any, group_by: str, start_day: Any, end_day: Any, catalo
     detail = rows.rename(columns={"key": "group"}).copy()
     for c in (*ROLLUP_HOUR_COLUMNS, *ROLLUP_COST_COLUMNS):
         detail[c] = detail[c].astype(float).fillna(0.0) if c in detail.columns else 0.0
-    detail["model"], detail["sku"], detail["unit_price"] = "", None, np.nan
+    detail["model"] = detail["model"].fillna("").astype(str) if "model" in detail.columns else ""
+    entries = {m: catalog.lookup(m) if catalog is not None and m else None for m in set(detail["model"])}
+    detail["sku"] = [getattr(entries[m], "key", None) for m in detail["model"]]
+    detail["unit_price"] = np.array([getattr(entries[m], "price_per_gpu_hour", np.nan) for m in detail["model"]],
+                                    dtype=np.float64)
     detail = detail[list(DETAIL_COLUMNS)].reset_index(drop=True)
     groups, totals = summarize(detail)
     start = datetime.combine(start_day, time(), UTC).timestamp()

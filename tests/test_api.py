@@ -348,6 +348,7 @@ def test_cost_validation(api, params, word):
 
 def test_rollups_written_idempotently_and_served_beyond_the_window(cluster, catalog, tmp_path: Path):
     from analyzer.finops import cost_report
+    from analyzer.finops.outputs import to_focus_csv
     from analyzer.finops.store import open_store
     from analyzer.scores import compute_scores
 
@@ -380,8 +381,17 @@ def test_rollups_written_idempotently_and_served_beyond_the_window(cluster, cata
         assert totals["cost"] == pytest.approx(expected.totals["cost"], rel=1e-9)
         assert totals["gpu_hours"] == pytest.approx(expected.totals["gpu_hours"], rel=1e-9)
         csv_text = get(url, "/api/reports/cost", window="2d", format="csv").text
-        ends = {row["ChargePeriodEnd"] for row in csv.DictReader(io.StringIO(csv_text))}
+        focus = list(csv.DictReader(io.StringIO(csv_text)))
+        ends = {row["ChargePeriodEnd"] for row in focus}
         assert ends and max(ends) <= "2023-11-15T01:00:00Z"
+        # Rows from the store are as complete as rows from the latest results: model, SKU, list price.
+        live = {(r["ChargePeriodStart"][:10], r["ResourceName"], r["SkuId"]): r for r in
+                csv.DictReader(io.StringIO(to_focus_csv(expected)))}
+        assert {(r["ChargePeriodStart"][:10], r["ResourceName"], r["SkuId"]) for r in focus} == set(live)
+        for row in focus:
+            assert row["SkuId"] and row["ListUnitPrice"] and float(row["BilledCost"]) >= 0
+            match = live[(row["ChargePeriodStart"][:10], row["ResourceName"], row["SkuId"])]
+            assert float(row["ListUnitPrice"]) == float(match["ListUnitPrice"])
         assert get(url, "/api/reports/cost", window="2d", format="html").status_code == 200
         assert get(url, "/api/reports/cost", window="1w", group_by="team").json()["source"] == "rollup"
         empty = get(url, "/api/reports/cost", window="2d", group_by="job").json()  # never written: no groups

@@ -77,8 +77,8 @@ def test_round_trip_and_reopen(store_url):
         store.write_day(D0, "namespace", rows_for(["ml-train", "infer"]))
         store.write_day(D0.isoformat(), "pod", rows_for(["p1"], scale=7, group_by="pod"))
         got = store.read(D0, D0, "namespace", per_day=True)
-        assert list(got.columns) == ["day", "group_by", "group", *METRICS]
-        assert got["day"].tolist() == [D0.isoformat()] * 2
+        assert list(got.columns) == ["day", "group_by", "group", "model", *METRICS]
+        assert got["day"].tolist() == [D0.isoformat()] * 2 and got["model"].tolist() == ["", ""]
         assert set(got["group_by"]) == {"namespace"}
         assert as_dict(got) == as_dict(rows_for(["ml-train", "infer"]))
     # a second process-lifetime: everything committed is there, schema not recreated
@@ -108,7 +108,8 @@ def daily_rollup_frame(days: int, groups: list[str], group_by: str = "namespace"
     recs = []
     for d in range(days):
         for g, group in enumerate(groups):
-            base = {"day": (D0 + timedelta(days=d)).isoformat(), "group_by": group_by, "group": group}
+            base = {"day": (D0 + timedelta(days=d)).isoformat(), "group_by": group_by, "group": group,
+                    "model": "NVIDIA H100 80GB HBM3" if g % 2 else "NVIDIA A100-SXM4-80GB"}
             recs.append(base | {c: float((d + 1) * (g + 1) * (j + 1)) / 8 for j, c in enumerate(values)})
     df = pd.DataFrame(recs, columns=list(ROLLUP_COLUMNS))
     df.attrs.update(currency="USD", cluster="")
@@ -124,9 +125,10 @@ def test_daily_rollups_frames_round_trip(store_url):
         pd.testing.assert_frame_equal(back, rows, check_dtype=False)
         assert back.attrs == {"cluster": "", "currency": "USD"}
         total = store.read(D0, D0 + timedelta(days=2), "namespace")
-        assert list(total.columns) == [c for c in ROLLUP_COLUMNS if c != "day"]
-        expected = rows.groupby("group")[list(ROLLUP_COLUMNS[3:])].sum()
-        assert total.set_index("group")[list(ROLLUP_COLUMNS[3:])].to_numpy() == pytest.approx(expected.to_numpy())
+        values = list(ROLLUP_COLUMNS[len(ROLLUP_KEY_COLUMNS):])
+        assert list(total.columns) == ["group_by", "group", *values]  # summed over days and models
+        expected = rows.groupby("group")[values].sum()
+        assert total.set_index("group")[values].to_numpy() == pytest.approx(expected.to_numpy())
         # an empty daily_rollups frame writes nothing; other currencies are refused, as columns or attrs
         assert store.write_rollups(rows.iloc[:0]) == []
         eur = daily_rollup_frame(1, ["ml"])
@@ -180,6 +182,46 @@ def test_range_reaggregates_sums_per_key(store_url):
     assert len(per_day) == len(window)
     assert per_day.groupby("group")[METRICS].sum().reset_index()[METRICS].to_numpy() == pytest.approx(
         expected[METRICS].to_numpy())
+
+
+def test_rows_per_model_of_one_group(store_url):
+    """One group on two GPU models is two rows of a day; a repeated (group, model) is refused."""
+    rows = rows_for(["ml", "ml", "web"]).assign(model=["H100", "A100", "H100"])
+    with open_store(store_url) as store:
+        store.write_day(D0, "namespace", rows)
+        per_day = store.read(D0, D0, "namespace", per_day=True)
+        assert list(zip(per_day["group"], per_day["model"], strict=True)) == [
+            ("ml", "A100"), ("ml", "H100"), ("web", "H100")]
+        total = store.read(D0, D0, "namespace")
+        assert total.set_index("group")["cost"].to_dict() == pytest.approx({"ml": 2.25 + 4.5, "web": 6.75})
+        with pytest.raises(ValueError, match=r"\(group key, model\) must be unique.*'ml', 'H100'"):
+            store.write_day(D0, "namespace", rows.assign(model="H100"))
+
+
+def test_version_1_store_is_migrated(store_url):
+    """A store written before rows kept their model opens as version 2 with its rows at model ""."""
+    v1 = {
+        "sqlite": ("TEXT", "REAL"),
+        "postgresql": ("DATE", "DOUBLE PRECISION"),
+    }
+    backend = "sqlite" if "://" not in store_url else "postgresql"
+    day_type, value_type = v1[backend]
+    with open_store(store_url) as store:
+        d = store._day_param(D0)
+        with store._transaction():
+            store._execute("DROP TABLE truegpu_rollup_values")
+            store._execute(f"""CREATE TABLE truegpu_rollup_values (group_by TEXT NOT NULL, day {day_type} NOT NULL,
+                group_key TEXT NOT NULL, metric TEXT NOT NULL, value {value_type},
+                PRIMARY KEY (group_by, day, group_key, metric))""")
+            store._execute("INSERT INTO truegpu_rollup_values VALUES ('namespace', ?, 'ml', 'cost', 9.5)", (d,))
+            store._execute("INSERT INTO truegpu_rollup_days VALUES ('namespace', ?, 1, ?)", (d, store._now()))
+            store._execute("UPDATE truegpu_schema_version SET version = 1")
+    with open_store(store_url) as store:
+        assert store.schema_version() == SCHEMA_VERSION == 2
+        got = store.read(D0, D0, "namespace", per_day=True)
+        assert got[["group", "model", "cost"]].values.tolist() == [["ml", "", 9.5]]
+        store.write_day(D0, "namespace", rows_for(["ml", "ml"]).assign(model=["H100", "A100"]))
+        assert store.read(D0, D0, "namespace", per_day=True)["model"].tolist() == ["A100", "H100"]
 
 
 HOSTILE = [
@@ -415,7 +457,7 @@ def test_bad_rows_are_refused(tmp_path):
         with pytest.raises(ValueError, match="unique"):
             store.write_day(D0, "pod", rows_for(["a", "a"]))
         with pytest.raises(ValueError, match="numeric"):
-            store.write_day(D0, "pod", rows_for(["a"]).assign(model="H100"))
+            store.write_day(D0, "pod", rows_for(["a"]).assign(sku="h100-sxm"))
         with pytest.raises(ValueError, match="key column"):
             store.write_day(D0, "pod", rows_for(["a"]).rename(columns={"group": "job"}))
         with pytest.raises(ValueError, match="2024-03-02"):

@@ -51,7 +51,7 @@ fleet total in every case.
 ``cost_per_effective_gpu_hour = cost / effective_gpu_hours`` (unallocated capacity included for
 the fleet, node and model; unknown where part of the group is unpriced).
 
-Daily rollups (``daily_rollups``): rows per (UTC day of the row's timestamp, group) with the
+Daily rollups (``daily_rollups``): rows per (UTC day of the row's timestamp, group, GPU model) with the
 additive columns only (``ROLLUP_COLUMNS``); ratios are recomputed from their sums.
 """
 
@@ -100,10 +100,11 @@ ROLLUP_HOUR_COLUMNS: tuple[str, ...] = (
 #: Additive dollar columns (in ``currency``): total priced cost and one per component.
 ROLLUP_COST_COLUMNS: tuple[str, ...] = ("cost", *(f"{c}_cost" for c in COMPONENTS))
 #: Key columns of a daily rollup row: ``day`` is the UTC date "YYYY-MM-DD" of the rows' timestamps,
-#: ``group_by`` one of GROUP_BY, ``group`` its value (or UNALLOCATED/UNKNOWN_GROUP/UNMAPPED). Every
+#: ``group_by`` one of GROUP_BY, ``group`` its value (or UNALLOCATED/UNKNOWN_GROUP/UNMAPPED), ``model``
+#: the GPU model (so a report from the store still names each row's SKU and list price). Every
 #: other column is a float (the store keeps numeric columns only): the currency and the catalog's
 #: cluster are in ``DataFrame.attrs`` ("currency", "cluster"); keep one store per cluster/currency.
-ROLLUP_KEY_COLUMNS: tuple[str, ...] = ("day", "group_by", "group")
+ROLLUP_KEY_COLUMNS: tuple[str, ...] = ("day", "group_by", "group", "model")
 #: The row schema the rollup store persists: keys, then additive GPU-hours and dollars (never ratios).
 ROLLUP_COLUMNS: tuple[str, ...] = ROLLUP_KEY_COLUMNS + ROLLUP_HOUR_COLUMNS + ROLLUP_COST_COLUMNS
 _SUM_COLUMNS: tuple[str, ...] = ROLLUP_HOUR_COLUMNS + ROLLUP_COST_COLUMNS
@@ -491,7 +492,7 @@ def _tags(fleet: Fleet, group_by: str, groups: list[str], label: str,
 
 
 def daily_rollups(report: CostReport | Fleet, *args: Any, **kwargs: Any) -> pd.DataFrame:
-    """Rows per (UTC day, group) with ROLLUP_COLUMNS: additive GPU-hours and dollars only.
+    """Rows per (UTC day, group, model) with ROLLUP_COLUMNS: additive GPU-hours and dollars only.
 
     ``daily_rollups(report)`` or ``daily_rollups(fleet, scores, findings, catalog, group_by=...)``.
     Summing rows of any days (and groups) gives that period's numbers; recompute ratios
@@ -506,7 +507,7 @@ def daily_rollups(report: CostReport | Fleet, *args: Any, **kwargs: Any) -> pd.D
                             for c in ROLLUP_COLUMNS})
         out.attrs.update(currency=report.currency, cluster=report.cluster or "")
         return out
-    out = d.groupby(["day", "group"], sort=True)[sums].sum().reset_index()
+    out = d.groupby(["day", "group", "model"], sort=True)[sums].sum().reset_index()
     out["group_by"] = report.group_by
     out = out[list(ROLLUP_COLUMNS)]
     out.attrs.update(currency=report.currency, cluster=report.cluster or "")

@@ -1,6 +1,6 @@
 """Daily cost rollups kept beyond Prometheus retention: SQLite (a file) or PostgreSQL (a URL).
 
-One rollup row is one (day, group_by, group) with additive float columns (GPU-hours,
+One rollup row is one (day, group_by, group, model) with additive float columns (GPU-hours,
 dollars; never ratios, so sums over any range of days stay correct): the rows of
 ``analyzer.finops.costs.daily_rollups`` (``ROLLUP_COLUMNS``). ``write_day`` takes, and ``read``
 gives back:
@@ -11,6 +11,8 @@ gives back:
 * ``group``    the group key (a namespace/job/pod name: user text, stored as-is through
   parameterized SQL). On write the column may instead be named ``key``, ``group_key`` or after
   ``group_by`` itself (``namespace``).
+* ``model``    the GPU model of the row (optional on write, then ""): a report from the store
+  names each row's SKU and list price. ``read`` sums over models unless ``per_day=True``.
 * ``currency``, ``cluster`` (columns holding one value, or ``DataFrame.attrs``): optional; the
   store remembers the first ones written and refuses others (one store per cluster/currency);
   ``read`` puts them back in ``attrs``.
@@ -43,10 +45,10 @@ import pandas as pd
 from analyzer.finops.costs import ROLLUP_COLUMNS, ROLLUP_KEY_COLUMNS
 
 #: Bump with a migration in ``_MIGRATIONS`` when the tables change.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-#: ("day", "group_by", "group"): the key columns of a rollup row.
-DAY_COLUMN, GROUP_BY_COLUMN, KEY_COLUMN = ROLLUP_KEY_COLUMNS
+#: ("day", "group_by", "group", "model"): the key columns of a rollup row.
+DAY_COLUMN, GROUP_BY_COLUMN, KEY_COLUMN, MODEL_COLUMN = ROLLUP_KEY_COLUMNS
 #: Extra names accepted for the key column on write (besides ``group_by`` itself).
 KEY_ALIASES = ("key", "group_key")
 #: Store-wide facts a rollup frame may carry (columns or attrs): all rows of a store share them.
@@ -65,8 +67,8 @@ _SCHEMA = {
             group_by TEXT NOT NULL, day TEXT NOT NULL, n_keys INTEGER NOT NULL, written_at TEXT NOT NULL,
             PRIMARY KEY (group_by, day))""",
         f"""CREATE TABLE IF NOT EXISTS {_VALUES_TABLE} (
-            group_by TEXT NOT NULL, day TEXT NOT NULL, group_key TEXT NOT NULL, metric TEXT NOT NULL,
-            value REAL, PRIMARY KEY (group_by, day, group_key, metric))""",
+            group_by TEXT NOT NULL, day TEXT NOT NULL, group_key TEXT NOT NULL, model TEXT NOT NULL DEFAULT '',
+            metric TEXT NOT NULL, value REAL, PRIMARY KEY (group_by, day, group_key, model, metric))""",
         f"CREATE TABLE IF NOT EXISTS {_META_TABLE} (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     ],
     "postgresql": [
@@ -76,13 +78,27 @@ _SCHEMA = {
             group_by TEXT NOT NULL, day DATE NOT NULL, n_keys INTEGER NOT NULL, written_at TIMESTAMPTZ NOT NULL,
             PRIMARY KEY (group_by, day))""",
         f"""CREATE TABLE IF NOT EXISTS {_VALUES_TABLE} (
-            group_by TEXT NOT NULL, day DATE NOT NULL, group_key TEXT NOT NULL, metric TEXT NOT NULL,
-            value DOUBLE PRECISION, PRIMARY KEY (group_by, day, group_key, metric))""",
+            group_by TEXT NOT NULL, day DATE NOT NULL, group_key TEXT NOT NULL, model TEXT NOT NULL DEFAULT '',
+            metric TEXT NOT NULL, value DOUBLE PRECISION, PRIMARY KEY (group_by, day, group_key, model, metric))""",
         f"CREATE TABLE IF NOT EXISTS {_META_TABLE} (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     ],
 }
-#: version -> statements taking a store from version-1 to version (none yet).
-_MIGRATIONS: dict[int, list[str]] = {}
+#: backend -> version -> statements taking a store from version-1 to version.
+_MIGRATIONS: dict[str, dict[int, list[str]]] = {
+    # 2: the GPU model joins the key (rows written before it have model "").
+    "sqlite": {2: [
+        f"ALTER TABLE {_VALUES_TABLE} RENAME TO {_VALUES_TABLE}_v1",
+        _SCHEMA["sqlite"][2],
+        f"INSERT INTO {_VALUES_TABLE} (group_by, day, group_key, model, metric, value) "
+        f"SELECT group_by, day, group_key, '', metric, value FROM {_VALUES_TABLE}_v1",
+        f"DROP TABLE {_VALUES_TABLE}_v1",
+    ]},
+    "postgresql": {2: [
+        f"ALTER TABLE {_VALUES_TABLE} ADD COLUMN IF NOT EXISTS model TEXT NOT NULL DEFAULT ''",
+        f"ALTER TABLE {_VALUES_TABLE} DROP CONSTRAINT IF EXISTS {_VALUES_TABLE}_pkey",
+        f"ALTER TABLE {_VALUES_TABLE} ADD PRIMARY KEY (group_by, day, group_key, model, metric)",
+    ]},
+}
 
 
 class StoreError(RuntimeError):
@@ -135,8 +151,8 @@ def _key_column(rows: pd.DataFrame, group_by: str) -> str:
     )
 
 
-def _records(day: date, group_by: str, rows: pd.DataFrame) -> tuple[list[tuple[str, str, float | None]], int]:
-    """(key, metric, value) triples for the rows of one day and the number of keys; validates everything."""
+def _records(day: date, group_by: str, rows: pd.DataFrame) -> tuple[list[tuple[str, str, str, float | None]], int]:
+    """(key, model, metric, value) for the rows of one day and the number of keys; validates everything."""
     if not isinstance(rows, pd.DataFrame):
         raise TypeError(f"rows must be a pandas DataFrame, got {type(rows).__name__}")
     if DAY_COLUMN in rows.columns and len(rows):
@@ -148,7 +164,7 @@ def _records(day: date, group_by: str, rows: pd.DataFrame) -> tuple[list[tuple[s
         if given != {group_by}:
             raise ValueError(f"rows carry group_by {sorted(map(str, given))} but write_day was given {group_by!r}")
     key_col = _key_column(rows, group_by)
-    reserved = {DAY_COLUMN, GROUP_BY_COLUMN, key_col, *META_FIELDS}
+    reserved = {DAY_COLUMN, GROUP_BY_COLUMN, key_col, MODEL_COLUMN, *META_FIELDS}
     metrics = [c for c in rows.columns if c not in reserved]
     bad = [
         c for c in metrics
@@ -162,16 +178,20 @@ def _records(day: date, group_by: str, rows: pd.DataFrame) -> tuple[list[tuple[s
     if keys.isna().any():
         raise ValueError(f"group key column {key_col!r} has missing values")
     keys = [_check_text("group key", k if isinstance(k, str) else str(k)) for k in keys]
-    duplicated = sorted({k for k in keys if keys.count(k) > 1}) if len(set(keys)) != len(keys) else []
-    if duplicated:
-        raise ValueError(f"group keys must be unique within a day; repeated: {duplicated[:10]}")
-    out: list[tuple[str, str, float | None]] = []
+    models = ([_check_text("model", "" if pd.isna(m) else str(m)) for m in rows[MODEL_COLUMN]]
+              if MODEL_COLUMN in rows.columns else [""] * len(keys))
+    pairs = list(zip(keys, models, strict=True))
+    if len(set(pairs)) != len(pairs):
+        counts = pd.Series(pairs).value_counts()
+        repeated = list(counts[counts > 1].index[:10])
+        raise ValueError(f"(group key, model) must be unique within a day; repeated: {repeated}")
+    out: list[tuple[str, str, str, float | None]] = []
     columns = [rows[m].to_numpy(dtype=float, na_value=math.nan) for m in metrics]
-    for i, key in enumerate(keys):
+    for i, (key, model) in enumerate(pairs):
         for metric, values in zip(metrics, columns, strict=True):
             v = float(values[i])
-            out.append((key, metric, None if math.isnan(v) else v))
-    return out, len(keys)
+            out.append((key, model, metric, None if math.isnan(v) else v))
+    return out, len(set(keys))
 
 
 def _metadata(rows: pd.DataFrame) -> dict[str, str]:
@@ -240,16 +260,16 @@ class RollupStore(ABC):
                     f"store schema version {current} is newer than this truegpu understands ({SCHEMA_VERSION}); "
                     "upgrade truegpu"
                 )
-            if current == 0:
-                current = SCHEMA_VERSION  # fresh store: the CREATE statements above are the newest schema
-            else:
-                for version in range(current + 1, SCHEMA_VERSION + 1):
-                    for stmt in _MIGRATIONS.get(version, []):
-                        self._execute(stmt)
+            if current == SCHEMA_VERSION:
+                return
+            # A fresh store (0) already has the newest tables from the CREATE statements above.
+            for version in range(current + 1, SCHEMA_VERSION + 1) if current else ():
+                for stmt in _MIGRATIONS[self.backend].get(version, []):
+                    self._execute(stmt)
             self._execute(f"DELETE FROM {_VERSION_TABLE}")
             self._execute(
                 f"INSERT INTO {_VERSION_TABLE} (version, applied_at) VALUES (?, ?)",
-                (current, self._now()),
+                (SCHEMA_VERSION, self._now()),
             )
 
     def _now(self) -> Any:
@@ -267,10 +287,10 @@ class RollupStore(ABC):
         group_by = _check_text("group_by", group_by)
         if not group_by:
             raise ValueError("group_by must not be empty")
-        triples, n_keys = _records(day, group_by, rows)
+        records, n_keys = _records(day, group_by, rows)
         meta = _metadata(rows)
         d = self._day_param(day)
-        values = [(group_by, d, key, metric, value) for key, metric, value in triples]
+        values = [(group_by, d, *record) for record in records]
         with self._transaction():
             for name, value in meta.items():
                 self._execute(f"INSERT INTO {_META_TABLE} (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
@@ -288,7 +308,8 @@ class RollupStore(ABC):
             self._execute(f"DELETE FROM {_VALUES_TABLE} WHERE group_by = ? AND day = ?", (group_by, d))
             if values:
                 self._executemany(
-                    f"INSERT INTO {_VALUES_TABLE} (group_by, day, group_key, metric, value) VALUES (?, ?, ?, ?, ?)",
+                    f"INSERT INTO {_VALUES_TABLE} (group_by, day, group_key, model, metric, value) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
                     values,
                 )
 
@@ -318,7 +339,7 @@ class RollupStore(ABC):
     ) -> pd.DataFrame:
         """Sums per group over ``start_day..end_day`` (both included): columns group_by, group, then the values.
 
-        With ``per_day=True`` the stored rows themselves: columns day (ISO), group_by, group, values.
+        With ``per_day=True`` the stored rows themselves: columns day (ISO), group_by, group, model, values.
         Sorted by (day,) group; ``attrs`` carry the store's currency/cluster.
         """
         self._check_open()
@@ -330,9 +351,10 @@ class RollupStore(ABC):
         where = "WHERE group_by = ? AND day >= ? AND day <= ?"
         if per_day:
             raw = self._execute(
-                f"SELECT day, group_key, metric, value FROM {_VALUES_TABLE} {where} ORDER BY day, group_key", params
+                f"SELECT day, group_key, model, metric, value FROM {_VALUES_TABLE} {where} "
+                "ORDER BY day, group_key, model", params
             )
-            index = [DAY_COLUMN, KEY_COLUMN]
+            index = [DAY_COLUMN, KEY_COLUMN, MODEL_COLUMN]
             long = pd.DataFrame(raw, columns=[*index, "metric", "value"])
             long[DAY_COLUMN] = [_as_date(d).isoformat() for d in long[DAY_COLUMN]]
         else:
@@ -349,9 +371,10 @@ class RollupStore(ABC):
         else:
             wide = long.pivot(index=index, columns="metric", values="value").reindex(columns=metrics).reset_index()
         wide.columns.name = None
-        wide.insert(len(index) - 1, GROUP_BY_COLUMN, group_by)
+        wide[GROUP_BY_COLUMN] = group_by
         wide = wide.sort_values(index, kind="stable").reset_index(drop=True)
-        wide = wide[[*(c for c in (DAY_COLUMN,) if per_day), GROUP_BY_COLUMN, KEY_COLUMN, *metrics]]
+        keys = [DAY_COLUMN, GROUP_BY_COLUMN, KEY_COLUMN, MODEL_COLUMN] if per_day else [GROUP_BY_COLUMN, KEY_COLUMN]
+        wide = wide[[*keys, *metrics]]
         wide.attrs.update(self.metadata())
         return wide
 
