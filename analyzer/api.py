@@ -159,7 +159,10 @@ class ScoreRow(BaseModel):
     masking_gap: float | None = None
     effective_gpu_hours: float | None = None
     allocated_effective_gpu_hours: float | None = None
-    wasted_gpu_hours: float | None = None
+    unused_gpu_hours: float | None = None
+    waste_gpu_hours: float | None = Field(None, description="Recoverable waste (fleet, job and namespace levels)")
+    normal_gpu_hours: float | None = Field(None, description="Normal headroom of healthy work: not waste")
+    unclassified_gpu_hours: float | None = Field(None, description="Unused hours of workloads of no known class")
     idle_gpu_hours: float | None = None
     unknown_gpu_hours: float | None = None
     low_confidence_share: float | None = None
@@ -405,7 +408,8 @@ class CostSource:
         if a.fleet is None or a.scores is None:
             raise NoResults("the latest results hold no scores", None, 0.0)
         report = cost_report(a.fleet, a.scores, list(a.findings), self.settings.catalog, group_by=group_by,
-                             team_map=dict(self.settings.team_map) if self.settings.team_map else None)
+                             team_map=dict(self.settings.team_map) if self.settings.team_map else None,
+                             site=self.service.site)
         with self._lock:
             self._cache = {k: v for k, v in self._cache.items() if v[0] is analysis}  # drop older analyses
             self._cache[key] = (analysis, report)
@@ -469,6 +473,22 @@ def rollup_report(rows: Any, group_by: str, start_day: Any, end_day: Any, catalo
     return CostReport(group_by=group_by, start=start, end=end, step=86400.0,
                       currency=getattr(catalog, "currency", ""), cluster=getattr(catalog, "cluster", None),
                       detail=detail, groups=groups, totals=totals, catalog_source="rollup store", notes=notes)
+
+
+#: The partition's columns the scores endpoint adds at the fleet, job and namespace levels.
+SPLIT_COLUMNS = ("waste_gpu_hours", "normal_gpu_hours", "unclassified_gpu_hours")
+
+
+def _split(partition: Any, level: str) -> dict[str | None, dict[str, float | None]]:
+    """key (None for the fleet) -> the partition's waste/normal/unclassified hours of that group."""
+    if partition is None:
+        return {}
+    if level == "fleet":
+        return {None: {c: _num(partition.fleet[c]) for c in SPLIT_COLUMNS}}
+    table = getattr(partition, level, None) if level in ("job", "namespace") else None
+    if table is None or table.empty:
+        return {}
+    return {str(k): {c: _num(v) for c, v in rec.items()} for k, rec in table[list(SPLIT_COLUMNS)].iterrows()}
 
 
 def _last(analysis: Analysis, seconds: float) -> Analysis:
@@ -604,11 +624,13 @@ def create_app(service: AnalyzerService, settings: ApiSettings | None = None) ->
         _, sc = _need_scores(cur)
         table = (sc.allocated if allocated_only else sc.levels).get(level)
         rows: list[dict[str, Any]] = []
+        split = _split(sc.partition, level)
         if table is not None:
             keys = list(LEVELS[level])
             for rec in table.to_dict("records"):
                 row: dict[str, Any] = {k: _text(rec.get(k)) for k in keys}
                 row.update({c: _num(rec.get(c)) for c in AGG_COLUMNS})
+                row.update(split.get(_text(rec.get(keys[0])) if keys else None, {}))
                 rows.append(row)
         body = {**cur.meta(), "level": level, "allocated_only": allocated_only, "count": len(rows), "rows": rows,
                 "notes": list(sc.notes)}

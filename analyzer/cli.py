@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from analyzer.site import load_site
 from exporter.timeparse import iso, parse_positive_duration, parse_time
 
 if TYPE_CHECKING:
@@ -68,6 +69,12 @@ def add_range_arguments(group: argparse._ArgumentGroup, start_default: str, file
                        f"(default: now{last})")
 
 
+def add_site_argument(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """--site FILE: the site config (analyzer.site: workload classes...)."""
+    group.add_argument("--site", type=Path, metavar="FILE",
+                       help="site config YAML (workload classes and their references; default: built-in)")
+
+
 def resolve_range(start: float | None, end: float | None, window: float | None,
                   default_window: float) -> tuple[float, float]:
     """[start, end) from --start/--end/--window: end defaults to now, start to end - window."""
@@ -98,6 +105,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     out.add_argument("--kinds", type=lambda s: [k for k in s.split(",") if k], default=None,
                      help="comma-separated finding kinds to run (default: all)")
     out.add_argument("--job-label", help="label naming the job (e.g. hpc_job); default: derived from the pod")
+    add_site_argument(out)
     out.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run_analyze)
 
@@ -112,6 +120,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("--out", type=Path, default=Path(DEFAULT_REPORT_DIR),
                    help=f"report directory (default ./{DEFAULT_REPORT_DIR})")
     d.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_site_argument(d)
     d.add_argument("--quiet", action="store_true", help="no progress on stderr")
     d.set_defaults(func=run_demo)
 
@@ -194,8 +203,10 @@ def _load(args: argparse.Namespace, progress: _Progress) -> Fleet:
                            job_label=args.job_label, **_client_kwargs(args))
 
 
-def _analyze(fleet: Fleet, kinds: list[str] | None, progress: _Progress) -> tuple[Any, list[Finding]]:
+def _analyze(fleet: Fleet, kinds: list[str] | None, progress: _Progress, site: Any = None) -> tuple[
+        Any, list[Finding]]:
     from analyzer.detectors import run_detectors
+    from analyzer.partition import attach
     from analyzer.scores import compute_scores
 
     progress(f"scoring {fleet.frame.shape[0]:,} rows ({fleet.frame['uuid'].nunique()} GPUs, step {fleet.step:g}s)")
@@ -203,6 +214,7 @@ def _analyze(fleet: Fleet, kinds: list[str] | None, progress: _Progress) -> tupl
     progress("running detectors")
     findings = run_detectors(fleet, kinds)
     progress(f"{len(findings)} finding(s)")
+    attach(scores, fleet, findings, site, ran=kinds)
     return scores, findings
 
 
@@ -224,8 +236,9 @@ def run_analyze(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     progress = _Progress(args.quiet)
     try:
+        site = load_site(args.site)
         fleet = _load(args, progress)
-        scores, findings = _analyze(fleet, args.kinds, progress)
+        scores, findings = _analyze(fleet, args.kinds, progress, site)
     except (ValueError, OSError, PrometheusError, KeyError) as exc:
         return _error("analyze", str(exc).strip("'\""))
     _emit(fleet, scores, findings, args, out)
@@ -242,11 +255,12 @@ def run_demo(args: argparse.Namespace, out: TextIO | None = None) -> int:
     progress = _Progress(args.quiet)
     try:
         scenario = load_scenario(args.scenario)
+        site = load_site(args.site)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         return _error("demo", str(exc).strip("'\""))
     progress(f"simulating {scenario.name}: {scenario.description.strip().splitlines()[0]}")
     fleet = fleet_from_cluster(Cluster(scenario), step=args.step)
-    scores, findings = _analyze(fleet, None, progress)
+    scores, findings = _analyze(fleet, None, progress, site)
     _emit(fleet, scores, findings, args, out)
     _write_report(args.out, fleet, scores, findings, progress)
     return 0
@@ -325,6 +339,24 @@ def _hours(x: float | None) -> str:
     return "unknown" if x is None else f"{x:,.1f}"
 
 
+def _split_lines(s: dict[str, Any]) -> list[str]:
+    """The allocated hours without SM work, split into recoverable waste and what is normal."""
+    p = s.get("parts")
+    if p is None:
+        return [f"unused (allocated, no SM work): {_hours(s['unused_gpu_hours'])} GPU-hours, not split "
+                "(the partition needs the findings)"]
+    from analyzer.partition import NORMAL, WASTE
+
+    def parts(names: tuple[str, ...]) -> str:
+        return ", ".join(f"{_hours(p[n])} {n.replace('_', ' ')}" for n in names if p[n] >= 0.05) or "none"
+
+    return [
+        f"recoverable waste: {_hours(s['waste_gpu_hours'])} GPU-hours ({parts(WASTE)})",
+        f"normal, not waste: {_hours(s['normal_gpu_hours'])} GPU-hours ({parts(NORMAL)}); "
+        f"unclassified workloads: {_hours(s['unclassified_gpu_hours'])} GPU-hours",
+    ]
+
+
 def format_summary(s: dict[str, Any]) -> str:
     lines = [
         f"fleet: {s['gpus']} GPUs on {s['nodes']} nodes, {s['start']} .. {s['end']} (step {s['step_seconds']:g}s, "
@@ -334,9 +366,9 @@ def format_summary(s: dict[str, Any]) -> str:
         f"whole fleet:    reported utilization {_pct(s['fleet_reported_util'])}, "
         f"effective {_pct(s['fleet_effective_util'])}",
         f"GPU-hours: {_hours(s['gpu_hours'])} capacity, {_hours(s['allocated_gpu_hours'])} allocated, "
-        f"{_hours(s['effective_gpu_hours'])} effective, {_hours(s['wasted_gpu_hours'])} wasted "
-        f"({_hours(s['idle_gpu_hours'])} idle), {_hours(s['unallocated_gpu_hours'])} unallocated, "
+        f"{_hours(s['effective_gpu_hours'])} effective, {_hours(s['unallocated_gpu_hours'])} unallocated, "
         f"{_hours(s['unknown_gpu_hours'])} unknown",
+        *_split_lines(s),
         f"data coverage: {_pct(s['coverage']['ratio'])} of the window's GPU-hours have data",
     ]
     for signal, why in s["missing"].items():

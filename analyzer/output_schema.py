@@ -64,6 +64,31 @@ GPU_HOURLY_COST = Metric(
     labels=("model", "sku", "currency"), scope="exporter",
 )
 
+#: The label naming a part of the GPU-hour partition, and its values (defined in analyzer.partition).
+PART_LABEL = "part"
+PARTS: tuple[str, ...] = (
+    "effective", "idle_allocated", "masked", "straggler", "throttled", "underused",
+    "headroom", "bandwidth_bound", "power_capped", "unclassified", "unknown", "unallocated",
+)
+#: Recoverable waste: what the workload's owner can get back.
+WASTE_PARTS: tuple[str, ...] = ("idle_allocated", "masked", "straggler", "throttled", "underused")
+#: Unused but not waste: normal for healthy work of its class, site policy, or real work.
+NORMAL_PARTS: tuple[str, ...] = ("headroom", "bandwidth_bound", "power_capped")
+FLEET_GPU_SECONDS = Metric(
+    "truegpu_fleet_gpu_seconds", "gauge", "seconds",
+    "GPU-seconds (GPU-hours x 3600, base unit) of the last analysis window in each part of the GPU-hour "
+    "partition (part: effective; recoverable waste idle_allocated, masked, straggler, throttled, underused; "
+    "normal headroom, bandwidth_bound, power_capped; unclassified, unknown, unallocated). The parts add up to "
+    "the capacity.",
+    labels=(PART_LABEL,), scope="exporter",
+)
+NAMESPACE_GPU_SECONDS = Metric(
+    "truegpu_namespace_gpu_seconds", "gauge", "seconds",
+    "Allocated GPU-seconds of the namespace in the last analysis window, per part of the GPU-hour partition "
+    "(as truegpu_fleet_gpu_seconds; parts a namespace has no hours in are absent).",
+    labels=("namespace", PART_LABEL), scope="exporter",
+)
+
 ANALYZER_LAST_SUCCESS = Metric(
     "truegpu_analyzer_last_success_timestamp_seconds", "gauge", "seconds",
     "Unix time of the analyzer's last complete analysis run.",

@@ -71,7 +71,7 @@ LEVELS: dict[str, tuple[str, ...]] = {
 AGG_COLUMNS: tuple[str, ...] = (
     "gpu_hours", "allocated_gpu_hours", "unallocated_gpu_hours", "reported_util", "effective_util",
     "effective_tensor", "masking_gap", "effective_gpu_hours", "allocated_effective_gpu_hours",
-    "wasted_gpu_hours", "idle_gpu_hours", "unknown_gpu_hours", "low_confidence_share",
+    "unused_gpu_hours", "idle_gpu_hours", "unknown_gpu_hours", "low_confidence_share",
 )
 ROW_COLUMNS: tuple[str, ...] = (
     "busy", "clock_ratio", "effective_util", "effective_tensor", "masking_gap", "confidence", "observed",
@@ -218,8 +218,9 @@ def _table(sums: pd.DataFrame, keys: list[str], allocated_only: bool) -> pd.Data
             "masking_gap": mean(total, "gap"),
             "effective_gpu_hours": total["s_eff"],
             "allocated_effective_gpu_hours": al["s_eff"],
-            # Allocated hours we *know* did no work; unknown hours are not waste, they are unknown.
-            "wasted_gpu_hours": al["h_eff"] - al["s_eff"],
+            # Allocated hours we *know* did no work (waste, headroom...: analyzer.partition splits them);
+            # unknown hours are not in it, they are unknown.
+            "unused_gpu_hours": al["h_eff"] - al["s_eff"],
             "idle_gpu_hours": al["h_idle"],
             # No data at all, or held by a workload whose effective utilization is unknown.
             "unknown_gpu_hours": (total["h"] - total["h_obs"]) + (al["h_obs"] - al["h_eff"]),
@@ -243,12 +244,13 @@ def aggregate(
       means over the rows where the value is known (unknown rows are excluded, not zeroed);
     * ``effective_gpu_hours`` = sum w * effective_util (the GPU-hours of real SM work);
       ``allocated_effective_gpu_hours`` the same over allocated rows;
-    * ``wasted_gpu_hours`` = allocated hours with known effective_util minus the effective
-      GPU-hours in them (allocated - effective, over what we can measure);
+    * ``unused_gpu_hours`` = allocated hours with known effective_util minus the effective
+      GPU-hours in them (allocated - effective, over what we can measure): recoverable waste,
+      normal headroom and unclassified together (analyzer.partition tells them apart);
     * ``idle_gpu_hours`` = allocated hours whose GPU was idle (busy < IDLE_UTIL);
     * ``unknown_gpu_hours`` = hours without data, plus allocated hours whose effective_util is
       unknown (reported, never counted as 0 or as unallocated). Per group:
-      ``allocated_effective + wasted + unknown + unallocated = gpu_hours`` exactly;
+      ``allocated_effective + unused + unknown + unallocated = gpu_hours`` exactly;
     * ``low_confidence_share`` = share of the known hours scored by the fallback estimate.
 
     Rows whose allocation key (job, namespace, pod) is NaN are left out of that level's
@@ -276,6 +278,8 @@ class Scores:
     notes: list[str] = field(default_factory=list)
     #: How much of the window has data (analyzer.coverage).
     coverage: Coverage = field(default_factory=coverage_unknown)
+    #: The GPU-hour partition (analyzer.partition.attach, once the findings are known); None before.
+    partition: Any = None
 
 
 def compute_scores(fleet: Fleet, *, window: float = 300.0) -> Scores:
@@ -311,6 +315,18 @@ def compute_scores(fleet: Fleet, *, window: float = 300.0) -> Scores:
     )
 
 
+def _partition_summary(partition: Any) -> dict[str, Any]:
+    """waste/normal/unclassified GPU-hours and every part, from the attached partition (None = not split)."""
+    if partition is None:
+        return {"waste_gpu_hours": None, "normal_gpu_hours": None, "unclassified_gpu_hours": None, "parts": None}
+    f = partition.fleet
+    return {
+        "waste_gpu_hours": f["waste_gpu_hours"], "normal_gpu_hours": f["normal_gpu_hours"],
+        "unclassified_gpu_hours": f["unclassified_gpu_hours"],
+        "parts": {k.removesuffix("_gpu_hours"): v for k, v in f.items()},
+    }
+
+
 def fleet_summary(scores: Scores) -> dict[str, Any]:
     """The headline numbers the CLI prints: reported vs effective utilization and GPU-hours.
 
@@ -336,11 +352,12 @@ def fleet_summary(scores: Scores) -> dict[str, Any]:
         "gpu_hours": num(f["gpu_hours"]),
         "allocated_gpu_hours": num(f["allocated_gpu_hours"]),
         "effective_gpu_hours": num(f["allocated_effective_gpu_hours"]),
-        "wasted_gpu_hours": num(f["wasted_gpu_hours"]),
+        "unused_gpu_hours": num(f["unused_gpu_hours"]),
+        **_partition_summary(scores.partition),
         "idle_gpu_hours": num(f["idle_gpu_hours"]),
         "unallocated_gpu_hours": num(f["unallocated_gpu_hours"]),
         "unknown_gpu_hours": num(f["unknown_gpu_hours"]),
         "low_confidence_share": num(f["low_confidence_share"]),
         "coverage": scores.coverage.as_dict(),
-        "notes": list(scores.notes),
+        "notes": list(scores.notes) + (list(scores.partition.notes) if scores.partition is not None else []),
     }

@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.budget import check_window
-from analyzer.cli import DEFAULT_STEP, _arg, _client_kwargs, add_prometheus_arguments, add_range_arguments
+from analyzer.cli import (
+    DEFAULT_STEP,
+    _arg,
+    _client_kwargs,
+    add_prometheus_arguments,
+    add_range_arguments,
+    add_site_argument,
+)
+from analyzer.site import load_site
 from exporter.server import parse_listen
 from exporter.timeparse import parse_positive_duration
 
@@ -59,6 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     loop.add_argument("--kinds", type=lambda s: [k for k in s.split(",") if k], default=None,
                       help="comma-separated finding kinds to run (default: all)")
     loop.add_argument("--job-label", help="label naming the job (e.g. hpc_job); default: derived from the pod")
+    add_site_argument(loop)
     loop.add_argument("--stale-after", type=_arg(parse_positive_duration), default=None,
                       help="/healthz reports stale when the last good analysis is older (default 2 x interval + 60s)")
     api = p.add_argument_group("API and authentication")
@@ -99,7 +108,7 @@ def read_token(path: Path) -> str:
     return token
 
 
-def api_settings(args: argparse.Namespace, loader: Any) -> tuple[Any, Any]:
+def api_settings(args: argparse.Namespace, loader: Any, site: Any = None) -> tuple[Any, Any]:
     """(ApiSettings, the after-run rollup hook or None) from the flags; ValueError on a bad combination."""
     from analyzer.api import ApiSettings
     from analyzer.service import RollupWriter
@@ -122,7 +131,7 @@ def api_settings(args: argparse.Namespace, loader: Any) -> tuple[Any, Any]:
         except Exception as exc:  # StoreError, sqlite3/psycopg errors, a missing driver
             raise ValueError(f"--rollup-store {args.rollup_store}: {exc}") from None
         rollup = RollupWriter(loader, args.rollup_store, catalog, team_map=team_map, kinds=args.kinds,
-                              every=args.rollup_interval)
+                              every=args.rollup_interval, site=site)
     settings = ApiSettings(token=token, no_auth=args.no_auth, protect_metrics=args.protect_metrics,
                            protect_healthz=args.protect_healthz, catalog=catalog, team_map=team_map,
                            store=args.rollup_store)
@@ -184,10 +193,11 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
             unknown = sorted(set(args.kinds) - set(load_detectors()))
             if unknown:
                 raise ValueError(f"unknown kind(s) {', '.join(unknown)}; known: {', '.join(sorted(load_detectors()))}")
-        settings, rollup = api_settings(args, loader)
+        site = load_site(args.site)
+        settings, rollup = api_settings(args, loader, site)
         service = AnalyzerService(loader, url=args.prometheus, interval=args.interval, window=args.window,
                                   step=args.step, kinds=args.kinds, stale_after=args.stale_after,
-                                  on_result=rollup, fixed=fixed)
+                                  on_result=rollup, fixed=fixed, site=site)
     except (ValueError, OSError) as exc:
         return _error(str(exc))
     if settings.no_auth:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from analyzer.findings import Finding
     from analyzer.frame import Fleet
     from analyzer.scores import Scores
+    from analyzer.site import SiteConfig
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,9 @@ class Analysis:
     #: allocation ("allocated" | "all") -> utilization; None where unknown.
     fleet_effective: Mapping[str, float | None] = field(default_factory=dict)
     fleet_reported: Mapping[str, float | None] = field(default_factory=dict)
+    #: GPU-hours per part of the partition: fleet (part -> hours) and per namespace ((namespace, part) -> hours).
+    fleet_parts: Mapping[str, float] = field(default_factory=dict)
+    namespace_parts: Mapping[tuple[str, str], float] = field(default_factory=dict)
     #: The full inputs/outputs, for the HTTP API (findings, scores, cost reports).
     fleet: Fleet | None = None
     scores: Scores | None = None
@@ -120,8 +124,26 @@ class Analysis:
             jobs=_job_rows(fleet, scores),
             fleet_effective=_fleet_values(scores, "effective_util"),
             fleet_reported=_fleet_values(scores, "reported_util"),
+            **_part_values(scores),
             fleet=fleet, scores=scores,
         )
+
+
+def _part_values(scores: Scores) -> dict[str, Any]:
+    """The partition's GPU-hours per part, for the fleet and per namespace (empty when not attached)."""
+    from analyzer.partition import PARTS
+
+    p = scores.partition
+    if p is None:
+        return {}
+    fleet = {part: p.fleet[f"{part}_gpu_hours"] for part in PARTS}
+    per_ns: dict[tuple[str, str], float] = {}
+    for ns, rec in p.namespace.iterrows():
+        for part in PARTS:
+            v = _number(rec[f"{part}_gpu_hours"])
+            if v is not None and v > 0:
+                per_ns[(label_value(ns), part)] = v
+    return {"fleet_parts": fleet, "namespace_parts": per_ns}
 
 
 def _fleet_values(scores: Scores, column: str) -> dict[str, float | None]:
@@ -207,6 +229,7 @@ class AnalyzerService:
         clock: Callable[[], float] = time.time,
         on_result: Callable[[Analysis], None] | None = None,
         fixed: tuple[float, float] | None = None,
+        site: SiteConfig | None = None,
     ) -> None:
         if fixed is not None:
             window = fixed[1] - fixed[0]
@@ -220,6 +243,8 @@ class AnalyzerService:
         self.window = float(window)
         self.step = float(step)
         self.kinds = list(kinds) if kinds is not None else None
+        #: Workload classes etc. (analyzer.site) for the GPU-hour partition.
+        self.site = site
         self.stale_after = float(stale_after) if stale_after is not None else 2 * self.interval + 60.0
         #: A fixed past range [start, end): analyzed until one run succeeds, then served as is (it
         #: cannot go stale). How people look at backfilled or historical data through the API.
@@ -275,6 +300,7 @@ class AnalyzerService:
     def run_once(self) -> bool:
         """One analysis run; publishes the results on success, records the error otherwise. Never raises."""
         from analyzer.detectors import run_detectors
+        from analyzer.partition import attach
         from analyzer.scores import compute_scores
 
         t0 = time.perf_counter()
@@ -284,6 +310,7 @@ class AnalyzerService:
             fleet = self.loader(start, end)
             scores = compute_scores(fleet)
             findings = run_detectors(fleet, self.kinds)
+            attach(scores, fleet, findings, self.site, ran=self.kinds)
             duration = time.perf_counter() - t0
             analysis = Analysis.build(fleet, scores, findings, finished=self.clock(), duration=duration)
         except Exception as exc:  # the loop must survive anything a run does
@@ -408,8 +435,9 @@ class RollupWriter:
     def __init__(
         self, loader: Loader, store: str, catalog: Any, *, team_map: Mapping[str, str] | None = None,
         kinds: Sequence[str] | None = None, every: float = 3600.0, group_bys: Sequence[str] | None = None,
+        site: SiteConfig | None = None,
     ) -> None:
-        self.loader, self.store, self.catalog = loader, store, catalog
+        self.loader, self.store, self.catalog, self.site = loader, store, catalog, site
         self.team_map = dict(team_map) if team_map else None
         self.kinds = list(kinds) if kinds is not None else None
         self.every = float(every)
@@ -477,7 +505,8 @@ class RollupWriter:
         written = 0
         with open_store(self.store) as store:
             for group_by in self.group_bys or ROLLUP_GROUP_BY:
-                report = cost_report(fleet, scores, findings, self.catalog, group_by=group_by, team_map=self.team_map)
+                report = cost_report(fleet, scores, findings, self.catalog, group_by=group_by, team_map=self.team_map,
+                                     site=self.site)
                 rows = daily_rollups(report)
                 for day, part in rows.groupby("day", sort=True):
                     extra = [c for c in part.columns if c in ("cluster", "currency")]  # text: not stored

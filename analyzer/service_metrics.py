@@ -100,6 +100,14 @@ class ServiceCollector:
                     if value is not None:
                         fam.add_metric((allocation,), value)
         yield from (job_eff, job_rep, job_gpus, fleet_eff, fleet_rep)
+        fleet_parts, ns_parts = _gauge(O.FLEET_GPU_SECONDS), _gauge(O.NAMESPACE_GPU_SECONDS)
+        if a is not None:
+            for part, hours in a.fleet_parts.items():
+                fleet_parts.add_metric((part,), hours * 3600.0)
+            for (ns, part), hours in sorted(a.namespace_parts.items()):
+                ns_parts.add_metric((ns, part), hours * 3600.0)
+        yield fleet_parts
+        yield ns_parts
         yield self._prices(a)
 
         # Before the first success the timestamp is 0, so `time() - last_success > N` alerts fire.

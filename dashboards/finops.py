@@ -10,7 +10,8 @@ KEY = "finops"
 TITLE = "FinOps"
 DESCRIPTION = (
     "GPU-hours over the dashboard range: allocated (a pod/job held the GPU) and effective (effective "
-    "utilization integrated over that time); the difference is waste. Cost = allocated GPU-hours x the price "
+    "utilization integrated over that time); the difference is unused, and the analyzer splits it into recoverable "
+    "waste and the normal headroom of healthy work of its class (not waste). Cost = allocated GPU-hours x the price "
     "catalog's $/GPU-hour of each GPU's model, as the truegpu analyzer publishes it (truegpu_gpu_hourly_cost; "
     "run `truegpu serve --prices FILE`); the exact split of the cost into effective work and waste is the "
     "analyzer's cost report (/api/reports/cost). MIG instances count as one GPU each here."
@@ -23,11 +24,12 @@ def panels(d: Dialect) -> list[PanelSpec]:
         label = "job" if "job" in by else "namespace"
         alloc, eff = d.allocated_gpu_hours(by), d.effective_gpu_hours(by)
         specs += [
-            PanelSpec(f"GPU-hours per {label}: allocated, effective, waste", GPU_HOURS, [
+            PanelSpec(f"GPU-hours per {label}: allocated, effective, unused", GPU_HOURS, [
                 q(alloc, f"{what} allocated", instant=True),
                 q(eff, f"{what} effective", instant=True),
-                q(f"({alloc}) - ({eff})", f"{what} waste", instant=True),
-            ], kind="table", description="Over the dashboard range."),
+                q(f"({alloc}) - ({eff})", f"{what} unused", instant=True),
+            ], kind="table", description="Over the dashboard range. Unused = recoverable waste + normal headroom: "
+                                         "see the analyzer's split below."),
             PanelSpec(f"Effective / allocated GPU-hours per {label}", RATIO,
                       [q(f"({eff}) / ({alloc})", what)],
                       description="Share of the allocated GPU-hours that did effective work (trailing range)."),
@@ -37,6 +39,12 @@ def panels(d: Dialect) -> list[PanelSpec]:
         [q(d.allocated_cost("namespace, currency"), "{{namespace}} ({{currency}})", instant=True)], kind="table",
         description=f"Allocated GPU-hours x {out.GPU_HOURLY_COST.name} of the GPU's model, in the catalog's "
                     "currency. Needs the truegpu analyzer with a price catalog; unpriced models are left out."))
+    ns_parts = d.analyzer(out.NAMESPACE_GPU_SECONDS)
+    specs.append(PanelSpec(
+        "Analyzer: recoverable waste and normal headroom per namespace", GPU_HOURS,
+        [q(f"sum by (namespace, {out.PART_LABEL}) ({ns_parts}) / 3600", "{{namespace}} {{part}}", instant=True)],
+        kind="table", description="GPU-hours: " + out.NAMESPACE_GPU_SECONDS.help + " Recoverable: "
+        + ", ".join(out.WASTE_PARTS) + "; normal (not waste): " + ", ".join(out.NORMAL_PARTS) + "."))
     specs += [
         PanelSpec("Allocated GPUs per namespace", COUNT,
                   [q(f"count by (namespace) ({d.allocated()})", "{{namespace}}")], stacked=True),

@@ -18,7 +18,8 @@ DESCRIPTION = (
 
 def panels(d: Dialect) -> list[PanelSpec]:
     util, sm, eff = d.sel(S.GPU_UTILIZATION), d.sel(S.SM_ACTIVE), d.effective()
-    waste = f"({d.allocated_gpu_hours('namespace')}) - ({d.effective_gpu_hours('namespace')})"
+    waste = d.analyzer(out.FLEET_GPU_SECONDS, **{out.PART_LABEL: "=~" + "|".join(out.WASTE_PARTS)})
+    normal = d.analyzer(out.FLEET_GPU_SECONDS, **{out.PART_LABEL: "=~" + "|".join(out.NORMAL_PARTS)})
     return [
         PanelSpec("Reported GPU utilization", RATIO, [q(f"avg({util})")], kind="stat", width=6,
                   description="Mean nvidia-smi GPU-Util over all selected GPUs and the range."),
@@ -41,8 +42,18 @@ def panels(d: Dialect) -> list[PanelSpec]:
         ], kind="stat", width=8, reduce="lastNotNull",
             description="GPU-hours allocated to pods/jobs over the dashboard range, and the part of them "
                         "that was effective (effective utilization integrated over time)."),
-        PanelSpec("Wasted GPU-hours", GPU_HOURS, [q(f"sum({waste})", "waste")], kind="stat", width=4,
-                  reduce="lastNotNull", description="Allocated minus effective GPU-hours over the range."),
+        PanelSpec("Analyzer: recoverable waste vs normal headroom", GPU_HOURS, [
+            q(f"sum({waste}) / 3600", "recoverable waste"),
+            q(f"sum({normal}) / 3600", "normal headroom (not waste)"),
+        ], kind="stat", width=4, reduce="lastNotNull",
+            description="GPU-hours of the analyzer's last window: recoverable waste (idle, masked, straggler wait, "
+                        "throttled, under the workload class's floor) and the normal gap of healthy work of its "
+                        "class (not waste). Allocated minus effective is both together."),
+        PanelSpec("Analyzer: where the GPU-hours went", GPU_HOURS,
+                  [q(f"sum by ({out.PART_LABEL}) ({d.analyzer(out.FLEET_GPU_SECONDS)}) / 3600", "{{part}}",
+                     instant=True)],
+                  kind="table", width=12,
+                  description="GPU-hours: " + out.FLEET_GPU_SECONDS.help),
         PanelSpec("Effective utilization by namespace", RATIO,
                   [q(f"avg by (namespace) ({d.effective(alloc=True)})", "{{namespace}}")], width=12),
         PanelSpec("Data coverage", RATIO, [q(d.coverage(), "GPUs reporting")], width=12,

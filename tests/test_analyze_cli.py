@@ -141,8 +141,8 @@ def test_file_and_prometheus_agree_on_totals_and_open_episodes(tmp_path, capsys,
     from_file = analyze_json(capsys, "--input", str(path), *window)
     with backfilled_prometheus(tmp_path, [path], promtool, prometheus_bin) as url:
         from_prom = analyze_json(capsys, "--prometheus", url, *window)
-    keys = ("gpu_hours", "allocated_gpu_hours", "effective_gpu_hours", "wasted_gpu_hours", "unknown_gpu_hours",
-            "unallocated_gpu_hours")
+    keys = ("gpu_hours", "allocated_gpu_hours", "effective_gpu_hours", "unused_gpu_hours", "waste_gpu_hours",
+            "normal_gpu_hours", "unclassified_gpu_hours", "unknown_gpu_hours", "unallocated_gpu_hours")
     assert [from_file["summary"][k] for k in keys] == pytest.approx([from_prom["summary"][k] for k in keys])
     assert from_file["findings"] == from_prom["findings"]
     stragglers = [f for f in from_file["findings"] if f["kind"] == "straggler"]

@@ -41,7 +41,7 @@ def test_hours_without_data_are_unknown_never_unallocated() -> None:
     assert f["unallocated_gpu_hours"] == pytest.approx(2 * H)
     assert f["unknown_gpu_hours"] == pytest.approx(4 * H)
     s = fleet_summary(scores)
-    parts = s["effective_gpu_hours"] + s["wasted_gpu_hours"] + s["unknown_gpu_hours"] + s["unallocated_gpu_hours"]
+    parts = s["effective_gpu_hours"] + s["unused_gpu_hours"] + s["unknown_gpu_hours"] + s["unallocated_gpu_hours"]
     assert parts == pytest.approx(s["gpu_hours"])
     assert s["coverage"]["ratio"] == pytest.approx(8 / 12)
     report = cost_report(fleet, scores, [], default_catalog())
@@ -114,7 +114,7 @@ def test_window_two_thirds_empty_puts_those_hours_in_unknown(hour_of_data) -> No
     assert "33%" in message or "34%" in message
     assert message in b.notes
     s = fleet_summary(b)
-    assert s["effective_gpu_hours"] + s["wasted_gpu_hours"] + s["unknown_gpu_hours"] + \
+    assert s["effective_gpu_hours"] + s["unused_gpu_hours"] + s["unknown_gpu_hours"] + \
         s["unallocated_gpu_hours"] == pytest.approx(s["gpu_hours"])
     json.dumps(s, allow_nan=False)
 
@@ -161,7 +161,7 @@ def test_a_coarse_step_counts_only_the_covered_part_of_the_edge_row(hour_of_data
     assert s["gpu_hours"] == pytest.approx(n * 63 / 60)
     assert s["coverage"]["observed_gpu_hours"] == pytest.approx(n * 61 / 60)
     assert s["unknown_gpu_hours"] == pytest.approx(n * 2 / 60, abs=1e-9)
-    parts = s["effective_gpu_hours"] + s["wasted_gpu_hours"] + s["unknown_gpu_hours"] + s["unallocated_gpu_hours"]
+    parts = s["effective_gpu_hours"] + s["unused_gpu_hours"] + s["unknown_gpu_hours"] + s["unallocated_gpu_hours"]
     assert parts == pytest.approx(s["gpu_hours"])
     totals = cost_report(fleet, compute_scores(fleet), [], default_catalog()).totals
     assert totals["unknown_gpu_hours"] == pytest.approx(n * 2 / 60, abs=1e-9)

@@ -153,6 +153,9 @@ def _analyzer_history(path: Path, cluster: Cluster, start: float, end: float) ->
         *((out.FLEET_REPORTED_UTILIZATION, {"allocation": a}, 0.7 * ones) for a in ("allocated", "all")),
         *((out.GPU_HOURLY_COST, {"model": m, "sku": e.key, "currency": catalog.currency}, e.price_per_gpu_hour * ones)
           for m, e in prices),
+        *((out.FLEET_GPU_SECONDS, {out.PART_LABEL: p}, 3600.0 * ones) for p in out.PARTS),
+        *((out.NAMESPACE_GPU_SECONDS, {"namespace": n, out.PART_LABEL: p}, 1800.0 * ones)
+          for n in sorted(set(namespace.values())) for p in out.PARTS[:-2]),
     ]
     with open(path, "w") as f:
         write_openmetrics(f, series, times)

@@ -158,7 +158,7 @@ def test_exact_dollars_for_every_component():
     devices = [
         gpu(util=1.0, sm=0.5, namespace="a", job="ja"),                 # 0: masked half
         gpu(util=0.0, sm=0.0, namespace="a", job="ja"),                 # 1: idle
-        gpu(util=0.9, sm=0.6, clk=MAX_CLK / 2, namespace="b", job="jb"),  # 2: throttled + masked + underused
+        gpu(util=0.9, sm=0.6, clk=MAX_CLK / 2, namespace="b", job="jb"),  # 2: throttled + masked + unclassified
         {"gr_active": 0.8, "sm_active": 0.4, "sm_clock": MAX_CLK, "sm_clock_max": MAX_CLK, "gpu_instance": "1",
          "mig_profile": "3g.40gb", "namespace": "b", "job": "jb"},     # 3: MIG slice, 3/7 of a GPU
         gpu(model=L40S, hostname="n9"),                                 # 4: unallocated L40S
@@ -175,8 +175,9 @@ def test_exact_dollars_for_every_component():
     assert a["cost"] == pytest.approx(6.0) and a["effective_cost"] == pytest.approx(1.5)
     assert a["masked_cost"] == pytest.approx(1.5) and a["idle_allocated_cost"] == pytest.approx(3.0)
     assert a["cost_per_effective_gpu_hour"] == pytest.approx(6.0 / 0.5)
-    # b: GPU 2 at half clock: eff 0.3, throttled 0.3, masked 0.9-0.6=0.3, underused 0.1 (x $3);
-    #    the MIG slice: 3/7 GPU-hour, eff 0.4, the rest underused (no per-instance GPU util: no masking gap);
+    # b: GPU 2 at half clock: eff 0.3, throttled 0.3, masked 0.9-0.6=0.3, the last 0.1 unclassified (x $3:
+    #    job "jb" is of no known workload class, so its gap is neither headroom nor waste);
+    #    the MIG slice: 3/7 GPU-hour, eff 0.4, the rest unclassified (no per-instance GPU util: no masking gap);
     #    GPU 6: $3 unknown.
     mig = 3 / 7 * 3.0
     assert b["cost"] == pytest.approx(3.0 + mig + 3.0)
@@ -184,7 +185,7 @@ def test_exact_dollars_for_every_component():
     assert b["effective_cost"] == pytest.approx(0.9 + 0.4 * mig)
     assert b["throttled_cost"] == pytest.approx(0.9)
     assert b["masked_cost"] == pytest.approx(0.9)
-    assert b["underused_cost"] == pytest.approx(0.3 + 0.6 * mig)
+    assert b["unclassified_cost"] == pytest.approx(0.3 + 0.6 * mig) and b["underused_cost"] == 0.0
     assert b["unknown_cost"] == pytest.approx(3.0) and b["unknown_gpu_hours"] == pytest.approx(1.0)
     # c: unpriced: hours counted, no dollars, no cost per effective hour; named in the report.
     assert c["cost"] == 0.0 and c["unpriced_gpu_hours"] == pytest.approx(1.0) and c["gpu_hours"] == 1.0
@@ -198,12 +199,14 @@ def test_exact_dollars_for_every_component():
     # hour split agrees with the scores' fleet numbers
     f = compute_scores(make_fleet(devices)).allocated["fleet"].iloc[0]
     assert r.totals["effective_gpu_hours"] == pytest.approx(f["allocated_effective_gpu_hours"])
-    assert r.totals["waste_gpu_hours"] == pytest.approx(f["wasted_gpu_hours"])
+    unused = ("waste_gpu_hours", "headroom_gpu_hours", "bandwidth_bound_gpu_hours", "power_capped_gpu_hours",
+              "unclassified_gpu_hours")
+    assert sum(r.totals[c] for c in unused) == pytest.approx(f["unused_gpu_hours"])
     assert r.totals["unknown_gpu_hours"] == pytest.approx(f["unknown_gpu_hours"])
-    # Without the detector's finding the same gap is under-use, never "masked": one definition.
+    # Without the detector's finding the same gap is never "masked": one definition.
     plain = report_for(make_fleet(devices))
     assert plain.totals["masked_cost"] == 0.0
-    assert plain.totals["waste_cost"] == pytest.approx(r.totals["waste_cost"])
+    assert plain.totals["unclassified_cost"] == pytest.approx(r.totals["unclassified_cost"] + r.totals["masked_cost"])
 
 
 def test_mig_shares_override_prices_a_slice():
@@ -227,17 +230,19 @@ def test_straggler_wait_comes_from_the_findings_lost_hours_of_the_peers():
     r = report_for(fleet, [f], group_by="job")
     t, o = group(r, "train"), group(r, "other")
     # 1 lost GPU-hour over the peers' 4 GPU-hours ($3 each): $3 of straggler wait, carved out of the
-    # non-working time (no idle_masking finding here: the rest is under-use, not masked).
+    # non-working time (no idle_masking finding here: nothing is masked). "train" is a training job: its
+    # members at SM 0.5 are above the class floor, so the rest of their gap is headroom, not waste.
     assert t["straggler_gpu_hours"] == pytest.approx(1.0) and t["straggler_cost"] == pytest.approx(3.0)
-    assert t["underused_cost"] == pytest.approx(6 * 0.5 * 3.0 - 3.0) and t["masked_cost"] == 0.0
-    assert o["straggler_cost"] == 0.0
+    assert t["headroom_cost"] == pytest.approx(6 * 0.5 * 3.0 - 3.0) and t["masked_cost"] == 0.0
+    assert t["underused_cost"] == 0.0
+    assert o["straggler_cost"] == 0.0 and o["unclassified_cost"] == pytest.approx(2 * 0.5 * 3.0)
     assert r.straggler_findings_gpu_hours == pytest.approx(1.0)
     assert_identity(r)
     # A claim larger than the peers' non-working time is capped (and said so): nothing counts twice.
     f.evidence["lost_gpu_hours"] = 10.0
     r = report_for(fleet, [f], group_by="job")
     assert group(r, "train")["straggler_gpu_hours"] == pytest.approx(4 * 0.5)
-    assert group(r, "train")["underused_cost"] == pytest.approx(3.0)  # the straggler's own GPU, 2 h x 0.5 x $3
+    assert group(r, "train")["headroom_cost"] == pytest.approx(3.0)  # the straggler's own GPU, 2 h x 0.5 x $3
     assert any("capped" in n for n in r.notes)
     assert_identity(r)
 
@@ -355,7 +360,9 @@ def test_identity_holds_for_every_grouping(scenario_inputs, scenario, group_by):
     assert r.totals["gpu_hours"] == pytest.approx(f["gpu_hours"])
     assert r.totals["unallocated_gpu_hours"] == pytest.approx(f["unallocated_gpu_hours"])
     assert r.totals["effective_gpu_hours"] == pytest.approx(f["allocated_effective_gpu_hours"])
-    assert r.totals["waste_gpu_hours"] == pytest.approx(f["wasted_gpu_hours"])
+    unused = ("waste_gpu_hours", "headroom_gpu_hours", "bandwidth_bound_gpu_hours", "power_capped_gpu_hours",
+              "unclassified_gpu_hours")
+    assert sum(r.totals[c] for c in unused) == pytest.approx(f["unused_gpu_hours"])
     assert r.totals["unknown_gpu_hours"] == pytest.approx(a["unknown_gpu_hours"])
 
 
@@ -424,7 +431,8 @@ def test_focus_csv_columns_and_values(mixed_report):
     for r in rows:
         assert float(r["BilledCost"]) == pytest.approx(float(r["ConsumedQuantity"]) * float(r["ListUnitPrice"]),
                                                        abs=1e-5)
-        parts = sum(float(r[c]) for c in ("x_EffectiveWorkCost", "x_WasteCost", "x_UnknownCost", "x_UnallocatedCost"))
+        parts = sum(float(r[c]) for c in ("x_EffectiveWorkCost", "x_WasteCost", "x_NormalCost", "x_UnclassifiedCost",
+                                          "x_UnknownCost", "x_UnallocatedCost"))
         assert parts == pytest.approx(float(r["BilledCost"]), abs=1e-4)
         tags = json.loads(r["Tags"])
         if r["x_Group"] != UNALLOCATED:
@@ -476,6 +484,32 @@ def test_html_is_self_contained(mixed_report, tmp_path):
     for ns in ("llm", "serving", "batch", "notebooks", UNALLOCATED):
         assert f"<td>{ns}</td>" in page
     assert "$" in page and "EffectiveCost" in page  # the FOCUS note
+
+
+def test_savings_ranked_with_their_lever_at_the_top(mixed_report, tmp_path):
+    from analyzer.finops.costs import savings
+    from analyzer.partition import LEVERS
+
+    top = savings(mixed_report)
+    costs = [r["cost"] for r in top]
+    assert costs == sorted(costs, reverse=True) and all(r["lever"] == LEVERS[r["part"]] for r in top)
+    # the demo's recoverable waste: the straggler's peers in llm, the memory-bound batch job, the idle notebooks
+    assert [(r["group"], r["part"]) for r in top[:3]] == [
+        ("llm", "straggler"), ("batch", "masked"), ("notebooks", "idle_allocated")]
+    assert sum(r["cost"] for r in top) <= mixed_report.totals["waste_cost"] + 1e-9
+    # healthy training is mostly headroom: llm's waste is a fraction of its normal gap
+    llm = group(mixed_report, "llm")
+    assert llm["waste_cost"] < 0.5 * llm["headroom_cost"]
+    assert llm["cost_per_attainable_gpu_hour"] < llm["cost_per_effective_gpu_hour"]
+    page = outputs.render_html(mixed_report)
+    assert page.index('id="savings"') < page.index('id="charts"') < page.index('id="groups"')
+    assert LEVERS["straggler"] in page
+    doc = outputs.to_json(mixed_report)
+    assert doc["savings"] == json.loads(json.dumps(top)) and doc["schema"] == "truegpu.cost_report/v2"
+    v1 = dict(doc, schema="truegpu.cost_report/v1",
+              detail=[{k: v for k, v in d.items() if not k.startswith(("headroom", "unclassified"))}
+                      for d in doc["detail"]])
+    assert outputs.from_json(v1).totals["headroom_gpu_hours"] == 0.0  # older reports still read
 
 
 def test_html_escapes_user_text():

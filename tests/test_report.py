@@ -118,7 +118,7 @@ def test_report_well_formed_with_svg(report) -> None:
     kinds = {s.find("title").text for s in svgs}
     assert "Reported vs effective utilization of allocated GPUs" in kinds
     assert "Masking gap over time" in kinds
-    assert any(k.startswith("Top ") and "wasted GPU-hours" in k for k in kinds)
+    assert any(k.startswith("Top ") and "recoverable waste" in k for k in kinds)
     assert "Effective utilization of busy allocated GPUs" in kinds
     # time series drawn as lines, the others as bars
     util = next(s for s in svgs if s.find("title").text.startswith("Reported vs"))
@@ -136,7 +136,8 @@ def test_report_summary_numbers(report) -> None:
     assert cards["Masking gap (allocated GPUs)"] == fmt_pts(s["masking_gap"])
     assert cards["Effective util (whole fleet)"] == fmt_pct(s["fleet_effective_util"])
     for label, key in [("GPU-hours allocated", "allocated_gpu_hours"), ("GPU-hours effective", "effective_gpu_hours"),
-                       ("GPU-hours wasted", "wasted_gpu_hours"), ("GPU-hours idle", "idle_gpu_hours"),
+                       ("GPU-hours of recoverable waste", "waste_gpu_hours"),
+                       ("GPU-hours of normal headroom", "normal_gpu_hours"), ("GPU-hours idle", "idle_gpu_hours"),
                        ("GPU-hours unallocated", "unallocated_gpu_hours"), ("GPU-hours unknown", "unknown_gpu_hours")]:
         assert cards[label] == fmt_hours(s[key]), label
     # 213.5 held and reporting, plus the 2.5 h of the GPU chat-serve lost at 1h30 (XID 79): they
@@ -164,7 +165,7 @@ def test_report_tables_sorted(report) -> None:
     job_rows = tables[0].find("tbody").findall("tr")
     wasted = [float(r.findall("td")[6].text.replace(",", "")) for r in job_rows]
     assert wasted == sorted(wasted, reverse=True) and len(job_rows) == 6
-    bottlenecks = [r.findall("td")[9].text for r in job_rows]
+    bottlenecks = [r.findall("td")[10].text for r in job_rows]
     assert all(b.split(" ")[0] in {"compute_bound", "memory_bound", "communication_bound", "input_bound", "idle"}
                for b in bottlenecks)
     sev = [r.find("td/span").text for r in tables[1].find("tbody").findall("tr")]

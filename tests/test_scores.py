@@ -92,7 +92,7 @@ def test_missing_sm_activity_falls_back_with_low_confidence_and_unknown_is_never
     h = STEP / 3600
     assert agg["unknown_gpu_hours"] == pytest.approx(h)
     assert agg["effective_util"] == pytest.approx(eff.iloc[:3].mean())  # unknown excluded, not averaged as 0
-    assert agg["wasted_gpu_hours"] == pytest.approx(3 * h - eff.iloc[:3].sum() * h)
+    assert agg["unused_gpu_hours"] == pytest.approx(3 * h - eff.iloc[:3].sum() * h)
     assert agg["low_confidence_share"] == 1.0
     s = fleet_summary(compute_scores(fleet))
     assert any("SM activity" in n for n in s["notes"])
@@ -158,7 +158,7 @@ def test_aggregate_columns_levels_and_allocation_split():
     assert f["unallocated_gpu_hours"] == pytest.approx(6 * h)
     assert f["idle_gpu_hours"] == pytest.approx(4 * h)  # the unallocated idle GPU is capacity, not waste
     assert f["allocated_effective_gpu_hours"] == pytest.approx((2 * 0.6 + 4 * 0.3) * h)
-    assert f["wasted_gpu_hours"] == pytest.approx(10 * h - (2 * 0.6 + 4 * 0.3) * h)
+    assert f["unused_gpu_hours"] == pytest.approx(10 * h - (2 * 0.6 + 4 * 0.3) * h)
     assert f["effective_gpu_hours"] == pytest.approx((4 * 0.6 + 4 * 0.3) * h)
 
     jobs = aggregate(fleet, r, "job").set_index("job")
@@ -242,7 +242,7 @@ def test_aggregates_add_up(mixed):
     assert f["gpu_hours"] == pytest.approx(h)
     jobs = sc.levels["job"]
     assert jobs["gpu_hours"].sum() + f["unallocated_gpu_hours"] == pytest.approx(f["gpu_hours"])
-    assert jobs["wasted_gpu_hours"].sum() == pytest.approx(f["wasted_gpu_hours"])
+    assert jobs["unused_gpu_hours"].sum() == pytest.approx(f["unused_gpu_hours"])
     unalloc = sc.levels["fleet"].iloc[0]["effective_gpu_hours"] - sc.allocated["fleet"].iloc[0]["effective_gpu_hours"]
     assert jobs["effective_gpu_hours"].sum() + unalloc == pytest.approx(f["effective_gpu_hours"])
     for name in LEVELS:
@@ -299,7 +299,7 @@ def test_idle_allocated_gpus_are_idle(mixed):
     alloc_busy = ~on & (dev["allocated_share"] > 0) & (dev["busy"] > 0.2)
     assert not (dev.loc[alloc_busy, "bottleneck"] == B.IDLE).any()
     nb = sc.levels["job"].set_index("job").loc["nb-alice"]
-    assert nb["idle_gpu_hours"] == pytest.approx(nb["gpu_hours"]) and nb["wasted_gpu_hours"] == pytest.approx(8.0)
+    assert nb["idle_gpu_hours"] == pytest.approx(nb["gpu_hours"]) and nb["unused_gpu_hours"] == pytest.approx(8.0)
 
 
 def test_idle_allocated_mig_instances_are_idle():

@@ -5,36 +5,18 @@ frame (``w = step * gpu_share / 3600`` GPU-hours, ``analyzer.scores``) at its mo
 price (``analyzer.finops.catalog``; a MIG slice pays its share) and splits each row's hours,
 and so its dollars, into components that add up to the row exactly.
 
-The cost identity (per row, so per group, per day and for the fleet)::
+The cost identity (per row, so per group, per day and for the fleet) is the one GPU-hour
+partition (``analyzer.partition``: its docstring defines every part)::
 
-    cost = effective + idle_allocated + masked + straggler + throttled + underused   (allocated, measured)
-           + unknown                                                                  (allocated, unmeasured)
-           + unallocated                                                              (nobody held the GPU)
+    cost = effective
+           + idle_allocated + masked + straggler + throttled + underused     (recoverable waste)
+           + headroom + bandwidth_bound + power_capped                      (normal for healthy work)
+           + unclassified                                                   (workload class unknown)
+           + unknown + unallocated
 
-and ``waste = idle_allocated + masked + straggler + throttled + underused``. With
-``eff = effective_util`` and ``busy``/``clock_ratio``/``masking_gap`` from ``row_scores``:
-
-* rows without any data (analyzer.coverage: before a GPU first reports, after it stops, gaps,
-  outside the data's span): all ``unknown``, whoever held the GPU; a row only partly covered by
-  samples (the edge of the data inside a coarse step) splits its covered share as below and
-  counts the rest as ``unknown``;
-* unallocated rows with data (no namespace/pod/container/job label): all ``unallocated``;
-* allocated rows whose effective utilization is unknown: all ``unknown`` (never 0, never waste);
-* allocated, known: ``effective = eff`` (the same effective GPU-hours as
-  ``scores.allocated_effective_gpu_hours``), the rest ``1 - eff`` is waste (the same hours as
-  ``scores.wasted_gpu_hours``), split in this order so nothing is counted twice:
-
-  - idle rows (``busy < IDLE_UTIL``: nothing launched): all of ``1 - eff`` is ``idle_allocated``;
-  - otherwise, with ``act = eff / clock_ratio`` (the SM activity before clock scaling, or its
-    fallback estimate; ``clock_ratio`` unknown counts as 1):
-    ``throttled = act - eff`` (cycles the SMs were active at a reduced clock);
-    of the remaining ``1 - act``: ``straggler`` = the row's share of the straggler findings'
-    ``lost_gpu_hours`` (spread over the waiting peers' rows of that job during the episode in
-    proportion to their GPU-hours, capped by ``1 - act``), then, on the rows (device and time)
-    of an ``idle_masking`` finding only, ``masked = min(max(masking_gap, 0), rest)`` (GPU util
-    reported that no SM backs, where the detector says it is masking), then
-    ``underused`` = what is left (time without resident kernels on a GPU that is not idle, and
-    on MIG instances / without SM activity the part that masking cannot be told from).
+``waste`` is the recoverable part only; ``attainable`` = effective + the normal parts (what
+healthy work of the class turns its hours into), so ``cost_per_attainable_gpu_hour`` compares
+healthy jobs of different classes fairly, next to ``cost_per_effective_gpu_hour``.
 
 Dollars: ``component_cost = component_fraction * row_cost``, ``row_cost = step/3600 * share *
 price`` (``share`` = ``gpu_share`` or the catalog's ``mig_shares`` entry). Rows of a model the
@@ -58,7 +40,6 @@ additive columns only (``ROLLUP_COLUMNS``); ratios are recomputed from their sum
 from __future__ import annotations
 
 import fnmatch
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -72,8 +53,10 @@ from analyzer.coverage import Coverage, coverage_unknown
 from analyzer.findings import IDLE_MASKING, STRAGGLER, Finding
 from analyzer.finops.catalog import DEFAULT_BILLING_ACCOUNT, Catalog
 from analyzer.frame import Fleet
-from analyzer.scores import IDLE_UTIL, Scores, allocated_rows
+from analyzer.partition import ATTAINABLE, LEVERS, NORMAL, PARTS, WASTE, per_category, row_parts
+from analyzer.scores import Scores
 from analyzer.signals import ALLOCATION_COLUMNS
+from analyzer.site import SiteConfig
 
 GROUP_BY: tuple[str, ...] = ("namespace", "job", "team", "node", "model", "gpu")
 #: What the daily rollup store keeps by default: per-GPU rows are a report, not a history to keep.
@@ -87,11 +70,12 @@ UNMAPPED = "(unmapped)"
 
 #: The finding kinds the split reads (straggler wait, masked): run at least these before cost_report.
 COST_FINDING_KINDS: tuple[str, ...] = (STRAGGLER, IDLE_MASKING)
-#: The cost identity's components, in order (see the module docstring).
-COMPONENTS: tuple[str, ...] = (
-    "effective", "idle_allocated", "masked", "straggler", "throttled", "underused", "unknown", "unallocated",
-)
-WASTE_COMPONENTS: tuple[str, ...] = ("idle_allocated", "masked", "straggler", "throttled", "underused")
+#: The cost identity's components: the parts of the one GPU-hour partition (analyzer.partition).
+COMPONENTS: tuple[str, ...] = PARTS
+#: Recoverable waste; the other unused parts are normal for healthy work (analyzer.partition).
+WASTE_COMPONENTS: tuple[str, ...] = WASTE
+#: Unused but normal: the headroom of healthy work, bandwidth-bound work, power caps.
+NORMAL_COMPONENTS: tuple[str, ...] = NORMAL
 
 #: Additive GPU-hour columns: total, allocated, one per component, and the unpriced hours (a subset).
 ROLLUP_HOUR_COLUMNS: tuple[str, ...] = (
@@ -111,7 +95,10 @@ _SUM_COLUMNS: tuple[str, ...] = ROLLUP_HOUR_COLUMNS + ROLLUP_COST_COLUMNS
 #: Per (day, group, model) detail: keys, the model's catalog SKU and unit price, then the sums.
 DETAIL_COLUMNS: tuple[str, ...] = ("day", "group", "model", "sku", "unit_price", *_SUM_COLUMNS)
 #: Derived per-group columns (recomputed from the sums, never stored).
-DERIVED_COLUMNS: tuple[str, ...] = ("waste_gpu_hours", "waste_cost", "cost_per_effective_gpu_hour")
+DERIVED_COLUMNS: tuple[str, ...] = (
+    "waste_gpu_hours", "waste_cost", "attainable_gpu_hours", "cost_per_effective_gpu_hour",
+    "cost_per_attainable_gpu_hour",
+)
 
 
 @dataclass
@@ -186,134 +173,28 @@ def _team_of(team_map: Mapping[str, str] | None) -> Any:
 # ------------------------------------------------------------------ per-row split
 
 
-def _labels(series: pd.Series, fn: Any, missing: str) -> np.ndarray:
-    """``fn(value)`` per row, evaluated once per category; ``missing`` where the value is NaN."""
-    s = series if isinstance(series.dtype, pd.CategoricalDtype) else series.astype("category")
-    mapped = np.array([fn(str(c)) for c in s.cat.categories] + [missing], dtype=object)
-    return mapped[s.cat.codes.to_numpy()]
-
-
 def _group_keys(fleet: Fleet, group_by: str, alloc: np.ndarray, team_label: str,
                 team_map: Mapping[str, str] | None) -> np.ndarray:
     fr = fleet.frame
     n = len(fr)
     if group_by == "node":
-        return _labels(fr["hostname"], str, UNKNOWN_GROUP) if n else np.zeros(0, object)
+        return per_category(fr["hostname"], str, UNKNOWN_GROUP) if n else np.zeros(0, object)
     if group_by == "model":
-        return _labels(fr["model"], lambda v: v or UNKNOWN_GROUP, UNKNOWN_GROUP) if n else np.zeros(0, object)
+        return per_category(fr["model"], lambda v: v or UNKNOWN_GROUP, UNKNOWN_GROUP) if n else np.zeros(0, object)
     if group_by == "gpu":  # the GPU UUID (FOCUS ResourceId), a MIG instance as UUID/instance
         if not n:
             return np.zeros(0, object)
-        uuid = _labels(fr["uuid"], lambda v: v or UNKNOWN_GROUP, UNKNOWN_GROUP)
-        inst = _labels(fr["gpu_instance"], str, "") if "gpu_instance" in fr.columns else np.full(n, "", object)
+        uuid = per_category(fr["uuid"], lambda v: v or UNKNOWN_GROUP, UNKNOWN_GROUP)
+        inst = per_category(fr["gpu_instance"], str, "") if "gpu_instance" in fr.columns else np.full(n, "", object)
         return np.where(inst != "", uuid + "/" + inst, uuid)
     col = team_label if group_by == "team" else group_by
     if col not in fr.columns:
         keys = np.full(n, UNKNOWN_GROUP if group_by != "team" else UNMAPPED, dtype=object)
     elif group_by == "team":
-        keys = _labels(fr[col], _team_of(team_map), UNMAPPED)
+        keys = per_category(fr[col], _team_of(team_map), UNMAPPED)
     else:
-        keys = _labels(fr[col], lambda v: v or UNKNOWN_GROUP, UNKNOWN_GROUP)
+        keys = per_category(fr[col], lambda v: v or UNKNOWN_GROUP, UNKNOWN_GROUP)
     return np.where(alloc, keys, UNALLOCATED)
-
-
-def _eq(fr: pd.DataFrame, col: str, value: Any) -> np.ndarray:
-    if col not in fr.columns:
-        return np.zeros(len(fr), bool)
-    return np.array((fr[col] == str(value)).to_numpy(dtype=bool, na_value=False))
-
-
-def _device_rows(fr: pd.DataFrame, f: Finding) -> np.ndarray:
-    """Rows of the finding's host, GPU and MIG instance (as far as the finding names them)."""
-    rows = _eq(fr, "hostname", f.hostname)
-    if f.gpu is not None:
-        rows &= _eq(fr, "gpu", f.gpu)
-        if f.gpu_instance:
-            rows &= _eq(fr, "gpu_instance", f.gpu_instance)
-    return rows
-
-
-def flagged_rows(fleet: Fleet, findings: Sequence[Finding], kind: str) -> np.ndarray:
-    """Rows (device and time) inside a finding of ``kind``: the detector's own definition, reused."""
-    fr = fleet.frame
-    out = np.zeros(len(fr), bool)
-    if not len(fr):
-        return out
-    ts = fr["timestamp"].to_numpy(dtype=np.float64)
-    for f in findings:
-        if f.kind == kind and f.hostname:
-            end = fleet.end if f.end is None else float(f.end)
-            out |= _device_rows(fr, f) & (ts >= float(f.start)) & (ts < end)
-    return out
-
-
-def _straggler_share(fleet: Fleet, findings: Sequence[Finding], w: np.ndarray, active: np.ndarray) -> tuple[
-        np.ndarray, float]:
-    """Per row: the fraction of its hours the straggler findings say it spent waiting (uncapped)."""
-    fr = fleet.frame
-    out = np.zeros(len(fr))
-    claimed = 0.0
-    if not len(fr) or "job" not in fr.columns:
-        return out, claimed
-    ts = fr["timestamp"].to_numpy(dtype=np.float64)
-    for f in findings:
-        lost = f.evidence.get("lost_gpu_hours") if f.evidence else None
-        if f.kind != STRAGGLER or not f.job or lost is None or not math.isfinite(float(lost)) or float(lost) <= 0:
-            continue
-        end = fleet.end if f.end is None else float(f.end)
-        peers = _eq(fr, "job", f.job) & (ts >= float(f.start)) & (ts < end) & active
-        if f.namespace:
-            peers &= _eq(fr, "namespace", f.namespace)
-        if f.hostname:
-            peers &= ~_device_rows(fr, f)
-        hours = float(w[peers].sum())
-        if hours > 0:
-            out[peers] += float(lost) / hours
-            claimed += float(lost)
-    return out, claimed
-
-
-def _fractions(fleet: Fleet, scores: Scores, findings: Sequence[Finding]) -> tuple[dict[str, np.ndarray], np.ndarray,
-                                                                                     float]:
-    """Per row: the fraction of its hours in each component (they sum to 1), and ``allocated``."""
-    fr = fleet.frame
-    rows = scores.rows
-    if len(rows) != len(fr) or not rows.index.equals(fr.index):
-        raise ValueError("scores do not belong to this fleet (compute_scores(fleet) first)")
-    w = fr["gpu_share"].to_numpy(dtype=np.float64) * (fleet.step / 3600.0)
-    alloc = allocated_rows(fr)
-    obs = rows["observed"].to_numpy(dtype=np.float64)  # share of the row with data, 0..1
-    eff = rows["effective_util"].to_numpy(dtype=np.float64)
-    known = ~np.isnan(eff)
-    measured = alloc & known
-    idle = measured & (rows["busy"].to_numpy(dtype=np.float64) < IDLE_UTIL)  # NaN < x is False
-    active = measured & ~idle
-    ratio = rows["clock_ratio"].to_numpy(dtype=np.float64)
-    scale = np.where(np.isnan(ratio), 1.0, ratio)
-    e = np.where(known, eff, 0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        act = np.where(scale > 0, np.minimum(e / scale, 1.0), e)
-    act = np.maximum(act, e)
-    rest = np.where(active, 1.0 - act, 0.0)
-    share, claimed = _straggler_share(fleet, findings, w * obs, active)
-    straggler = np.minimum(share, rest)
-    rest = rest - straggler
-    gap = np.nan_to_num(rows["masking_gap"].to_numpy(dtype=np.float64), nan=0.0)
-    # Masked only where the idle_masking detector flags it: one definition, the detector's.
-    masked_rows = active & flagged_rows(fleet, findings, IDLE_MASKING)
-    masked = np.where(masked_rows, np.minimum(np.clip(gap, 0.0, None), rest), 0.0)
-    # The measured parts split the share of the row with data; the rest of the row is unknown.
-    fr_ = {
-        "effective": np.where(measured, e, 0.0) * obs,
-        "idle_allocated": np.where(idle, 1.0 - e, 0.0) * obs,
-        "masked": masked * obs,
-        "straggler": straggler * obs,
-        "throttled": np.where(active, act - e, 0.0) * obs,
-        "underused": (rest - masked) * obs,
-        "unknown": (1.0 - obs) + np.where(alloc & ~known, obs, 0.0),
-        "unallocated": np.where(alloc, 0.0, obs),
-    }
-    return fr_, alloc, claimed
 
 
 def _prices(fleet: Fleet, catalog: Catalog) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[str | None, float]]]:
@@ -350,9 +231,13 @@ def _derive(t: pd.DataFrame) -> pd.DataFrame:
     t = t.copy()
     t["waste_gpu_hours"] = sum(t[f"{c}_gpu_hours"] for c in WASTE_COMPONENTS)
     t["waste_cost"] = sum(t[f"{c}_cost"] for c in WASTE_COMPONENTS)
+    t["attainable_gpu_hours"] = sum(t[f"{c}_gpu_hours"] for c in ATTAINABLE)
+    priced = t["unpriced_gpu_hours"] <= 0
     with np.errstate(invalid="ignore", divide="ignore"):
         cpe = t["cost"] / t["effective_gpu_hours"]
-    t["cost_per_effective_gpu_hour"] = cpe.where((t["effective_gpu_hours"] > 0) & (t["unpriced_gpu_hours"] <= 0))
+        cpa = t["cost"] / t["attainable_gpu_hours"]
+    t["cost_per_effective_gpu_hour"] = cpe.where((t["effective_gpu_hours"] > 0) & priced)
+    t["cost_per_attainable_gpu_hour"] = cpa.where((t["attainable_gpu_hours"] > 0) & priced)
     return t
 
 
@@ -399,6 +284,7 @@ def cost_report(
     group_by: str = "namespace",
     team_label: str | None = None,
     team_map: Mapping[str, str] | None = None,
+    site: SiteConfig | None = None,
 ) -> CostReport:
     """Costs of ``fleet``'s window grouped by ``group_by`` (one of GROUP_BY; see the module docstring).
 
@@ -411,7 +297,7 @@ def cost_report(
     if label not in ALLOCATION_COLUMNS:
         raise ValueError(f"team_label must be one of {', '.join(ALLOCATION_COLUMNS)}, got {label!r}")
     fr = fleet.frame
-    fractions, alloc, claimed = _fractions(fleet, scores, findings)
+    fractions, alloc, claimed = row_parts(fleet, scores, findings, site)
     w = fr["gpu_share"].to_numpy(dtype=np.float64) * (fleet.step / 3600.0)
     row_cost, priced, per_model = _prices(fleet, catalog)
     dollars = np.where(priced, row_cost, 0.0)
@@ -426,7 +312,7 @@ def cost_report(
     }
     ts = fr["timestamp"].to_numpy(dtype=np.float64) if len(fr) else np.zeros(0)
     day = np.floor(ts / 86400.0).astype(np.int64)
-    model = _labels(fr["model"], str, "") if len(fr) else np.zeros(0, object)
+    model = per_category(fr["model"], str, "") if len(fr) else np.zeros(0, object)
     parts = pd.DataFrame(cols)
     if len(parts):
         detail = parts.groupby([day, keys, model], sort=True).sum()
@@ -489,6 +375,26 @@ def _tags(fleet: Fleet, group_by: str, groups: list[str], label: str,
                 tags["team"] = team(src)
         out[g] = tags
     return out
+
+
+def savings(report: CostReport, limit: int = 10) -> list[dict[str, Any]]:
+    """The largest recoverable amounts, one per (group, waste part), with the lever that recovers each.
+
+    Ranked by dollars (GPU-hours where a group is unpriced); the top of every cost report."""
+    g = report.groups
+    if g.empty:
+        return []
+    out = []
+    for part in WASTE_COMPONENTS:
+        hours, cost = g[f"{part}_gpu_hours"].to_numpy(), g[f"{part}_cost"].to_numpy()
+        priced = g["unpriced_gpu_hours"].to_numpy() <= 0
+        for i in np.flatnonzero(hours > 0.005):
+            out.append({
+                "group": str(g["group"].iloc[i]), "part": part, "gpu_hours": float(hours[i]),
+                "cost": float(cost[i]) if priced[i] else None, "lever": LEVERS[part],
+            })
+    out.sort(key=lambda r: (-(r["cost"] if r["cost"] is not None else -1.0), -r["gpu_hours"], r["group"], r["part"]))
+    return out[:limit]
 
 
 def daily_rollups(report: CostReport | Fleet, *args: Any, **kwargs: Any) -> pd.DataFrame:

@@ -48,21 +48,26 @@ from analyzer.findings import json_ready
 from analyzer.finops.costs import (
     COMPONENTS,
     DETAIL_COLUMNS,
+    NORMAL_COMPONENTS,
     UNALLOCATED,
     WASTE_COMPONENTS,
     CostReport,
     normalize_detail,
+    savings,
     summarize,
 )
 from analyzer.report import svg
 from analyzer.report.html import CSS, UNKNOWN, card, cell, fmt_hours, fmt_pct, table
 from analyzer.report.svg import esc
 
-JSON_SCHEMA = "truegpu.cost_report/v1"
+JSON_SCHEMA = "truegpu.cost_report/v2"
+#: Earlier schemas ``from_json`` still reads (v1: no normal parts; its "underused" held them).
+READABLE_SCHEMAS = ("truegpu.cost_report/v1", JSON_SCHEMA)
 CONSUMED_UNIT = "GPU-Hours"
 
-_CAMEL = {"effective": "Effective", "idle_allocated": "IdleAllocated", "masked": "Masked", "straggler": "Straggler",
-          "throttled": "Throttled", "underused": "Underused", "unknown": "Unknown", "unallocated": "Unallocated"}
+_CAMEL = {c: "".join(w.capitalize() for w in c.split("_")) for c in COMPONENTS}
+_IDENTITY = (f"cost = {' + '.join(COMPONENTS)}; waste (recoverable) = {' + '.join(WASTE_COMPONENTS)}; "
+             f"normal (not waste) = {' + '.join(NORMAL_COMPONENTS)}")
 
 
 def _x_cost(c: str) -> str:
@@ -94,8 +99,8 @@ FOCUS_MANDATORY: tuple[str, ...] = (
 #: truegpu's own columns (x_ prefix, as FOCUS asks of custom columns).
 FOCUS_X_COLUMNS: tuple[str, ...] = (
     "x_GroupBy", "x_Group", "x_GpuModel", "x_Cluster", "x_AllocatedGpuHours",
-    *(_x_hours(c) for c in COMPONENTS), "x_WasteGpuHours", "x_UnpricedGpuHours",
-    *(_x_cost(c) for c in COMPONENTS), "x_WasteCost",
+    *(_x_hours(c) for c in COMPONENTS), "x_WasteGpuHours", "x_NormalGpuHours", "x_UnpricedGpuHours",
+    *(_x_cost(c) for c in COMPONENTS), "x_WasteCost", "x_NormalCost",
 )
 FOCUS_COLUMNS: tuple[str, ...] = FOCUS_STANDARD_COLUMNS + FOCUS_X_COLUMNS
 
@@ -148,8 +153,10 @@ def focus_rows(report: CostReport) -> list[dict[str, str]]:
             "x_GroupBy": report.group_by, "x_Group": group, "x_GpuModel": model, "x_Cluster": report.cluster or "",
             "x_AllocatedGpuHours": _num(r["allocated_gpu_hours"]),
             "x_WasteGpuHours": _num(sum(r[f"{c}_gpu_hours"] for c in WASTE_COMPONENTS)),
+            "x_NormalGpuHours": _num(sum(r[f"{c}_gpu_hours"] for c in NORMAL_COMPONENTS)),
             "x_UnpricedGpuHours": _num(r["unpriced_gpu_hours"]),
             "x_WasteCost": _num(sum(r[f"{c}_cost"] for c in WASTE_COMPONENTS) if priced else math.nan),
+            "x_NormalCost": _num(sum(r[f"{c}_cost"] for c in NORMAL_COMPONENTS) if priced else math.nan),
         }
         for c in COMPONENTS:
             row[_x_hours(c)] = _num(r[f"{c}_gpu_hours"])
@@ -181,9 +188,9 @@ def to_json(report: CostReport) -> dict[str, Any]:
         "currency": report.currency, "cluster": report.cluster, "catalog_source": report.catalog_source,
         "billing_account": {"id": report.billing_account_id, "name": report.billing_account_name},
         "team_label": report.team_label,
-        "identity": "cost = effective + idle_allocated + masked + straggler + throttled + underused + unknown "
-                    "+ unallocated; waste = idle_allocated + masked + straggler + throttled + underused",
+        "identity": _IDENTITY,
         "totals": report.totals,
+        "savings": savings(report),
         "coverage": report.coverage.as_dict(),
         "groups": [{**g, "tags": report.tags.get(str(g["group"]), {})} for g in report.groups.to_dict("records")],
         "unpriced_models": report.unpriced_models,
@@ -195,10 +202,12 @@ def to_json(report: CostReport) -> dict[str, Any]:
 
 def from_json(data: dict[str, Any]) -> CostReport:
     """Rebuild a CostReport from ``to_json``'s dict (groups and totals recomputed from the detail)."""
-    if data.get("schema") != JSON_SCHEMA:
+    if data.get("schema") not in READABLE_SCHEMAS:
         raise ValueError(f"not a truegpu cost report (schema {data.get('schema')!r}, expected {JSON_SCHEMA!r})")
     rows = data["detail"]
-    detail = normalize_detail(pd.DataFrame({c: [r.get(c) for r in rows] for c in DETAIL_COLUMNS}))
+    keys = ("day", "group", "model", "sku", "unit_price")
+    detail = normalize_detail(pd.DataFrame({c: [r.get(c, None if c in keys else 0.0) for r in rows]
+                                            for c in DETAIL_COLUMNS}))
     groups, totals = summarize(detail)
     return CostReport(
         group_by=data["group_by"], start=float(data["start_unix"]), end=float(data["end_unix"]),
@@ -229,6 +238,10 @@ COMPONENT_STYLE: dict[str, tuple[str, str]] = {
     "straggler": ("straggler wait", "#e08a2c"),
     "throttled": ("throttled", "#d4a017"),
     "underused": ("underused", "#7f8c8d"),
+    "headroom": ("headroom (healthy)", "#9cc3e6"),
+    "bandwidth_bound": ("bandwidth-bound work", "#6fa8dc"),
+    "power_capped": ("power-capped (policy)", "#b4a7d6"),
+    "unclassified": ("unclassified", "#e0d8b0"),
     "unknown": ("unknown", "#c8c8c8"),
     "unallocated": ("unallocated", "#5b9b5b"),
 }
@@ -253,17 +266,17 @@ def _charts(report: CostReport) -> str:
               if (top[f"{c}_cost"] > 0).any()]
     by_group = svg.stacked_hbar_chart(
         "cost-by-group", [str(x) for x in top["group"]], stacks,
-        title=f"Cost by {report.group_by}: effective work vs waste",
-        desc=f"Cost in {cur} of the {len(top)} most costly groups, split into effective work, waste components, "
-             "unknown and unallocated capacity.",
+        title=f"Cost by {report.group_by}: effective work, recoverable waste, normal headroom",
+        desc=f"Cost in {cur} of the {len(top)} most costly groups, split into effective work, recoverable waste, "
+             "the normal headroom of healthy work, unclassified, unknown and unallocated capacity.",
         x_label=f"cost ({cur})", value_fmt=lambda v: money(v, cur),
     )
     comps = [c for c in (*WASTE_COMPONENTS, "unallocated", "unknown")]
     vals = [report.totals[f"{c}_cost"] for c in comps]
     breakdown = svg.hbar_chart(
         "waste-breakdown", [COMPONENT_STYLE[c][0] for c in comps], vals,
-        title="Where the money did no work",
-        desc=f"Fleet cost in {cur} of each waste component, unallocated capacity and unmeasured hours.",
+        title="Where the money did no work (recoverable waste first)",
+        desc=f"Fleet cost in {cur} of each recoverable waste part, unallocated capacity and unmeasured hours.",
         x_label=f"cost ({cur})", value_text=[money(v, cur) for v in vals], legend="fleet total",
     )
     return f'<section id="charts"><h2>Cost breakdown</h2>{by_group}{breakdown}</section>'
@@ -273,7 +286,8 @@ def _groups_table(report: CostReport) -> str:
     cur = report.currency
     headers = [(report.group_by.capitalize(), False), ("GPU-h", True), ("Effective GPU-h", True), ("Cost", True),
                ("Effective work", True), *((COMPONENT_STYLE[c][0].capitalize(), True) for c in WASTE_COMPONENTS),
-               ("Unknown", True), ("Unallocated", True), ("Waste share", True), ("Cost / effective GPU-h", True)]
+               ("Normal headroom", True), ("Unclassified", True), ("Unknown", True), ("Unallocated", True),
+               ("Waste share", True), ("Cost / effective GPU-h", True), ("Cost / attainable GPU-h", True)]
     unpriced = report.totals.get("unpriced_gpu_hours", 0.0) > 0
     if unpriced:
         headers.append(("Unpriced GPU-h", True))
@@ -285,8 +299,11 @@ def _groups_table(report: CostReport) -> str:
             + cell(fmt_hours(r["effective_gpu_hours"]), "n") + cell(money(r["cost"], cur), "n")
             + cell(money(r["effective_cost"], cur), "n")
             + "".join(cell(money(r[f"{c}_cost"], cur), "n") for c in WASTE_COMPONENTS)
+            + cell(money(sum(r[f"{c}_cost"] for c in NORMAL_COMPONENTS), cur), "n")
+            + cell(money(r["unclassified_cost"], cur), "n")
             + cell(money(r["unknown_cost"], cur), "n") + cell(money(r["unallocated_cost"], cur), "n")
             + cell(fmt_pct(share), "n") + cell(money(r["cost_per_effective_gpu_hour"], cur), "n")
+            + cell(money(r["cost_per_attainable_gpu_hour"], cur), "n")
             + (cell(fmt_hours(r["unpriced_gpu_hours"]), "n") if unpriced else "") + "</tr>"
         )
     more = (f'<p class="note">Showing {MAX_TABLE_ROWS} of {len(report.groups):,} groups (all are in the CSV/JSON).</p>'
@@ -301,17 +318,36 @@ def _headline(report: CostReport) -> str:
     cards = [
         card("total cost", money(t["cost"], cur), f"{fmt_hours(t['gpu_hours'])} GPU-hours"),
         card("effective work", money(t["effective_cost"], cur), f"{fmt_pct(eff_share)} of the cost"),
-        card("waste (allocated)", money(t["waste_cost"], cur), f"{fmt_pct(waste_share)} of the cost", warn=True),
+        card("recoverable waste", money(t["waste_cost"], cur), f"{fmt_pct(waste_share)} of the cost", warn=True),
+        card("normal headroom", money(sum(t[f"{c}_cost"] for c in NORMAL_COMPONENTS), cur),
+             "healthy work's normal gap, bandwidth-bound work, power caps: not waste"),
         card("unallocated capacity", money(t["unallocated_cost"], cur),
               f"{fmt_hours(t['unallocated_gpu_hours'])} GPU-hours"),
         card("cost per effective GPU-hour", money(t["cost_per_effective_gpu_hour"], cur),
               "total cost / effective GPU-hours"),
+        card("cost per attainable GPU-hour", money(t["cost_per_attainable_gpu_hour"], cur),
+              "total cost / (effective + normal headroom) GPU-hours"),
         card("unknown (no data)", money(t["unknown_cost"], cur), f"{fmt_hours(t['unknown_gpu_hours'])} GPU-hours; "
              f"data coverage {fmt_pct(report.coverage.ratio)}", warn=(report.coverage.ratio or 1.0) < MOSTLY_EMPTY),
     ]
     if t["unpriced_gpu_hours"] > 0:
         cards.append(card("unpriced GPU-hours", fmt_hours(t["unpriced_gpu_hours"]), "not in any cost", warn=True))
     return f'<section id="headline"><div class="cards">{"".join(cards)}</div></section>'
+
+
+def _savings(report: CostReport) -> str:
+    """The ranked list of dollars that can be saved, each with its lever: the top of the page."""
+    top = savings(report)
+    if not top:
+        return ('<section id="savings"><h2>What can be saved</h2><p class="note">No recoverable waste in this '
+                "window.</p></section>")
+    cur = report.currency
+    headers = [("#", True), (report.group_by.capitalize(), False), ("Where it goes", False), ("Cost", True),
+               ("GPU-h", True), ("How to get it back", False)]
+    rows = ["<tr>" + cell(str(i), "n") + cell(r["group"]) + cell(COMPONENT_STYLE[r["part"]][0])
+            + cell(money(r["cost"], cur), "n") + cell(fmt_hours(r["gpu_hours"]), "n") + cell(r["lever"]) + "</tr>"
+            for i, r in enumerate(top, 1)]
+    return f'<section id="savings"><h2>What can be saved</h2>{table(headers, rows)}</section>'
 
 
 def _notes(report: CostReport) -> str:
@@ -328,18 +364,23 @@ def _notes(report: CostReport) -> str:
 def _method() -> str:
     defs = [
         "Cost = GPU-hours × the catalog's price per GPU-hour of the model (a MIG slice pays its share).",
-        "cost = effective work + idle allocated + masked + straggler wait + throttled + underused + unknown + "
+        "cost = effective work + recoverable waste (idle allocated, masked, straggler wait, throttled, underused) "
+        "+ normal headroom (headroom of healthy work, bandwidth-bound work, power-capped) + unclassified + unknown + "
         "unallocated, per sample, so per group and for the fleet; nothing is counted twice.",
         "Effective work: allocated GPU-hours × effective utilization (SM activity × SM clock / max clock).",
         "Idle allocated: the whole non-working share of allocated GPUs with nothing launched.",
-        "Throttled: SM-active cycles lost to a reduced clock (activity − effective utilization).",
+        "Throttled: SM-active cycles lost to a reduced clock from heat or hardware slowdown; the same under a "
+        "power cap is power-capped (site policy, not the owner's waste).",
         "Straggler wait: the waiting peers' share of the straggler findings' lost GPU-hours, capped by their "
         "measured non-working time.",
-        "Masked: GPU util reported that no SM activity backs (the masking gap), from what remains.",
-        "Underused: the rest of the non-working time of busy GPUs (no kernel resident; on MIG instances and "
-        "without SM activity, masking that cannot be told apart).",
-        "Unknown: allocated GPU-hours with no utilization data (never counted as waste); unallocated: capacity "
-        "nobody held.",
+        "Masked: GPU util reported that no SM activity backs, only where the idle-masking detector flags it.",
+        "Bandwidth-bound: the gap of GPUs whose memory bandwidth is at its ceiling (real work, e.g. LLM decode).",
+        "Headroom and underused: by the workload's class (site config): the gap healthy work of that class "
+        "normally has is headroom, the shortfall below what the class attains is underused. Unclassified: the gap "
+        "of workloads of no known class (neither headroom nor waste).",
+        "Cost per attainable GPU-hour: cost / (effective work + normal headroom): what healthy work of the class "
+        "costs, comparable across classes.",
+        "Unknown: GPU-hours with no utilization data (never counted as waste); unallocated: capacity nobody held.",
         "FOCUS CSV: BilledCost, ListCost, ContractedCost and EffectiveCost (FOCUS's amortized cost) are the catalog "
         "list cost (no commitments or discounts to amortize); truegpu's effective-work numbers are the x_ columns.",
     ]
@@ -360,7 +401,8 @@ def render_html(report: CostReport, *, title: str = "GPU effective-cost report")
         + (f", cluster {esc(report.cluster)}" if report.cluster else "") + f" ({esc(report.currency)})</dd></dl>"
     )
     body = "".join([
-        f"<h1>{esc(title)}</h1>", meta, _notes(report), _headline(report), _charts(report), _groups_table(report),
+        f"<h1>{esc(title)}</h1>", meta, _notes(report), _headline(report), _savings(report), _charts(report),
+        _groups_table(report),
         _method(),
         "<footer>Generated by truegpu. Self-contained page: no scripts, no external resources.</footer>",
     ])

@@ -26,9 +26,11 @@ from analyzer.cli import (
     _Progress,
     add_prometheus_arguments,
     add_range_arguments,
+    add_site_argument,
     resolve_range,
 )
 from analyzer.signals import ALLOCATION_COLUMNS
+from analyzer.site import load_site
 from exporter.timeparse import parse_positive_duration
 
 #: Same as analyzer.finops.costs.GROUP_BY (kept here so --help needs no pandas; a test holds them equal).
@@ -44,9 +46,10 @@ LONG_WINDOW_S, LONG_WINDOW_STEP = 86400.0, 300.0
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "report", help="effective-cost report: GPU-hours, cost and waste in dollars (FOCUS CSV, JSON, HTML)",
-        description="Price the GPU-hours of a window with a price catalog and split the cost into effective work "
-        "and waste (idle allocated, masked, straggler wait, throttled, underused), unknown and unallocated "
-        "capacity, grouped by namespace, job, team, node or model.",
+        description="Price the GPU-hours of a window with a price catalog and split the cost into effective work, "
+        "recoverable waste (idle allocated, masked, straggler wait, throttled, underused), the normal headroom "
+        "of healthy work, unclassified, unknown and unallocated capacity, grouped by namespace, job, team, node, "
+        "model or GPU.",
     )
     src = p.add_argument_group("input (one of)")
     src.add_argument("--prometheus", metavar="URL", help="Prometheus, Thanos, Mimir or VictoriaMetrics base URL "
@@ -73,6 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="YAML/JSON mapping of namespace (or --team-label value) -> team; keys may be globs")
     cost.add_argument("--team-label", choices=ALLOCATION_COLUMNS, default="namespace",
                       help="label the team map keys are values of (default namespace)")
+    add_site_argument(cost)
     out = p.add_argument_group("output")
     out.add_argument("--format", choices=FORMATS, default="csv", help="csv (FOCUS-aligned, default), json or html")
     out.add_argument("--out", type=Path, metavar="PATH",
@@ -134,6 +138,7 @@ def run_report(args: argparse.Namespace, out: TextIO | None = None) -> int:
         from analyzer.finops.costs import COST_FINDING_KINDS, cost_report, load_team_map
 
         team_map = load_team_map(args.team_map) if args.team_map else None
+        site = load_site(args.site)
         fleet = _fleet(args, progress)
         from analyzer.detectors import run_detectors
         from analyzer.scores import compute_scores
@@ -142,7 +147,7 @@ def run_report(args: argparse.Namespace, out: TextIO | None = None) -> int:
         scores = compute_scores(fleet)
         findings = run_detectors(fleet, list(COST_FINDING_KINDS))
         report = cost_report(fleet, scores, findings, catalog, group_by=args.group_by,
-                             team_label=args.team_label, team_map=team_map)
+                             team_label=args.team_label, team_map=team_map, site=site)
     except (ValueError, OSError, PrometheusError, KeyError) as exc:
         return _error("report", str(exc).strip("'\""))
     for model, hours in report.unpriced_models.items():

@@ -112,8 +112,8 @@ def job_bottlenecks(scores: Scores) -> pd.DataFrame:
 
 
 def job_table(fleet: Fleet, scores: Scores) -> pd.DataFrame:
-    """One row per job (allocated hours only), worst first (most wasted GPU-hours), with its
-    namespace(s) and dominant bottleneck class."""
+    """One row per job (allocated hours only), worst first (most recoverable waste), with its
+    namespace(s), dominant bottleneck class and its part of the GPU-hour partition."""
     jobs = scores.allocated.get("job")
     if jobs is None or jobs.empty:
         return pd.DataFrame(columns=["job", "namespace", "bottleneck", "bottleneck_share", "bottleneck_confidence"])
@@ -128,8 +128,17 @@ def job_table(fleet: Fleet, scores: Scores) -> pd.DataFrame:
     else:
         jobs["namespace"] = ""
     jobs = jobs.merge(job_bottlenecks(scores), on="job", how="left")
-    return jobs.sort_values(["wasted_gpu_hours", "allocated_gpu_hours", "job"], ascending=[False, False, True],
-                            na_position="last", ignore_index=True)
+    split = ["waste_gpu_hours", "normal_gpu_hours", "unclassified_gpu_hours"]
+    part = scores.partition.job if scores.partition is not None else pd.DataFrame()
+    if part.empty:  # not split (no findings yet): unknown, never 0
+        for c in split:
+            jobs[c] = np.nan
+    else:
+        part = part[split].reset_index()
+        part["job"] = part["job"].astype(str)
+        jobs = jobs.merge(part, on="job", how="left")
+    return jobs.sort_values(["waste_gpu_hours", "unused_gpu_hours", "allocated_gpu_hours", "job"],
+                            ascending=[False, False, False, True], na_position="last", ignore_index=True)
 
 
 def fleet_shape(fleet: Fleet) -> dict[str, object]:

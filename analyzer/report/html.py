@@ -18,6 +18,7 @@ import pandas as pd
 from analyzer.coverage import MOSTLY_EMPTY
 from analyzer.findings import Finding, rfc3339, sort_findings
 from analyzer.frame import Fleet
+from analyzer.partition import attach
 from analyzer.report import data, svg
 from analyzer.report.svg import esc
 from analyzer.scores import FALLBACK_SM_PER_UTIL, IDLE_UTIL, Scores, fleet_summary, mig_rows
@@ -198,8 +199,12 @@ def _headline(s: dict[str, Any]) -> str:
         card("GPU-hours of capacity", fmt_hours(cap), "GPUs × window"),
         card("GPU-hours allocated", fmt_hours(s["allocated_gpu_hours"]), _share(s["allocated_gpu_hours"], cap)),
         card("GPU-hours effective", fmt_hours(s["effective_gpu_hours"]), "real SM work in allocated hours" + est),
-        card("GPU-hours wasted", fmt_hours(s["wasted_gpu_hours"]), "allocated − effective (measured hours)" + est,
-              warn=True),
+        card("GPU-hours of recoverable waste", fmt_hours(s["waste_gpu_hours"]),
+             "idle, masked, straggler wait, throttled, under the workload class's floor" + est, warn=True),
+        card("GPU-hours of normal headroom", fmt_hours(s["normal_gpu_hours"]),
+             "the gap healthy work of its class has, bandwidth-bound work, power caps: not waste"),
+        card("GPU-hours unclassified", fmt_hours(s["unclassified_gpu_hours"]),
+             "gap of workloads of no known class (site config)"),
         card("GPU-hours idle", fmt_hours(s["idle_gpu_hours"]), f"allocated, GPU util < {IDLE_UTIL:.0%}",
               warn=True),
         card("GPU-hours unallocated", fmt_hours(s["unallocated_gpu_hours"]), _share(s["unallocated_gpu_hours"], cap)),
@@ -230,12 +235,12 @@ def _todo(s: dict[str, Any], jobs: pd.DataFrame, findings: Sequence[Finding]) ->
         names = ", ".join(f"{j} ({fmt_hours(h)} GPU-h)" for j, h in zip(top["job"], top["idle_gpu_hours"], strict=True))
         items.append(f"{fmt_hours(idle)} allocated GPU-hours ran nothing at all. Reclaim those GPUs or scale the "
                      f"jobs down: {names}.")
-    wasted = s.get("wasted_gpu_hours")
+    wasted = s.get("waste_gpu_hours")
     if _known(wasted) and wasted > 0 and not jobs.empty:
-        top = jobs.head(3)
-        names = ", ".join(f"{j} ({fmt_hours(h)} GPU-h)" for j, h in zip(top["job"], top["wasted_gpu_hours"],
+        top = jobs[jobs["waste_gpu_hours"] >= 0.05].head(3)
+        names = ", ".join(f"{j} ({fmt_hours(h)} GPU-h)" for j, h in zip(top["job"], top["waste_gpu_hours"],
                                                                            strict=True))
-        items.append(f"{fmt_hours(wasted)} allocated GPU-hours did no SM work. The jobs wasting most: {names}; "
+        items.append(f"{fmt_hours(wasted)} allocated GPU-hours are recoverable waste. The jobs wasting most: {names}; "
                      "their bottleneck class says where to look (input pipeline, memory bandwidth, communication).")
     gap = s.get("masking_gap")
     if _known(gap) and gap > 0.1:
@@ -296,20 +301,20 @@ def _time_charts(fleet: Fleet, scores: Scores) -> str:
 
 def _waste_charts(fleet: Fleet, scores: Scores, jobs: pd.DataFrame) -> str:
     if jobs.empty:
-        bars = svg.empty_chart("top-waste", "Top jobs by wasted GPU-hours", "No jobs held GPUs in this window.")
+        bars = svg.empty_chart("top-waste", "Top jobs by recoverable waste", "No jobs held GPUs in this window.")
     else:
-        top = jobs[jobs["wasted_gpu_hours"].notna()].head(TOP_JOBS_CHART)
+        top = jobs[jobs["waste_gpu_hours"].notna()].head(TOP_JOBS_CHART)
         texts = [
             f"{fmt_hours(w)} of {fmt_hours(a)} GPU-h"
-            for w, a in zip(top["wasted_gpu_hours"], top["allocated_gpu_hours"], strict=True)
+            for w, a in zip(top["waste_gpu_hours"], top["allocated_gpu_hours"], strict=True)
         ]
         bars = svg.hbar_chart(
-            "top-waste", top["job"].tolist(), top["wasted_gpu_hours"].to_numpy(),
-            title=f"Top {len(top)} jobs by wasted GPU-hours",
-            desc="Allocated GPU-hours minus effective GPU-hours per job, largest first, with the job's allocated "
-                 "GPU-hours.",
-            x_label="wasted GPU-hours (allocated − effective)", value_text=texts, color=WASTE_COLOR,
-            legend="wasted GPU-hours",
+            "top-waste", top["job"].tolist(), top["waste_gpu_hours"].to_numpy(),
+            title=f"Top {len(top)} jobs by recoverable waste",
+            desc="Recoverable waste per job (idle, masked, straggler wait, throttled, under its class's floor), "
+                 "largest first, with the job's allocated GPU-hours.",
+            x_label="GPU-hours of recoverable waste", value_text=texts, color=WASTE_COLOR,
+            legend="recoverable waste (GPU-hours)",
         )
     edges, heights, total, mean = data.util_histogram(fleet, scores)
     if total <= 0:
@@ -327,7 +332,8 @@ def _waste_charts(fleet: Fleet, scores: Scores, jobs: pd.DataFrame) -> str:
         )
     return (
         '<section id="waste"><h2>Where the GPU-hours go</h2>'
-        '<p class="note">Wasted GPU-hours are allocated hours that did no SM work (measured hours only). The '
+        '<p class="note">Recoverable waste is the part of the allocated hours without SM work that the owner can '
+        "get back; the normal headroom of healthy work of the same class (site config) is not waste. The "
         "histogram leaves idle GPUs out (they are in the idle GPU-hours): it shows how well the GPUs that do run "
         "kernels use their SMs.</p>"
         f"{bars}{hist}</section>"
@@ -344,8 +350,8 @@ def _jobs(jobs: pd.DataFrame) -> str:
         return '<section id="jobs"><h2>Jobs</h2><p class="note">No job held a GPU in this window.</p></section>'
     headers = [
         ("Job", False), ("Namespace", False), ("Allocated GPU-h", True), ("Reported util", True),
-        ("Effective util", True), ("Masking gap", True), ("Wasted GPU-h", True), ("Idle GPU-h", True),
-        ("Unknown GPU-h", True), ("Bottleneck", False),
+        ("Effective util", True), ("Masking gap", True), ("Waste GPU-h", True), ("Headroom GPU-h", True),
+        ("Idle GPU-h", True), ("Unknown GPU-h", True), ("Bottleneck", False),
     ]
     rows = []
     for r in jobs.head(MAX_JOB_ROWS).itertuples(index=False):
@@ -359,14 +365,15 @@ def _jobs(jobs: pd.DataFrame) -> str:
             "<tr>" + cell(str(r.job)) + cell(str(r.namespace))
             + cell(fmt_hours(r.allocated_gpu_hours), "n") + cell(fmt_pct(r.reported_util), "n")
             + cell(fmt_pct(r.effective_util), "n") + cell(fmt_pts(r.masking_gap), "n")
-            + cell(fmt_hours(r.wasted_gpu_hours), "n") + cell(fmt_hours(r.idle_gpu_hours), "n")
+            + cell(fmt_hours(r.waste_gpu_hours), "n") + cell(fmt_hours(r.normal_gpu_hours), "n")
+            + cell(fmt_hours(r.idle_gpu_hours), "n")
             + cell(fmt_hours(r.unknown_gpu_hours), "n") + cell(bn) + "</tr>"
         )
     more = (f'<p class="note">Showing the {MAX_JOB_ROWS} jobs wasting most of {len(jobs):,}.</p>'
             if len(jobs) > MAX_JOB_ROWS else "")
     return (
         '<section id="jobs"><h2>Jobs</h2>'
-        '<p class="note">Allocated hours only, most wasted GPU-hours first. Bottleneck: the class holding most of the '
+        '<p class="note">Allocated hours only, most recoverable waste first. Bottleneck: the class holding most of the '
         "job's GPU-hours over 5-minute windows (compute_bound is healthy; input_bound: the data loader or request "
         "stream cannot keep the GPUs fed; memory_bound: kernels stall on HBM bandwidth; communication_bound: "
         "kernels wait on NCCL/NVLink/network; idle: nothing launched).</p>"
@@ -436,7 +443,12 @@ def _method() -> str:
         "Effective util: SM activity (share of cycles an SM holds a warp) × SM clock / max clock. Without SM "
         f"activity it is estimated as {FALLBACK_SM_PER_UTIL} × GPU util (low confidence).",
         "Masking gap: reported GPU util − SM activity, on whole GPUs. Healthy training typically shows ~35 points.",
-        "Wasted GPU-hours: allocated GPU-hours with known utilization minus the effective GPU-hours in them.",
+        "Recoverable waste: allocated GPU-hours with known utilization that did no SM work and that the owner can "
+        "get back: idle GPUs, masked (where the idle-masking detector flags it), straggler wait, throttling by heat "
+        "or hardware, and use below what the workload's class attains (analyzer/partition.py).",
+        "Normal headroom: the gap healthy work of the workload's class normally has (site config; built-in: "
+        "training 45%, inference 10% effective, from AcmeTrace's busy-GPU SM activity), bandwidth-bound work and "
+        "power-capped clocks; unclassified: the gap of workloads of no known class.",
         f"Idle GPU-hours: allocated GPU-hours with GPU util below {IDLE_UTIL:.0%} (nothing launched).",
         "Unknown GPU-hours: hours with no utilization data; never counted as 0 or as waste.",
     ]
@@ -446,6 +458,8 @@ def _method() -> str:
 
 def render(fleet: Fleet, scores: Scores, findings: Sequence[Finding], *, title: str) -> str:
     """The whole page as a string (well-formed XML, HTML5 doctype)."""
+    if scores.partition is None:
+        attach(scores, fleet, findings)
     summary = fleet_summary(scores)
     shape = data.fleet_shape(fleet)
     jobs = data.job_table(fleet, scores)

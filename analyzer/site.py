@@ -1,0 +1,178 @@
+"""The site config: one YAML file for what differs from one site to the next.
+
+Sections (each optional; a missing section keeps the defaults):
+
+``workload_classes``: what a healthy workload of each class attains, so the GPU-hour
+partition (analyzer.partition) can tell the normal headroom of healthy work from recoverable
+under-use. A list, checked in order, before the built-in classes (an entry named like a
+built-in one replaces it)::
+
+    workload_classes:
+      - name: training
+        match: {job: ["*train*", "*sft*"], namespace: ["research-*"]}   # globs per allocation label
+        floor: 0.45                    # effective utilization healthy work of the class attains
+      - name: inference
+        match: {namespace: ["serving", "*-inference"]}
+        floor: {default: 0.10, "*H100*": 0.12}                         # per GPU model (globs)
+
+A workload's class is the first class with a glob matching its job, namespace or pod name
+(case-insensitive). Workloads no class matches are *unclassified*: their gap is reported as
+such, never as headroom or as waste.
+
+Built-in floors (calibration: AcmeTrace, NSDI 2024, production DCGM telemetry of two LLM
+clusters: busy GPUs run at ~60 % SM activity while reporting ~95 % GPU util):
+
+* training 0.45 = three quarters of the busy-GPU median: synchronous data-parallel training
+  spends the rest in communication, launch and input; below it a job is held back by
+  something it can fix (small batches, a slow loader, a memory-bound phase).
+* inference 0.10: services are sized for peak traffic and latency, so they run below peak by
+  design (a service at 30-50 % of its load runs at SM 0.15-0.25); below 0.10 the replicas are
+  over-provisioned for the traffic they get.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Labels a class can match on (allocation labels of the tidy frame).
+MATCH_LABELS: tuple[str, ...] = ("job", "namespace", "pod")
+#: Sections a site config may hold (a typo is an error, never silently ignored).
+SECTIONS: tuple[str, ...] = ("workload_classes",)
+#: The class of workloads no class matches.
+UNCLASSIFIED = "unclassified"
+
+
+@dataclass(frozen=True)
+class WorkloadClass:
+    """A class of workloads and the effective utilization its healthy members attain."""
+
+    name: str
+    #: label -> globs (case-insensitive) on the workload's job/namespace/pod name.
+    match: Mapping[str, tuple[str, ...]]
+    #: Effective utilization healthy work of this class attains at least (0..1).
+    floor: float
+    #: (GPU model glob, floor) overrides, first match wins.
+    model_floors: tuple[tuple[str, float], ...] = ()
+
+    def matches(self, label: str, value: str) -> bool:
+        v = value.lower()
+        return any(fnmatch.fnmatchcase(v, g.lower()) for g in self.match.get(label, ()))
+
+    def floor_for(self, model: str | None) -> float:
+        m = (model or "").lower()
+        for pattern, floor in self.model_floors:
+            if fnmatch.fnmatchcase(m, pattern.lower()):
+                return floor
+        return self.floor
+
+
+DEFAULT_CLASSES: tuple[WorkloadClass, ...] = (
+    WorkloadClass("training", {
+        "job": ("*train*", "*finetune*", "*fine-tune*", "*sft*", "*rlhf*", "*dpo*"),
+        "namespace": ("*train*", "*research*"),
+    }, 0.45),
+    WorkloadClass("inference", {
+        "job": ("*serve*", "*serving*", "*infer*", "*vllm*", "*triton*", "*tgi*"),
+        "namespace": ("*serving*", "*infer*"),
+    }, 0.10),
+)
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    """Everything site-specific; ``default_site()`` when no file is given."""
+
+    workload_classes: tuple[WorkloadClass, ...] = DEFAULT_CLASSES
+    #: Where it came from (a path, or "defaults").
+    source: str = "defaults"
+
+    def class_names(self) -> list[str]:
+        return [c.name for c in self.workload_classes]
+
+
+def default_site() -> SiteConfig:
+    return SiteConfig()
+
+
+def _ratio(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(float(value)) \
+            or not 0.0 <= float(value) <= 1.0:
+        raise ValueError(f"{where}: floor must be a number in 0..1 (effective utilization), got {value!r}")
+    return float(value)
+
+
+def _globs(value: Any, where: str) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, Sequence) or not items or not all(isinstance(g, str) and g for g in items):
+        raise ValueError(f"{where}: expected a glob or a list of globs, got {value!r}")
+    return tuple(items)
+
+
+def _workload_class(raw: Any, where: str) -> WorkloadClass:
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: expected a mapping with name, match and floor, got {raw!r}")
+    unknown = set(raw) - {"name", "match", "floor"}
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {sorted(unknown)} (allowed: name, match, floor)")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name or name == UNCLASSIFIED:
+        raise ValueError(f"{where}: name must be a non-empty string other than {UNCLASSIFIED!r}, got {name!r}")
+    where = f"{where} ({name})"
+    match = raw.get("match")
+    if not isinstance(match, Mapping) or not match:
+        raise ValueError(f"{where}: match must map one of {', '.join(MATCH_LABELS)} to globs")
+    bad = [k for k in match if k not in MATCH_LABELS]
+    if bad:
+        raise ValueError(f"{where}: match on {bad} is not supported (use {', '.join(MATCH_LABELS)})")
+    floor = raw.get("floor")
+    model_floors: list[tuple[str, float]] = []
+    if isinstance(floor, Mapping):
+        if "default" not in floor:
+            raise ValueError(f"{where}: a floor per GPU model needs a 'default' entry")
+        model_floors = [(str(k), _ratio(v, f"{where} floor[{k}]")) for k, v in floor.items() if k != "default"]
+        floor = floor["default"]
+    return WorkloadClass(name, {k: _globs(v, f"{where} match.{k}") for k, v in match.items()},
+                         _ratio(floor, where), tuple(model_floors))
+
+
+def parse_site(data: Any, origin: str = "site config") -> SiteConfig:
+    """A SiteConfig from parsed YAML; errors name the file and the entry."""
+    if data is None:
+        return SiteConfig(source=origin)
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{origin}: expected a mapping of sections, got {type(data).__name__}")
+    unknown = [k for k in data if k not in SECTIONS]
+    if unknown:
+        raise ValueError(f"{origin}: unknown section(s) {unknown} (known: {', '.join(SECTIONS)})")
+    raw = data.get("workload_classes", [])
+    if not isinstance(raw, list):
+        raise ValueError(f"{origin}: workload_classes must be a list")
+    mine = [_workload_class(r, f"{origin}: workload_classes[{i}]") for i, r in enumerate(raw)]
+    names = [c.name for c in mine]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{origin}: workload class names repeat: {names}")
+    classes = (*mine, *(c for c in DEFAULT_CLASSES if c.name not in names))
+    return SiteConfig(workload_classes=classes, source=origin)
+
+
+def load_site(path: str | Path | None) -> SiteConfig:
+    """The site config in ``path`` (YAML), or the defaults when ``path`` is None."""
+    if path is None:
+        return default_site()
+    import yaml
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read site config {p}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"site config {p}: not valid YAML: {exc}") from None
+    return parse_site(data, str(p))
