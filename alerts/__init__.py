@@ -11,8 +11,8 @@ Entry points
     >= 5 s (scrape at least every 2.5 s then), Alertmanager timers >= 100 ms.
     ``webhook_urls`` maps receiver names (:data:`alerts.alertmanager.RECEIVERS`, or ``"*"`` for
     all of them) to webhook URLs. ``options``: ``exporter_job``, ``analyzer_job``, ``dcgm_job``
-    (the scrape job names ``up`` is selected by), ``dcgm_host_label`` (``Hostname`` or
-    ``hostname``), ``runbook_base`` (where ``runbook_url`` points).
+    (the scrape job names ``up`` is selected by), ``runbook_base`` (where ``runbook_url``
+    points). dcgm rules read both host spellings (``Hostname``/``hostname``) and the 1.x names.
 
 ``python -m alerts``
     Regenerates the committed files: ``alerts/generated/*.yaml``, ``alerts/alertmanager.yml``

@@ -5,8 +5,10 @@ Three rule files, each a list of groups:
 * ``truegpu.yaml`` -- recording rules (effective utilization, masking gap at GPU/node/job/fleet
   level) and hardware/exporter alerts over truegpu's own exporter metrics;
 * ``dcgm.yaml`` -- the same recording rules and hardware alerts over plain NVIDIA
-  dcgm-exporter data (``DCGM_FI_*`` fields, ``Hostname``/``gpu``/``UUID`` labels); alerts
-  copy the host label into ``hostname`` so routing and inhibition treat both dialects alike;
+  dcgm-exporter data (``DCGM_FI_*`` fields or the 1.x ``dcgm_fi_*`` names; ``gpu``/``UUID``
+  labels and the host in ``Hostname`` or ``hostname``): every series is normalized to
+  ``hostname``/``UUID`` before it is grouped or matched, so rules, routing and inhibition
+  treat every exporter release (and truegpu's own dialect) alike;
 * ``analyzer.yaml`` -- alerts on the analyzer's published findings and on the analyzer's health.
 
 Every metric name comes from :mod:`exporter.schema` or :mod:`analyzer.output_schema`; the
@@ -35,8 +37,13 @@ RUNBOOK_BASE_URL = "https://github.com/truegpu/truegpu/blob/main/docs/runbooks"
 EXPORTER_JOB = "truegpu-exporter"
 ANALYZER_JOB = "truegpu-analyzer"
 DCGM_JOB = "dcgm-exporter"
-#: dcgm-exporter's host label: ``Hostname`` in older releases, ``hostname`` in newer ones.
-DCGM_HOST_LABEL = "Hostname"
+#: dcgm-exporter's host label in older releases (newer ones write ``hostname``): rules read both.
+DCGM_OLD_HOST_LABEL = "Hostname"
+#: dcgm-exporter's GPU UUID label, and its 1.x spelling.
+DCGM_UUID_LABEL, DCGM_OLD_UUID_LABEL = "UUID", "uuid"
+#: How far back GpuFellOffBus remembers a GPU (seconds): a GPU lost longer ago (or before
+#: Prometheus first scraped it) is GpuMissing's, from the node's GPU capacity.
+FELL_OFF_BUS_LOOKBACK = 6 * 3600
 #: Prometheus' own scrape-health series (not a contract metric: Prometheus writes it).
 UP = "up"
 
@@ -85,6 +92,11 @@ GPU_SYMPTOM_ALERTS = (
     "GpuNearThermalLimit", "GpuPcieLinkDowngraded", "GpuNvlinkErrors",
 )
 FELL_OFF_BUS = "GpuFellOffBus"
+GPU_MISSING = "GpuMissing"
+#: kube-state-metrics' GPU capacity of a node (the device plugin's ``nvidia.com/gpu``), keyed by ``node``.
+KUBE_NODE_CAPACITY = "kube_node_status_capacity"
+KUBE_GPU_RESOURCE = "nvidia_com_gpu"
+KUBE_NODE_LABEL = "node"
 EXPORTER_DOWN = "TruegpuExporterDown"
 DCGM_EXPORTER_DOWN = "DcgmExporterDown"
 ANALYZER_DOWN = "TruegpuAnalyzerDown"
@@ -94,7 +106,7 @@ ANALYZER_DOWN = "TruegpuAnalyzerDown"
 DCGM_DEFAULT_FIELDS: frozenset[str] = frozenset({
     S.SM_CLOCK.dcgm[0].field, S.GPU_UTILIZATION.dcgm[0].field, S.XID_ERRORS.dcgm[0].field,
     *(f.field for f in S.TEMPERATURE.dcgm), *(f.field for f in S.REMAPPED_ROWS.dcgm),
-    S.ROW_REMAP_FAILURE.dcgm[0].field, S.PCIE_REPLAYS.dcgm[0].field,
+    S.ROW_REMAP_FAILURE.dcgm[0].field, S.PCIE_REPLAYS.dcgm[0].field, S.MEMORY_USED.dcgm[0].field,
 })
 
 
@@ -354,22 +366,49 @@ def truegpu_hardware(t: Timing) -> Group:
               f"{GPU_REF} runs its PCIe link at {{{{ $labels.link }}}} {{{{ $value }}}}, below its maximum, "
               "while busy: host-device transfers are slower."),
         Alert(FELL_OFF_BUS,
-              f"max by ({GPU_BY}) (max_over_time({S.GPU_INFO.name}[{t.window(3600)}])) "
+              f"max by ({GPU_BY}) (max_over_time({S.GPU_INFO.name}[{t.window(FELL_OFF_BUS_LOOKBACK)}])) "
               f"unless on ({GPU_BY}) {S.GPU_INFO.name} and on ({S.HOSTNAME}) {S.NODE_INFO.name}",
               t.hold(60), "critical", "training", SHORT_REF + " fell off the bus",
               f"{GPU_REF} stopped reporting while its node's exporter is up: the GPU is lost (XID 79 or "
               "similar); drain the node and reset or reseat the GPU."),
+        gpu_missing(t, S.MEMORY_USED.name, S.GPU_INSTANCE),
     )
     return Group("truegpu-hardware", rules)
 
 
-def exporter_down(t: Timing, job: str, presence: str, host_label: str, alert: str) -> Alert:
-    """``up == 0`` for the job, carrying ``hostname`` remembered from the target's last hour of data."""
+def gpu_missing(t: Timing, reporting: str, instance_label: str, dialect: dict[str, str] | None = None,
+                fields: tuple[str, ...] = ()) -> Alert:
+    """Kubernetes says a node has more GPUs than report from it (a GPU lost before Prometheus ever
+    saw it, or longer ago than GpuFellOffBus remembers). ``reporting`` is a per-GPU (and per MIG
+    instance: ``instance_label``) expression with ``hostname`` and ``gpu``; a node whose exporter is down
+    reports nothing and is left to the exporter-down alert. MIG nodes under the device plugin's
+    "single" strategy count instances as GPUs: the alert needs the capacity above both counts."""
+    node = KUBE_NODE_LABEL
+    cap = f"max by ({node}) ({sel(KUBE_NODE_CAPACITY, resource=KUBE_GPU_RESOURCE)})"
+
+    def count(keys: str) -> str:
+        per = f"count by ({S.HOSTNAME}, {keys}) ({reporting})"
+        return f'count by ({node}) (label_replace({per}, "{node}", "$1", "{S.HOSTNAME}", "(.+)"))'
+
+    expr = (f"({cap} - on ({node}) {count(S.GPU)} > 0) "
+            f"and on ({node}) ({cap} - on ({node}) {count(by((S.GPU, instance_label)))} > 0)")
+    expr = f'label_replace({expr}, "{S.HOSTNAME}", "$1", "{node}", "(.+)")'
+    return Alert(GPU_MISSING, expr, t.hold(900), "critical", "training",
+                 "{{ $value }} GPU(s) missing on {{ $labels.hostname }}",
+                 "Kubernetes counts more GPUs on {{ $labels.hostname }} than report from it for "
+                 f"{t.hold(900)} ({{{{ $value }}}} missing): a GPU lost before Prometheus saw it, or long ago "
+                 "(nvidia-smi on the node lists what the driver sees); drain the node and reset or reseat it.",
+                 dialect or {}, fields)
+
+
+def exporter_down(t: Timing, job: str, presence: str, alert: str, norm: Any = lambda e: e) -> Alert:
+    """``up == 0`` for the job, carrying ``hostname`` remembered from the target's last hour of data.
+
+    ``presence`` is a selector (already matching ``job``) of a series every target sends; ``norm``
+    brings its labels to ``hostname`` (dcgm-exporter's spellings)."""
     up = f"{sel(UP, job=job)} == 0"
-    hosts = f"max by ({JOB}, instance, {host_label}) (last_over_time({sel(presence, job=job)}[{t.window(3600)}]))"
+    hosts = f"max by ({JOB}, instance, {S.HOSTNAME}) ({norm(f'last_over_time({presence}[{t.window(3600)}])')})"
     expr = f"{hosts} * on ({JOB}, instance) group_left () ({up}) or on ({JOB}, instance) {up}"
-    if host_label != S.HOSTNAME:
-        expr = f'label_replace({expr}, "{S.HOSTNAME}", "$1", "{host_label}", "(.+)")'
     return Alert(alert, expr, t.hold(300), "warning", "sre", "Exporter {{ $labels.instance }} is down",
                  f"Prometheus cannot scrape {{{{ $labels.instance }}}} (job {{{{ $labels.job }}}}"
                  f"{{{{ with $labels.hostname }}}}, host {{{{ . }}}}{{{{ end }}}}) for {t.hold(300)}: "
@@ -377,7 +416,8 @@ def exporter_down(t: Timing, job: str, presence: str, host_label: str, alert: st
 
 
 def truegpu_file(t: Timing, exporter_job: str = EXPORTER_JOB) -> RuleFile:
-    health = Group("truegpu-exporter", (exporter_down(t, exporter_job, S.NODE_INFO.name, S.HOSTNAME, EXPORTER_DOWN),))
+    health = Group("truegpu-exporter", (
+        exporter_down(t, exporter_job, sel(S.NODE_INFO.name, job=exporter_job), EXPORTER_DOWN),))
     return RuleFile("truegpu.yaml", "truegpu exporter metrics (truegpu_*)",
                     (truegpu_recording(), truegpu_hardware(t), health))
 
@@ -390,39 +430,61 @@ def _field(metric: S.Metric, **labels: str) -> S.DcgmField:
     raise LookupError(f"{metric.name} has no dcgm field with {labels}")
 
 
-def dcgm_file(t: Timing, host: str = DCGM_HOST_LABEL, dcgm_job: str = DCGM_JOB) -> RuleFile:
-    g = by((host, S.GPU, "UUID"))
+def dcgm_sel(*field_names: str, **matchers: str) -> str:
+    """dcgm-exporter fields under their current names and the 1.x lower-case ones, with ``matchers``."""
+    names = alternatives(dict.fromkeys(n for f in field_names for n in (f, f.lower())))
+    return sel("", __name__="=~" + names, **matchers)
+
+
+def dcgm_norm(expr: str) -> str:
+    """Every dcgm-exporter spelling to one: the host label (``Hostname`` in older releases,
+    ``hostname`` in newer ones) into ``hostname`` and the 1.x ``uuid`` into ``UUID``. Applied to
+    every leaf, so rules group, match and page on the same labels whichever exporter wrote them."""
+    host = f'label_replace({expr}, "{S.HOSTNAME}", "$1", "{DCGM_OLD_HOST_LABEL}", "(.+)")'
+    return f'label_replace({host}, "{DCGM_UUID_LABEL}", "$1", "{DCGM_OLD_UUID_LABEL}", "(.+)")'
+
+
+def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB) -> RuleFile:
+    host = S.HOSTNAME
+    g = by((host, S.GPU, DCGM_UUID_LABEL))
     sm_active = _field(S.SM_ACTIVE).field
     clock, clock_max = _field(S.SM_CLOCK), _field(S.SM_CLOCK_MAX)
     util = _field(S.GPU_UTILIZATION)
     whole = {"GPU_I_ID": ""}
+
+    def d(field_name: str, **matchers: str) -> str:
+        """A normalized dcgm series."""
+        return dcgm_norm(dcgm_sel(field_name, **matchers))
+
+    def d_range(fn: str, field_name: str, window: str) -> str:
+        """``fn(field[window])``, normalized (label_replace cannot take a range vector)."""
+        return dcgm_norm(f"{fn}({dcgm_sel(field_name)}[{window}])")
+
     recording = Group("dcgm-recording", (
         Record(DCGM_GPU_SM_CLOCK_RATIO,
-               f"clamp_max({scaled(f'max by ({g}) ({clock.field})', clock.scale / clock_max.scale)}"
-               f" / max by ({g}) ({clock_max.field}), 1)"),
-        Record(DCGM_GPU_EFFECTIVE_UTILIZATION, f"{sm_active} * on ({g}) group_left () {DCGM_GPU_SM_CLOCK_RATIO}"),
+               f"clamp_max({scaled(f'max by ({g}) ({d(clock.field)})', clock.scale / clock_max.scale)}"
+               f" / max by ({g}) ({d(clock_max.field)}), 1)"),
+        Record(DCGM_GPU_EFFECTIVE_UTILIZATION, f"{d(sm_active)} * on ({g}) group_left () {DCGM_GPU_SM_CLOCK_RATIO}"),
         Record(DCGM_GPU_MASKING_GAP,
-               f"{scaled(sel(util.field, **whole), util.scale)} - on ({g}) {sel(sm_active, **whole)}"),
+               f"{scaled(d(util.field, **whole), util.scale)} - on ({g}) {d(sm_active, **whole)}"),
         Record(DCGM_NODE_EFFECTIVE_UTILIZATION, f"avg by ({host}) ({DCGM_GPU_EFFECTIVE_UTILIZATION})"),
         Record(DCGM_NODE_MASKING_GAP, f"avg by ({host}) ({DCGM_GPU_MASKING_GAP})"),
         Record(DCGM_FLEET_EFFECTIVE_UTILIZATION, f"avg ({DCGM_GPU_EFFECTIVE_UTILIZATION})"),
         Record(DCGM_FLEET_MASKING_GAP, f"avg ({DCGM_GPU_MASKING_GAP})"),
     ))
 
-    def norm(expr: str) -> str:
-        """Copy the host label into ``hostname`` (routing, inhibition and templates use it)."""
-        return expr if host == S.HOSTNAME else f'label_replace({expr}, "{S.HOSTNAME}", "$1", "{host}", "(.+)")'
-
     w10 = t.window(600)
     dialect = {"dialect": "dcgm"}
-    xid = _field(S.XID_ERRORS).field
+    xid_field = _field(S.XID_ERRORS).field
+    xid = dcgm_sel(xid_field)
     ok = f"< {DCGM_SENTINEL_MIN}"  # DCGM blank markers are "unknown", never a value
 
     def xid_class(codes: Sequence[int]) -> str:
         return " or ".join(f"{xid} == {c}" for c in codes)
 
     def new_xid(expr: str) -> str:
-        return f"({expr}) unless ({xid} offset {w10} == {xid})"
+        """Matches on whole label sets of one series only, so it is normalized once, outside."""
+        return dcgm_norm(f"({expr}) unless ({xid} offset {w10} == {xid})")
 
     xid_text = "XID {{ $value }} (the last XID the GPU reported changed within the last " + w10 + ")"
     dbe = _field(S.ECC_ERRORS, type="uncorrectable", scope="volatile").field
@@ -430,76 +492,85 @@ def dcgm_file(t: Timing, host: str = DCGM_HOST_LABEL, dcgm_job: str = DCGM_JOB) 
     remap_failure = _field(S.ROW_REMAP_FAILURE).field
     reasons = [f.field for f in S.CLOCK_EVENT_ACTIVE.dcgm]
     bits = [bit for bit, name in S.CLOCK_EVENT_REASONS.items() if name in S.THERMAL_REASONS]
-    mask = any_of(reasons)
+    mask = dcgm_norm(dcgm_sel(*reasons))
     thermal_bits = " + ".join(f"floor({mask} / {bit}) % 2" for bit in bits)
     throttled = f"max by ({g}) ({thermal_bits} and {mask} {ok}) > 0"
     temps = []
     for sensor, limit in (("gpu", GPU_TEMP_LIMIT_CELSIUS), ("memory", MEMORY_TEMP_LIMIT_CELSIUS)):
         f = _field(S.TEMPERATURE, sensor=sensor)
-        temps.append(f'label_replace(max by ({g}) ({f.field}) > {limit} {ok}, "sensor", "{sensor}", "", "")')
+        temps.append(f'label_replace(max by ({g}) ({d(f.field)}) > {limit} {ok}, "sensor", "{sensor}", "", "")')
     nvlink = [f.field for f in S.NVLINK_ERRORS.dcgm]
+    nvlink_sel = dcgm_sel(*nvlink)
     pcie, pcie_fields = [], []
     for metric, what in ((S.PCIE_LINK_GENERATION, "generation"), (S.PCIE_LINK_WIDTH, "width")):
         cur, mx = _field(metric, state="current").field, _field(metric, state="max").field
         pcie_fields += [cur, mx]
-        pcie.append(f'label_replace(max by ({g}) ({cur}) < max by ({g}) ({mx} {ok}), "link", "{what}", "", "")')
-    busy = f"max by ({g}) ({scaled(util.field, util.scale)}) > {BUSY_UTILIZATION:g}"
+        pcie.append(f'label_replace(max by ({g}) ({d(cur)}) < max by ({g}) ({d(mx)} {ok}), "link", "{what}", "", "")')
+    busy = f"max by ({g}) ({scaled(d(util.field), util.scale)}) > {BUSY_UTILIZATION:g}"
     gpu_temp = _field(S.TEMPERATURE, sensor="gpu").field
+    fb_used = _field(S.MEMORY_USED).field
+    # A GPU seen within the lookback that no longer reports, on a node (a known, non-empty host) whose
+    # other GPUs still report now: a whole node or exporter gone is DcgmExporterDown, never this.
+    seen = f"max by ({g}) ({d_range('max_over_time', gpu_temp, t.window(FELL_OFF_BUS_LOOKBACK))})"
+    node_up = f'count by ({host}) ({d(gpu_temp)}) unless on ({host}) label_replace(vector(1), "{host}", "", "", "")'
     hardware = Group("dcgm-hardware", (
-        Alert("GpuXidError", norm(new_xid(xid_class(CRITICAL_XIDS))), "0s", "critical", "training",
+        Alert("GpuXidError", new_xid(xid_class(CRITICAL_XIDS)), "0s", "critical", "training",
               "Critical XID {{ $value }} on " + SHORT_REF,
               f"{DCGM_GPU_REF} reported {xid_text}: the GPU cannot be trusted until it is drained and reset.",
-              dialect, (xid,)),
+              dialect, (xid_field,)),
         Alert("GpuXidError",
-              norm(new_xid(f"{xid} > 0 {ok} unless ({xid_class(CRITICAL_XIDS)} or {xid_class(INFO_XIDS)})")),
+              new_xid(f"{xid} > 0 {ok} unless ({xid_class(CRITICAL_XIDS)} or {xid_class(INFO_XIDS)})"),
               "0s", "warning", "training", "XID {{ $value }} on " + SHORT_REF,
               f"{DCGM_GPU_REF} reported {xid_text}: a driver or hardware error, see the runbook's XID table.",
-              dialect, (xid,)),
-        Alert("GpuXidError", norm(new_xid(xid_class(INFO_XIDS))), "0s", "info", "training",
+              dialect, (xid_field,)),
+        Alert("GpuXidError", new_xid(xid_class(INFO_XIDS)), "0s", "info", "training",
               "Application XID {{ $value }} on " + SHORT_REF,
               f"{DCGM_GPU_REF} reported {xid_text}: usually the job's own bug (illegal memory access, "
-              "kernel exception); the GPU itself is fine.", dialect, (xid,)),
+              "kernel exception); the GPU itself is fine.", dialect, (xid_field,)),
         Alert("GpuUncorrectableEcc",
-              norm(f"max by ({g}) (increase({dbe}[{w10}])) > 0 or max by ({g}) (increase({rows}[{w10}])) > 0"),
+              f"max by ({g}) ({d_range('increase', dbe, w10)}) > 0 or max by ({g}) ({d_range('increase', rows, w10)}) "
+              "> 0",
               "0s", "critical", "training", "Uncorrectable ECC error on " + SHORT_REF,
               f"{DCGM_GPU_REF} had {{{{ printf \"%.0f\" $value }}}} uncorrectable memory error(s) in the last {w10}: "
               "drain the GPU and reset it to apply the row remap.", dialect, (dbe, rows)),
-        Alert("GpuRowRemapFailure", norm(f"{remap_failure} == 1"), "0s", "critical", "training",
+        Alert("GpuRowRemapFailure", f"{d(remap_failure)} == 1", "0s", "critical", "training",
               "Row remapping failed on " + SHORT_REF,
               f"{DCGM_GPU_REF} has no spare HBM rows left to remap memory errors: drain it and RMA it.",
               dialect, (remap_failure,)),
         Alert("GpuThermalThrottling",
-              norm(f"{scaled(f'max by ({g}) ({clock.field})', clock.scale)} and on ({g}) ({throttled})"),
+              f"{scaled(f'max by ({g}) ({d(clock.field)})', clock.scale)} and on ({g}) ({throttled})",
               t.hold(600), "warning", "sre", "Thermal throttling on " + SHORT_REF,
               f"{DCGM_GPU_REF} has been slowed down for heat for {t.hold(600)}; its SM clock is at "
               "{{ $value | humanize }}Hz.", dialect, (clock.field, *reasons)),
-        Alert("GpuNearThermalLimit", norm(f"({temps[0]} or {temps[1]}) unless on ({g}) ({throttled})"),
+        Alert("GpuNearThermalLimit", f"({temps[0]} or {temps[1]}) unless on ({g}) ({throttled})",
               t.hold(900), "warning", "facilities",
               "GPU {{ $labels.sensor }} temperature near its limit on " + SHORT_REF,
               f"{DCGM_GPU_REF}: {{{{ $labels.sensor }}}} temperature {{{{ $value }}}} C for {t.hold(900)}, close to "
               "thermal slowdown; check airflow and inlet temperature of the rack.",
               dialect, tuple(f.field for f in S.TEMPERATURE.dcgm)),
-        Alert("GpuNvlinkErrors", norm(f"sum by ({g}) (increase({any_of(nvlink)}[{w10}])) > 0"), t.hold(600),
+        Alert("GpuNvlinkErrors", f"sum by ({g}) ({dcgm_norm(f'increase({nvlink_sel}[{w10}])')}) > 0", t.hold(600),
               "warning", "training", "NVLink errors on " + SHORT_REF,
               f"{DCGM_GPU_REF} keeps logging NVLink errors ({{{{ $value | humanize }}}} in the last {w10}): "
               "collectives over this GPU slow down or fail.", dialect, tuple(nvlink)),
-        Alert("GpuPcieLinkDowngraded", norm(f"({pcie[0]} or {pcie[1]}) and on ({g}) ({busy})"), t.hold(600),
+        Alert("GpuPcieLinkDowngraded", f"({pcie[0]} or {pcie[1]}) and on ({g}) ({busy})", t.hold(600),
               "warning", "training", "PCIe link downgraded on busy " + SHORT_REF,
               f"{DCGM_GPU_REF} runs its PCIe link at {{{{ $labels.link }}}} {{{{ $value }}}}, below its maximum, "
               "while busy: host-device transfers are slower.", dialect, (*pcie_fields, util.field)),
         Alert(FELL_OFF_BUS,
-              norm(f"max by ({g}) (max_over_time({gpu_temp}[{t.window(3600)}])) "
-                   f"unless on ({g}) {gpu_temp} and on ({host}) {gpu_temp}"),
+              f"{seen} unless on ({g}) {d(gpu_temp)} and on ({host}) ({node_up})",
               t.hold(60), "critical", "training", SHORT_REF + " fell off the bus",
               f"{DCGM_GPU_REF} stopped reporting while its node's exporter is up: the GPU is lost (XID 79 or "
               "similar); drain the node and reset or reseat the GPU.", dialect, (gpu_temp,)),
+        gpu_missing(t, d(fb_used), "GPU_I_ID", dialect, (fb_used,)),
     ))
-    health = Group("dcgm-exporter", (exporter_down(t, dcgm_job, gpu_temp, host, DCGM_EXPORTER_DOWN),))
+    health = Group("dcgm-exporter", (
+        exporter_down(t, dcgm_job, dcgm_sel(gpu_temp, job=dcgm_job), DCGM_EXPORTER_DOWN, dcgm_norm),))
     file = RuleFile("dcgm.yaml", "NVIDIA dcgm-exporter metrics (DCGM_FI_*)", (recording, hardware, health))
     needs = [f"{a.alert} ({a.labels.get('severity', a.severity)}): {', '.join(a.non_default_fields)}"
              for a in file.alerts() if a.non_default_fields]
     header = (
-        f"NVIDIA dcgm-exporter metrics (DCGM_FI_*, host label {host}).\n"
+        "NVIDIA dcgm-exporter metrics (DCGM_FI_* or the 1.x dcgm_fi_* names; host label Hostname or hostname,\n"
+        "both read as hostname).\n"
         f"Effective utilization needs {sm_active} and {clock_max.field}, not in dcgm-exporter's default counters.\n"
         "Alerts needing counters beyond dcgm-exporter's default list (add them to its counters CSV):\n"
         + "\n".join(f"  {n}" for n in dict.fromkeys(needs))
@@ -551,10 +622,9 @@ def rule_files(
     exporter_job: str = EXPORTER_JOB,
     analyzer_job: str = ANALYZER_JOB,
     dcgm_job: str = DCGM_JOB,
-    dcgm_host_label: str = DCGM_HOST_LABEL,
 ) -> list[RuleFile]:
     t = timing or Timing()
-    return [truegpu_file(t, exporter_job), dcgm_file(t, dcgm_host_label, dcgm_job), analyzer_file(t, analyzer_job)]
+    return [truegpu_file(t, exporter_job), dcgm_file(t, dcgm_job), analyzer_file(t, analyzer_job)]
 
 
 def alert_names() -> list[str]:

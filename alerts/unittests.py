@@ -9,6 +9,7 @@ written out by hand from concrete values, never rendered from the rule templates
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from alerts.rules import (
@@ -26,9 +27,13 @@ from alerts.rules import (
     FLEET_MASKING_GAP,
     GPU_EFFECTIVE_UTILIZATION,
     GPU_MASKING_GAP,
+    GPU_MISSING,
     GPU_SM_CLOCK_RATIO,
     JOB_EFFECTIVE_UTILIZATION,
     JOB_MASKING_GAP,
+    KUBE_GPU_RESOURCE,
+    KUBE_NODE_CAPACITY,
+    KUBE_NODE_LABEL,
     NODE_EFFECTIVE_UTILIZATION,
     NODE_MASKING_GAP,
     RUNBOOK_BASE_URL,
@@ -51,11 +56,6 @@ def series(name: str, labels: Labels, values: str) -> dict[str, str]:
 
 def gpu(n: int, host: str = HOST, **extra: str) -> Labels:
     return {S.HOSTNAME: host, S.GPU: str(n), S.UUID: f"GPU-{host}-{n}", **extra}
-
-
-def dgpu(n: int, host: str = HOST, **extra: str) -> Labels:
-    """dcgm-exporter labels of a GPU (older ``Hostname`` host label)."""
-    return {S.GPU: str(n), "UUID": f"GPU-{host}-{n}", "Hostname": host, **extra}
 
 
 def ref(n: int, host: str = HOST) -> str:
@@ -312,22 +312,79 @@ def truegpu_tests() -> list[dict[str, Any]]:
                   f"Prometheus cannot scrape n3:9835 (job {EXPORTER_JOB}) for 5m: the GPUs there are "
                   "unobserved."))),
     ])
-    return [recording, xid_cases, ecc_case, remap, thermal, nvlink, pcie, lost, down]
+    missing = missing_case(S.MEMORY_USED.name, gpu, S.GPU_INSTANCE, {})
+    return [recording, xid_cases, ecc_case, remap, thermal, nvlink, pcie, lost, missing, down]
+
+
+def missing_case(metric: str, gpu_labels: Any, instance_label: str, extra: Labels) -> dict[str, Any]:
+    """GpuMissing: Kubernetes' GPU capacity above what reports (node-1 lost one GPU); a node whose
+    exporter is down (node-4), a complete node (node-2) and a MIG node whose device plugin counts
+    instances as GPUs (node-3) do not page."""
+    cap = {"job": "kube-state-metrics", "resource": KUBE_GPU_RESOURCE, "unit": "integer"}
+    inputs = [series(KUBE_NODE_CAPACITY, {**cap, KUBE_NODE_LABEL: h}, f"{n}x30")
+              for h, n in (("node-1", 4), ("node-2", 2), ("node-3", 2), ("node-4", 2))]
+    inputs += [series(metric, gpu_labels(n, "node-1"), "1x30") for n in range(3)]
+    inputs += [series(metric, gpu_labels(n, "node-2"), "1x30") for n in range(2)]
+    inputs += [series(metric, gpu_labels(0, "node-3", **{instance_label: str(i)}), "1x30") for i in (1, 2)]
+    return case("GpuMissing: fewer GPUs report than Kubernetes counts", inputs, alerts=[
+        check("10m", GPU_MISSING),
+        check("20m", GPU_MISSING, expect({KUBE_NODE_LABEL: "node-1", S.HOSTNAME: "node-1", **extra}, "critical",
+                                         "training", annotations(
+            GPU_MISSING, "1 GPU(s) missing on node-1",
+            "Kubernetes counts more GPUs on node-1 than report from it for 15m (1 missing): a GPU lost before "
+            "Prometheus saw it, or long ago (nvidia-smi on the node lists what the driver sees); drain the node "
+            "and reset or reseat it."))),
+    ])
 
 
 # dcgm-exporter dialect --------------------------------------------------------------------
-def _d(dlabels: Labels, **extra: str) -> Labels:
-    """Alert labels of a dcgm rule: the series' labels plus ``hostname`` copied from ``Hostname``."""
-    return {**dlabels, S.HOSTNAME: dlabels["Hostname"], "dialect": "dcgm", **extra}
+@dataclass(frozen=True)
+class Spelling:
+    """How a dcgm-exporter release spells its series: every dcgm rule is tested on each."""
+
+    suffix: str
+    #: The host label (``Hostname`` before dcgm-exporter renamed it, ``hostname`` since).
+    host: str
+    #: The UUID label (``uuid`` in 1.x) and whether field names are the 1.x lower-case ones.
+    uuid: str = "UUID"
+    lower: bool = False
+
+    def name(self, field_name: str) -> str:
+        return field_name.lower() if self.lower else field_name
+
+    def gpu(self, n: int, host: str = HOST, **extra: str) -> Labels:
+        return {S.GPU: str(n), self.uuid: f"GPU-{host}-{n}", self.host: host, **extra}
+
+    def normalized(self, labels: Labels) -> Labels:
+        """The labels after the rules' normalization: ``hostname`` and ``UUID`` whatever the spelling."""
+        out = dict(labels)
+        out[S.HOSTNAME] = labels.get(self.host, labels.get(S.HOSTNAME, ""))
+        out["UUID"] = labels.get(self.uuid, labels.get("UUID", ""))
+        return out
+
+    def keys(self, labels: Labels) -> Labels:
+        """The (hostname, gpu, UUID) key the per-GPU rules group by."""
+        n = self.normalized(labels)
+        return {k: n[k] for k in (S.HOSTNAME, S.GPU, "UUID")}
 
 
-def _gpu_keys(dlabels: Labels) -> Labels:
-    return {k: dlabels[k] for k in (S.GPU, "UUID", "Hostname")}
+SPELLINGS = (
+    Spelling("", "Hostname"),                         # dcgm-exporter before the hostname rename
+    Spelling("_hostname", S.HOSTNAME),                 # current dcgm-exporter
+    Spelling("_1x", S.HOSTNAME, uuid="uuid", lower=True),  # 1.x lower-case names and uuid
+)
 
 
-def dcgm_tests() -> list[dict[str, Any]]:
+def dcgm_tests(sp: Spelling) -> list[dict[str, Any]]:
     def f(metric: S.Metric, **labels: str) -> str:
-        return next(x.field for x in metric.dcgm if all(dict(x.labels).get(k) == v for k, v in labels.items()))
+        return sp.name(next(x.field for x in metric.dcgm
+                            if all(dict(x.labels).get(k) == v for k, v in labels.items())))
+
+    dgpu, _gpu_keys = sp.gpu, sp.keys
+
+    def _d(dlabels: Labels, **extra: str) -> Labels:
+        """Alert labels of a dcgm rule: the series' labels, normalized, and the dialect."""
+        return {**sp.normalized(dlabels), "dialect": "dcgm", **extra}
 
     sm, clk, clk_max, util = f(S.SM_ACTIVE), f(S.SM_CLOCK), f(S.SM_CLOCK_MAX), f(S.GPU_UTILIZATION)
     pod = {"namespace": "ml", "pod": "train-0", "container": "main"}
@@ -342,11 +399,12 @@ def dcgm_tests() -> list[dict[str, Any]]:
         series(clk, dgpu(1, GPU_I_PROFILE="3g.40gb", GPU_I_ID="2"), "1000x10"),
         series(clk_max, dgpu(1, **mig), "2000x10"),
     ], exprs=[
-        samples(DCGM_GPU_SM_CLOCK_RATIO, "5m", (dgpu(0), 0.75), (dgpu(1), 0.5)),
-        samples(DCGM_GPU_EFFECTIVE_UTILIZATION, "5m", (dgpu(0, **pod), 0.375), (dgpu(1, **mig), 0.2)),
-        samples(DCGM_GPU_MASKING_GAP, "5m", (dgpu(0), 0.4)),
-        samples(DCGM_NODE_EFFECTIVE_UTILIZATION, "5m", ({"Hostname": HOST}, 0.2875)),
-        samples(DCGM_NODE_MASKING_GAP, "5m", ({"Hostname": HOST}, 0.4)),
+        samples(DCGM_GPU_SM_CLOCK_RATIO, "5m", (_gpu_keys(dgpu(0)), 0.75), (_gpu_keys(dgpu(1)), 0.5)),
+        samples(DCGM_GPU_EFFECTIVE_UTILIZATION, "5m", (sp.normalized(dgpu(0, **pod)), 0.375),
+                (sp.normalized(dgpu(1, **mig)), 0.2)),
+        samples(DCGM_GPU_MASKING_GAP, "5m", (_gpu_keys(dgpu(0)), 0.4)),
+        samples(DCGM_NODE_EFFECTIVE_UTILIZATION, "5m", ({S.HOSTNAME: HOST}, 0.2875)),
+        samples(DCGM_NODE_MASKING_GAP, "5m", ({S.HOSTNAME: HOST}, 0.4)),
         samples(DCGM_FLEET_EFFECTIVE_UTILIZATION, "5m", ({}, 0.2875)),
         samples(DCGM_FLEET_MASKING_GAP, "5m", ({}, 0.4)),
     ])
@@ -405,7 +463,7 @@ def dcgm_tests() -> list[dict[str, Any]]:
             f"{ref(0)} has no spare HBM rows left to remap memory errors: drain it and RMA it."))),
     ])
 
-    reasons, old_reasons = (x.field for x in S.CLOCK_EVENT_ACTIVE.dcgm)
+    reasons, old_reasons = (sp.name(x.field) for x in S.CLOCK_EVENT_ACTIVE.dcgm)
     gtemp, mtemp = f(S.TEMPERATURE, sensor="gpu"), f(S.TEMPERATURE, sensor="memory")
     thermal = case("dcgm GpuThermalThrottling (bitmask, both field names) and GpuNearThermalLimit", [
         series(reasons, dgpu(0), "33x20"),          # GPU_IDLE | SW_THERMAL
@@ -473,7 +531,8 @@ def dcgm_tests() -> list[dict[str, Any]]:
     lost = case("dcgm GpuFellOffBus: one GPU gone while its node reports; a whole node gone is not it", [
         series(gtemp, dgpu(0), "40x30"),
         series(gtemp, dgpu(1), "40x9 stale"),
-        series(gtemp, dgpu(0, HOST2), "40x9 stale"),
+        series(gtemp, dgpu(0, HOST2), "40x9 stale"),   # node-2 (both GPUs) or its exporter gone: not this
+        series(gtemp, dgpu(1, HOST2), "40x9 stale"),
     ], alerts=[
         check("9m", "GpuFellOffBus"),
         check("12m", "GpuFellOffBus", expect(_d(_gpu_keys(dgpu(1))), "critical", "training", annotations(
@@ -490,12 +549,13 @@ def dcgm_tests() -> list[dict[str, Any]]:
     ], alerts=[
         check("3m", "DcgmExporterDown"),
         check("20m", "DcgmExporterDown", expect(
-            {**job, "instance": "10.0.0.1:9400", "Hostname": HOST, S.HOSTNAME: HOST}, "warning", "sre", annotations(
+            {**job, "instance": "10.0.0.1:9400", S.HOSTNAME: HOST}, "warning", "sre", annotations(
                 "DcgmExporterDown", "Exporter 10.0.0.1:9400 is down",
                 f"Prometheus cannot scrape 10.0.0.1:9400 (job {DCGM_JOB}, host {HOST}) for 5m: the GPUs there are "
                 "unobserved."))),
     ])
-    return [recording, xid_cases, ecc, remap, thermal, nvlink, pcie, lost, down]
+    missing = missing_case(f(S.MEMORY_USED), dgpu, "GPU_I_ID", {"dialect": "dcgm"})
+    return [recording, xid_cases, ecc, remap, thermal, nvlink, pcie, lost, missing, down]
 
 
 # analyzer findings ---------------------------------------------------------------------------
@@ -591,6 +651,6 @@ def test_files() -> dict[str, dict[str, Any]]:
 
     return {
         "truegpu_test.yaml": file("truegpu.yaml", truegpu_tests()),
-        "dcgm_test.yaml": file("dcgm.yaml", dcgm_tests()),
+        **{f"dcgm{sp.suffix}_test.yaml": file("dcgm.yaml", dcgm_tests(sp)) for sp in SPELLINGS},
         "analyzer_test.yaml": file("analyzer.yaml", analyzer_tests()),
     }

@@ -13,6 +13,7 @@ import yaml
 import alerts
 from alerts import GENERATED, RUNBOOKS, TESTS, committed_files, generate
 from alerts.rules import SEVERITIES, TEAMS, Timing, fmt_duration, record_names, rule_files
+from alerts.unittests import test_files as unit_test_files
 from analyzer import output_schema as O
 from exporter import schema as S
 
@@ -43,7 +44,7 @@ def test_promtool_check_rules(promtool):
     assert "SUCCESS" in out.stdout
 
 
-@pytest.mark.parametrize("test_file", ["truegpu_test.yaml", "dcgm_test.yaml", "analyzer_test.yaml"])
+@pytest.mark.parametrize("test_file", sorted(unit_test_files()))
 def test_promtool_unit_tests_pass(promtool, test_file):
     out = _run([promtool, "test", "rules", test_file], cwd=TESTS)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -72,14 +73,16 @@ def test_recording_rules_are_all_checked_by_value():
     assert set(record_names()) <= checked, set(record_names()) - checked
 
 
-def _mutated_run(promtool: str, tmp_path: Path, rule_file: str, old: str, new: str) -> subprocess.CompletedProcess:
+def _mutated_run(promtool: str, tmp_path: Path, rule_file: str, old: str, new: str,
+                 test_file: str | None = None) -> subprocess.CompletedProcess:
     shutil.copytree(GENERATED, tmp_path / "generated")
     shutil.copytree(TESTS, tmp_path / "tests")
     path = tmp_path / "generated" / rule_file
     text = path.read_text()
     assert old in text
     path.write_text(text.replace(old, new))
-    return _run([promtool, "test", "rules", rule_file.replace(".yaml", "_test.yaml")], cwd=tmp_path / "tests")
+    return _run([promtool, "test", "rules", test_file or rule_file.replace(".yaml", "_test.yaml")],
+                cwd=tmp_path / "tests")
 
 
 def test_unit_tests_catch_a_pcie_alert_that_ignores_idleness(promtool, tmp_path):
@@ -89,9 +92,20 @@ def test_unit_tests_catch_a_pcie_alert_that_ignores_idleness(promtool, tmp_path)
 
 
 def test_unit_tests_catch_an_application_xid_paged_as_critical(promtool, tmp_path):
-    out = _mutated_run(promtool, tmp_path, "dcgm.yaml", "DCGM_FI_DEV_XID_ERRORS == 140)",
-                       "DCGM_FI_DEV_XID_ERRORS == 140 or DCGM_FI_DEV_XID_ERRORS == 13)")
+    xid = '{__name__=~"DCGM_FI_DEV_XID_ERRORS|dcgm_fi_dev_xid_errors"}'
+    out = _mutated_run(promtool, tmp_path, "dcgm.yaml", f"{xid} == 140)", f"{xid} == 140 or {xid} == 13)")
     assert out.returncode != 0 and "GpuXidError" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("test_file", [f for f in sorted(unit_test_files()) if f.startswith("dcgm")])
+def test_dcgm_fell_off_bus_needs_the_node_up_on_every_spelling(promtool, tmp_path, test_file):
+    """Without "its node still reports", a node or exporter gone pages every GPU on it (the old
+    ``on (Hostname)`` rule did this on hostname data): each spelling's suite must catch it."""
+    text = (GENERATED / "dcgm.yaml").read_text()
+    clause = text[text.index(" and on (hostname) (count by (hostname)"):]
+    clause = clause[:clause.index("\n")]
+    out = _mutated_run(promtool, tmp_path, "dcgm.yaml", clause, "", test_file)
+    assert out.returncode != 0 and "GpuFellOffBus" in out.stdout + out.stderr
 
 
 def test_unit_tests_catch_a_fell_off_bus_alert_for_a_whole_node(promtool, tmp_path):
@@ -173,7 +187,7 @@ def test_scaled_rules_are_the_same_rules_faster(promtool, tmp_path):
     assert fast["GpuNearThermalLimit", "warning"]["for"] == "9s"
     assert fast["GpuFellOffBus", "critical"]["for"] == "1s"
     assert "[6s]" in fast["GpuXidError", "critical"]["expr"]
-    assert "[36s]" in fast["GpuFellOffBus", "critical"]["expr"]
+    assert "[216s]" in fast["GpuFellOffBus", "critical"]["expr"]  # 6 h lookback
     analyzer = [r for g in _load(tmp_path / "analyzer.yaml")["groups"] for r in g["rules"]]
     assert any(r["expr"].endswith("> 9") for r in analyzer if r["alert"] == "TruegpuAnalyzerDown")
     # apart from durations, the scaled files are the committed ones
@@ -183,10 +197,10 @@ def test_scaled_rules_are_the_same_rules_faster(promtool, tmp_path):
 
 
 def test_generate_options(tmp_path):
-    generate(tmp_path, exporter_job="gpu-exporter", dcgm_host_label="hostname", runbook_base="https://rb")
+    generate(tmp_path, exporter_job="gpu-exporter", dcgm_job="dcgm", runbook_base="https://rb")
     text = (tmp_path / "truegpu.yaml").read_text()
     assert 'up{job="gpu-exporter"}' in text and "https://rb/GpuFellOffBus.md" in text
-    assert "Hostname" not in (tmp_path / "dcgm.yaml").read_text().split("groups:")[1]
+    assert 'up{job="dcgm"}' in (tmp_path / "dcgm.yaml").read_text()
     assert alerts.generate is generate
 
 
