@@ -209,7 +209,7 @@ def _analyze(fleet: Fleet, kinds: list[str] | None, progress: _Progress, site: A
     from analyzer.partition import attach
     from analyzer.scores import compute_scores
 
-    progress(f"scoring {fleet.frame.shape[0]:,} rows ({fleet.frame['uuid'].nunique()} GPUs, step {fleet.step:g}s)")
+    progress(f"scoring {fleet.frame.shape[0]:,} rows ({fleet.gpu_count()} GPUs, step {fleet.step:g}s)")
     scores = compute_scores(fleet)
     progress("running detectors")
     findings = run_detectors(fleet, kinds)
@@ -321,7 +321,7 @@ def build_summary(fleet: Fleet, scores: Any, findings: list[Finding]) -> dict[st
         by_kind[f.kind] = by_kind.get(f.kind, 0) + 1
     summary.update(
         start=iso(fleet.start), end=iso(fleet.end), step_seconds=fleet.step, dialect=fleet.dialect,
-        gpus=int(frame["uuid"].nunique()), nodes=int(frame["hostname"].nunique()),
+        gpus=fleet.gpu_count(), nodes=int(frame["hostname"].nunique()),
         findings_by_kind=by_kind, missing=dict(fleet.missing), input_notes=list(fleet.notes),
     )
     return summary

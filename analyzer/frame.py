@@ -61,6 +61,11 @@ class Fleet:
     def has(self, signal: str) -> bool:
         return signal in self.frame.columns and bool(self.frame[signal].notna().any())
 
+    def gpu_count(self) -> int:
+        """Physical GPUs: distinct (host, gpu index), not UUIDs (a page may lack or repeat them)."""
+        fr = self.frame
+        return int(fr.groupby(["hostname", "gpu"], observed=True).ngroups) if len(fr) else 0
+
 
 #: A100/H100-class GPUs split into 7 compute slices; a MIG profile "Ng.XXgb" holds N of them.
 MIG_COMPUTE_SLICES = 7

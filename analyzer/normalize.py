@@ -505,6 +505,20 @@ class _State:
         total = used + free
         return total if reserved is None else total + np.nan_to_num(reserved)
 
+    def _check_uuids(self, values: dict[str, np.ndarray]) -> None:
+        """A page without UUIDs, or repeating one, still counts every GPU (by host and index): said once."""
+        whole = values["gpu_instance"] == ""
+        pairs = pd.DataFrame({"gpu": values["hostname"] + "/" + values["gpu"], "uuid": values["uuid"]})[whole]
+        pairs = pairs.drop_duplicates()
+        missing = int((pairs["uuid"] == "").sum())
+        shared = pairs[pairs["uuid"] != ""].groupby("uuid")["gpu"].nunique()
+        shared = shared[shared > 1]
+        if missing:
+            self.notes.append(f"{missing} GPU(s) carry no UUID label: told apart by host and gpu index")
+        if len(shared):
+            self.notes.append(f"{len(shared)} UUID(s) appear on more than one GPU (e.g. {shared.index[0]}): "
+                                "told apart by host and gpu index")
+
     def _rows(self, dense: np.ndarray) -> np.ndarray:
         own = dense[self.dev["own"].to_numpy()]
         par = dense[self.dev["par"].to_numpy()]
@@ -527,6 +541,7 @@ class _State:
             "gpu_instance": dev["gpu_instance"].to_numpy(dtype=object), "mig_profile": prof[own],
             "model": np.where(model[own] != "", model[own], model[par]),
         }  # fmt: skip
+        self._check_uuids(values)
         site, rack = self._placement(values["hostname"])
         values["site"], values["rack"] = site, rack
         for name, v in values.items():

@@ -31,6 +31,7 @@ from exporter.schema import (
     METRICS,
     MIG_LABELS,
     SELF_METRICS,
+    SOURCE_IGNORED_SERIES,
     SOURCE_LAST_SUCCESS,
     SOURCE_STALE,
     SOURCE_UP,
@@ -231,6 +232,7 @@ class TruegpuCollector:
         up: list[tuple[str, float]] = []
         durations: list[tuple[str, float]] = []
         stale: list[tuple[str, float]] = []
+        ignored: dict[tuple[str, str, str], int] = {}
         contributions: list[tuple[int, str, object, list]] = []
         for pos, source in enumerate(self.sources):
             name = source.name
@@ -266,6 +268,9 @@ class TruegpuCollector:
                     self._count(name, kind)
                     self._log_once((name, "error", kind, str(err.gpu)), "source %s: %s%s: %s",
                                    name, kind, f" on gpu {err.gpu}" if err.gpu else "", err.message)
+                for (field_name, reason), n in reading.ignored.items():
+                    ignored[(name, str(field_name), str(reason))] = ignored.get((name, str(field_name), str(reason)),
+                                                                                0) + int(n)
                 contributions += [
                     (self._rank.get((getattr(metric, "name", ""), name), pos), name, metric, samples)
                     for metric, samples in reading.samples.items()
@@ -294,6 +299,15 @@ class TruegpuCollector:
             out.append(self._self_family(SOURCE_LAST_SUCCESS, list(self._last_success.items())))
         if stale:
             out.append(self._self_family(SOURCE_STALE, stale))
+        if ignored:
+            fam = _SELF[SOURCE_IGNORED_SERIES.name]
+            prom = fam.new()
+            prom.samples = [
+                _new_sample(Sample, (fam.sample_name, {"source": s, "field": f, "reason": r}, float(n), None, None,
+                                     None))
+                for (s, f, r), n in sorted(ignored.items())
+            ]
+            out.append(prom)
         errors = _SELF[EXPORTER_ERRORS.name].new()
         sname = errors.name + "_total"
         errors.samples = [

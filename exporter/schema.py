@@ -160,6 +160,18 @@ GPU_UTILIZATION = Metric(
     nvml="nvmlDeviceGetUtilizationRates().gpu / 100",
     dcgm=(DcgmField("DCGM_FI_DEV_GPU_UTIL", _PCT),),
 )
+ENCODER_UTILIZATION = Metric(
+    "truegpu_encoder_utilization_ratio", "gauge", "ratio",
+    "Fraction of the sampling period the video encoder (NVENC) was busy (video pipelines, not compute).",
+    nvml="nvmlDeviceGetEncoderUtilization()[0] / 100",
+    dcgm=(DcgmField("DCGM_FI_DEV_ENC_UTIL", _PCT),),
+)
+DECODER_UTILIZATION = Metric(
+    "truegpu_decoder_utilization_ratio", "gauge", "ratio",
+    "Fraction of the sampling period the video decoder (NVDEC) was busy (video pipelines, not compute).",
+    nvml="nvmlDeviceGetDecoderUtilization()[0] / 100",
+    dcgm=(DcgmField("DCGM_FI_DEV_DEC_UTIL", _PCT),),
+)
 MEMORY_UTILIZATION = Metric(
     "truegpu_memory_utilization_ratio", "gauge", "ratio",
     "Fraction of the sample period during which device memory was being read or written.",
@@ -447,6 +459,14 @@ SOURCE_LAST_SUCCESS = Metric(
     "Unix time of the source's last complete collection.",
     labels=("source",), scope="exporter",
 )
+SOURCE_IGNORED_SERIES = Metric(
+    "truegpu_exporter_ignored_series", "gauge", "",
+    "Series the source read in its last collection but did not publish, by input field and reason "
+    "(not_in_contract: a field truegpu does not map; duplicate: the same series twice in one page, the "
+    "first value kept; blank: DCGM's not-supported marker, NaN or Inf, i.e. unknown; partial: e.g. FB_FREE "
+    "without FB_USED, so no total). Absent when nothing was left out.",
+    labels=("source", "field", "reason"), scope="exporter",
+)
 GPM_SUPPORTED = Metric(
     "truegpu_gpm_supported", "gauge", "",
     "1 when NVML GPM profiling (SM activity, occupancy, tensor, DRAM) works on this GPU, 0 when it "
@@ -459,7 +479,7 @@ METRICS: tuple[Metric, ...] = tuple(v for v in dict(globals()).values() if isins
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 #: Families the exporter itself produces about its sources; a source never emits these.
 SELF_METRICS: tuple[Metric, ...] = (
-    SOURCE_UP, COLLECT_DURATION, EXPORTER_ERRORS, SOURCE_STALE, SOURCE_LAST_SUCCESS,
+    SOURCE_UP, COLLECT_DURATION, EXPORTER_ERRORS, SOURCE_STALE, SOURCE_LAST_SUCCESS, SOURCE_IGNORED_SERIES,
 )
 #: dcgm-exporter field name (current upper-case and 1.x lower-case spelling) -> where it goes.
 DCGM_BY_FIELD: dict[str, tuple[Metric, DcgmField]] = {

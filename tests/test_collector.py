@@ -218,7 +218,7 @@ def test_absent_family_is_absent_not_zero():
     fams = scrape(registry)
     assert S.SM_ACTIVE.name not in fams
     assert set(fams) == {S.GPU_UTILIZATION.name, *(m.family_name for m in S.SELF_METRICS)} - {
-        S.SOURCE_STALE.name
+        S.SOURCE_STALE.name, S.SOURCE_IGNORED_SERIES.name  # nothing stale, nothing left out
     }
 
 

@@ -117,8 +117,12 @@ def test_h100_units_and_identity(endpoint: Endpoint) -> None:
         for labels, _ in samples:
             assert labels["hostname"] == "gpu-h100-017"
             assert set(labels) - set(metric.all_labels) <= set(schema.MIG_LABELS), (metric.name, labels)
-    # Unknown fields ignored, not errors.
-    assert {"DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_VGPU_LICENSE_STATUS"} <= src.ignored_fields
+    # Video engines are mapped; fields outside the contract are not errors but are accounted for,
+    # one count per series (8 GPUs, MIG instances separately: 11 series).
+    assert one(r, schema.ENCODER_UTILIZATION, gpu="0") == 0.0
+    assert "DCGM_FI_DEV_VGPU_LICENSE_STATUS" in src.ignored_fields
+    assert r.ignored == {("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "not_in_contract"): 11}
+    assert r.errors == []
 
 
 def test_h100_mig_instances(endpoint: Endpoint) -> None:
@@ -205,7 +209,7 @@ def test_a100_1x_dialect(endpoint: Endpoint) -> None:
     assert allocs["2"]["job"] == "jupyter-alice"
     info = one(r, GPU_INFO, gpu="0")
     assert info == 1.0
-    assert "dcgm_fi_dev_enc_util" in src.ignored_fields
+    assert schema.DECODER_UTILIZATION in r.samples and r.ignored == {}  # every 1.x series is mapped
 
 
 def test_l40s_default_counters_lack_sm_activity(endpoint: Endpoint) -> None:
@@ -424,6 +428,49 @@ def test_samples_without_gpu_identity_are_reported(endpoint: Endpoint) -> None:
     r = source_for(endpoint).collect()
     assert r.up and one(r, GPU_UTILIZATION) == 0.5
     assert [e.kind for e in r.errors] == ["bad_sample"] and "line(s) 4" in r.errors[0].message
+
+
+@pytest.mark.parametrize("fixture", sorted(FIXTURES.glob("**/*.txt")), ids=lambda p: p.stem)
+def test_every_series_is_mapped_or_accounted_for(fixture: Path) -> None:
+    """Each DCGM series of a page is published, or counted in truegpu_exporter_ignored_series with a
+    reason: a field outside the contract, a blank (NOT_SUPPORTED, NaN), a duplicate or a partial part."""
+    from exporter.sources.dcgm import _FIELDS
+
+    text = fixture.read_text()
+    r = DcgmSource("http://127.0.0.1:1/metrics", hostname="h").convert(text)
+    names = [line.split("{", 1)[0].split(" ", 1)[0] for line in text.splitlines()
+             if line[:5] in ("DCGM_", "dcgm_")]
+    unmapped = sum(1 for n in names if n not in _FIELDS)
+    assert sum(v for (_, why), v in r.ignored.items() if why == "not_in_contract") == unmapped
+    assert {why for _, why in r.ignored} <= {"not_in_contract", "blank", "duplicate", "partial"}
+    assert all(n in _FIELDS or (n, "not_in_contract") in r.ignored for n in names)
+
+
+def test_missing_and_shared_uuids_duplicates_and_partial_memory_are_said() -> None:
+    """GPUs without a UUID or sharing one stay apart (host and index) and are reported; a series
+    printed twice keeps its first value and is counted; FB_FREE without FB_USED forms no total."""
+    lines = [f'DCGM_FI_DEV_GPU_TEMP{{gpu="{g}",{uuid}Hostname="n1"}} {40 + g}' for g, uuid in
+             ((0, ""), (1, ""), (2, 'UUID="GPU-x",'), (3, 'UUID="GPU-x",'))]
+    lines += ['DCGM_FI_DEV_GPU_TEMP{gpu="2",UUID="GPU-x",Hostname="n1"} 99',
+              'DCGM_FI_DEV_FB_FREE{gpu="3",UUID="GPU-x",Hostname="n1"} 1000']
+    r = DcgmSource("http://127.0.0.1:1/metrics", hostname="h").convert("\n".join(lines) + "\n")
+    assert r.up
+    kinds = {e.kind: e.message for e in r.errors}
+    assert set(kinds) == {"no_uuid", "duplicate_uuid", "duplicate_series"}
+    assert "2 GPU(s) without a UUID label (n1/0, n1/1)" in kinds["no_uuid"]
+    assert "GPU-x on n1/2, n1/3" in kinds["duplicate_uuid"] and "line(s) 5" in kinds["duplicate_series"]
+    temps = {labels["gpu"]: v for labels, v in r.samples[schema.TEMPERATURE]}
+    assert temps == {"0": 40.0, "1": 41.0, "2": 42.0, "3": 43.0}  # four GPUs, the first value kept
+    assert r.ignored == {("DCGM_FI_DEV_GPU_TEMP", "duplicate"): 1, ("DCGM_FI_DEV_FB_FREE", "partial"): 1}
+    assert schema.MEMORY_TOTAL not in r.samples
+
+
+def test_ignored_series_are_published_by_the_collector(endpoint: Endpoint) -> None:
+    endpoint.serve(H100)
+    families = {f.name: f for f in TruegpuCollector([source_for(endpoint)]).collect()}
+    ignored = families[schema.SOURCE_IGNORED_SERIES.name].samples
+    assert [(s.labels, s.value) for s in ignored] == [
+        ({"source": "dcgm", "field": "DCGM_FI_DEV_VGPU_LICENSE_STATUS", "reason": "not_in_contract"}, 11.0)]
 
 
 def test_recovers_after_failure(endpoint: Endpoint) -> None:

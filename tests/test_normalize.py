@@ -218,6 +218,19 @@ def test_a100_1x_dialect_fixture():
     assert "DCGM_FI_PROF_SM_ACTIVE" in fleet.missing["sm_active"]
 
 
+@pytest.mark.parametrize(("edit", "note"), [
+    (lambda t: t.replace('UUID="GPU-', 'X="GPU-'), "4 GPU(s) carry no UUID label"),
+    (lambda t: __import__("re").sub(r'UUID="GPU-[^"]*"', 'UUID="GPU-same"', t), "1 UUID(s) appear on more than one"),
+])
+def test_missing_or_repeated_uuids_still_count_every_gpu(tmp_path, edit, note):
+    path = tmp_path / "page.txt"
+    path.write_text(edit((FIXTURES / "l40s_default_counters.txt").read_text()))
+    long, report = read_openmetrics(path, default_timestamp=T0)
+    fleet = normalize(long, report=report)
+    assert fleet.gpu_count() == 4 and len(fleet.frame) == 4
+    assert any(note in n for n in fleet.notes), fleet.notes
+
+
 def test_l40s_default_counters_fixture():
     fleet = fixture("l40s_default_counters.txt")
     assert "sm_active" not in fleet.frame.columns and "sm_occupancy" not in fleet.frame.columns

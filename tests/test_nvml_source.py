@@ -193,6 +193,18 @@ def test_a100_without_gpm_omits_profiling_and_unsupported_fields(tmp_path, caplo
         source.close()
 
 
+def test_video_engines_as_ratios_and_absent_where_the_gpu_has_none(node) -> None:
+    fake, source, clock = node
+    fake.gpus[0].util_enc, fake.gpus[0].util_dec = 25, 60
+    fake.gpus[1].util_enc = None  # no NVENC on this GPU: NOT_SUPPORTED, unknown, never 0
+    clock.advance(1)
+    reading = source.collect()
+    assert reading.up and reading.errors == []
+    enc, dec = series(reading, schema.ENCODER_UTILIZATION), series(reading, schema.DECODER_UTILIZATION)
+    assert enc[("0",)] == 0.25 and dec[("0",)] == 0.6
+    assert ("1",) not in enc and ("1",) in dec
+
+
 def test_not_supported_omits_only_that_family_and_is_not_retried(node) -> None:
     fake, source, clock = node
     fake.gpus[3].not_supported = {"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetRemappedRows"}

@@ -149,12 +149,12 @@ def fleet_shape(fleet: Fleet) -> dict[str, object]:
         return int(fr[col].nunique(dropna=True)) if col in fr.columns else 0
 
     models: dict[str, int] = {}
-    if "uuid" in fr.columns and "model" in fr.columns and len(fr):
-        per_gpu = fr.groupby("uuid", observed=True, sort=False)["model"].first()
+    if "model" in fr.columns and len(fr):
+        per_gpu = fr.groupby(["hostname", "gpu"], observed=True, sort=False)["model"].first()
         models = {str(k): int(v) for k, v in per_gpu.astype(str).value_counts().sort_index().items()}
-    devices = int(fr.groupby(["uuid", "gpu_instance"], observed=True).ngroups) if len(fr) else 0
+    devices = int(fr.groupby(["hostname", "gpu", "gpu_instance"], observed=True).ngroups) if len(fr) else 0
     sites = sorted(str(s) for s in fr["site"].dropna().unique() if str(s)) if "site" in fr.columns else []
     return {
-        "gpus": distinct("uuid"), "devices": devices, "nodes": distinct("hostname"),
+        "gpus": fleet.gpu_count(), "devices": devices, "nodes": distinct("hostname"),
         "models": models, "sites": sites,
     }

@@ -38,6 +38,12 @@ class Reading:
     #: False when the source could not read everything it should have (a lost GPU, the
     #: endpoint down); a NotSupported family on a GPU that never had it is not a failure.
     up: bool = True
+    #: (input field, reason) -> series read but not published (every input series is accounted for).
+    ignored: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def ignore(self, field_name: str, reason: str, n: int = 1) -> None:
+        key = (field_name, reason)
+        self.ignored[key] = self.ignored.get(key, 0) + n
 
     def add(self, metric: Metric, labels: Labels, value: float) -> None:
         self.samples.setdefault(metric, []).append((labels, value))

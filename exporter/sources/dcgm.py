@@ -61,6 +61,16 @@ PARSE_ERROR: Final = "parse_error"
 BAD_LINE: Final = "bad_line"
 #: A mapped DCGM field without gpu/UUID labels, or an XID count without an xid label.
 BAD_SAMPLE: Final = "bad_sample"
+#: GPUs without a UUID label, or one UUID on several GPUs: published, told apart by host and index.
+NO_UUID: Final = "no_uuid"
+DUPLICATE_UUID: Final = "duplicate_uuid"
+#: The same series twice in one page (the first value is kept).
+DUPLICATE_SERIES: Final = "duplicate_series"
+# Reasons of truegpu_exporter_ignored_series.
+NOT_IN_CONTRACT: Final = "not_in_contract"
+DUPLICATE: Final = "duplicate"
+BLANK: Final = "blank"
+PARTIAL: Final = "partial"
 INTERNAL_ERROR: Final = "internal_error"
 
 # dcgm-exporter fields and labels that are not contract mappings of their own.
@@ -117,6 +127,8 @@ def _field_table() -> dict[str, _Field]:
 
 
 _FIELDS: Final = _field_table()
+#: Memory part -> its dcgm-exporter field (named in truegpu_exporter_ignored_series when no total forms).
+_MEM_FIELDS: Final = {"total": MEMORY_TOTAL.dcgm[0].field, "free": DCGM_FB_FREE, "reserved": DCGM_FB_RESERVED}
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +298,8 @@ class DcgmSource(Source):
         last_xid: dict[tuple[str, ...], int] = {}
         allocs: dict[tuple[tuple[str, ...], tuple[str, str, str, str]], None] = {}  # ordered set
         no_identity: list[int] = []
+        page: set[str] = set()  # series of this page, to find a series printed twice
+        duplicates: list[int] = []
         n_samples = 0
         dcgm_samples = 0
         for lineno, line in enumerate(text.splitlines(), 1):
@@ -326,16 +340,24 @@ class DcgmSource(Source):
                     continue
                 dcgm_samples += 1
                 if how == _IGNORED:
+                    reading.ignore(ent[1], NOT_IN_CONTRACT)
                     if ent[1] not in ignored:
                         ignored.add(ent[1])
-                        log.debug("dcgm: ignoring field %s (not in the contract)", ent[1])
+                        log.info("dcgm: field %s is not in truegpu's contract: counted in "
+                                 "truegpu_exporter_ignored_series, not published", ent[1])
                     continue
             else:
                 dcgm_samples += 1
-            if value - value != 0:
-                continue  # NaN, +-Inf: unknown
-            if value >= _SENTINEL_MIN and is_dcgm_sentinel(value):
-                continue  # DCGM's "blank"/not supported: unknown
+            if value - value != 0 or (value >= _SENTINEL_MIN and is_dcgm_sentinel(value)):
+                # NaN, +-Inf or DCGM's "blank"/not supported marker: unknown, never a value
+                reading.ignore(line.split("{", 1)[0].split(" ", 1)[0], BLANK)
+                continue
+            series = line.rpartition(" ")[0]
+            if series in page:
+                duplicates.append(lineno)
+                reading.ignore(line.split("{", 1)[0].split(" ", 1)[0], DUPLICATE)
+                continue
+            page.add(series)
             if how == _NO_IDENT:
                 no_identity.append(lineno)
                 continue
@@ -392,11 +414,15 @@ class DcgmSource(Source):
             reading.fail(PARSE_ERROR, f"no DCGM fields in the response of {self.url} (is it a dcgm-exporter?)")
             return reading
         if no_identity:
-            lines = ", ".join(map(str, no_identity[:10])) + (" ..." if len(no_identity) > 10 else "")
             reading.errors.append(SourceError(
                 BAD_SAMPLE, f"{self.url}: {len(no_identity)} DCGM sample(s) without gpu/UUID (or xid) labels "
-                            f"skipped, line(s) {lines}"))
+                            f"skipped, line(s) {_lines(no_identity)}"))
 
+        if duplicates:
+            reading.errors.append(SourceError(
+                DUPLICATE_SERIES, f"{self.url}: {len(duplicates)} series printed twice (first value kept), line(s) "
+                                  + _lines(duplicates)))
+        self._check_uuids(seen, reading)
         self._count_last_xids(last_xid, xid_counted)
         for key, parts in mem.items():
             total = parts.get("total")
@@ -405,6 +431,9 @@ class DcgmSource(Source):
                 total = parts["used"] + parts["free"] + parts.get("reserved", 0.0)
             if total is not None:
                 add(MEMORY_TOTAL, dict(seen[key].labels), total * MIB)
+            else:  # FB_FREE or FB_RESERVED without FB_USED: no total can be formed
+                for part in parts.keys() - {"used"}:
+                    reading.ignore(_MEM_FIELDS.get(part, part), PARTIAL)
         infos: set[tuple[str, str, str]] = set()
         for key, ident in seen.items():
             for xid, n in self._xid_counts.get(key, {}).items():
@@ -487,6 +516,25 @@ class DcgmSource(Source):
             alloc=alloc,
         )
 
+    def _check_uuids(self, seen: dict[tuple[str, ...], _Ident], reading: Reading) -> None:
+        """GPUs without a UUID, or a UUID on several GPUs, are still published (told apart by host and
+        index) but said so: the UUID is what identifies a GPU across hosts and reboots."""
+        gpus = {ident.gpu_key for ident in seen.values()}
+        missing = sorted(f"{host}/{gpu}" for host, gpu, uuid in gpus if not uuid)
+        if missing:
+            reading.errors.append(SourceError(NO_UUID, f"{self.url}: {len(missing)} GPU(s) without a UUID label "
+                                              f"({', '.join(missing[:5])}): told apart by host and gpu index"))
+        holders: dict[str, list[str]] = {}
+        for host, gpu, uuid in gpus:
+            if uuid:
+                holders.setdefault(uuid, []).append(f"{host}/{gpu}")
+        shared = {u: sorted(h) for u, h in holders.items() if len(h) > 1}
+        if shared:
+            u, h = sorted(shared.items())[0]
+            reading.errors.append(SourceError(
+                DUPLICATE_UUID, f"{self.url}: {len(shared)} UUID(s) on more than one GPU (e.g. {u} on "
+                                f"{', '.join(h)}): told apart by host and gpu index"))
+
     def _integrate(self, rkey: tuple, rate: float, now: float) -> float:
         """Counter for a rate series: trapezoid of the rates between scrapes; starts at 0, never decreases."""
         state = self._rates.get(rkey)
@@ -513,6 +561,10 @@ class DcgmSource(Source):
             if xid != 0 and xid != prev and key not in skip:
                 counts = self._xid_counts.setdefault(key, {})
                 counts[str(xid)] = counts.get(str(xid), 0.0) + 1.0
+
+
+def _lines(numbers: list[int], limit: int = 10) -> str:
+    return ", ".join(map(str, numbers[:limit])) + (" ..." if len(numbers) > limit else "")
 
 
 def _bad_summary(bad: list[promtext.BadLine], limit: int = 5) -> str:

@@ -494,6 +494,11 @@ class NvmlSource(Source):
         if util is not None:
             add((schema.GPU_UTILIZATION, base, util.gpu / 100.0))
             add((schema.MEMORY_UTILIZATION, base, util.memory / 100.0))
+        for key, fn, metric in (("encoder", nv.nvmlDeviceGetEncoderUtilization, schema.ENCODER_UTILIZATION),
+                                ("decoder", nv.nvmlDeviceGetDecoderUtilization, schema.DECODER_UTILIZATION)):
+            video = call(gpu, key, errors, fn, h)
+            if video is not None:
+                add((metric, base, video[0] / 100.0))
         mem = call(gpu, "memory_v2", errors, nv.nvmlDeviceGetMemoryInfo, h, nv.nvmlMemory_v2)
         if mem is None and "memory_v2" in gpu.skip:
             mem = call(gpu, "memory", errors, nv.nvmlDeviceGetMemoryInfo, h)

@@ -101,6 +101,9 @@ class FakeGpu:
     mig_capable: bool = True
     util_gpu: int = 0
     util_mem: int = 0
+    #: NVENC/NVDEC busy percent; None: the GPU has no video engine (A100/H100 PCIe have NVDEC only).
+    util_enc: int | None = 0
+    util_dec: int | None = 0
     mem_total: int = 80 * GIB
     mem_reserved: int = 512 * MIB
     mem_used: int = 0
@@ -318,6 +321,20 @@ class FakeNvml:
         util = real.c_nvmlUtilization_t()
         util.gpu, util.memory = gpu.util_gpu, gpu.util_mem
         return util
+
+    def _video(self, handle: object, fn: str, attr: str) -> list[int]:
+        """[utilization %, sampling period us], as pynvml returns it; NOT_SUPPORTED without the engine."""
+        gpu = self._dev(handle, fn)
+        value = getattr(gpu, attr)
+        if value is None or gpu.mig:
+            raise _error(real.NVML_ERROR_NOT_SUPPORTED)
+        return [value, 167000]
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: object) -> list[int]:
+        return self._video(handle, "nvmlDeviceGetEncoderUtilization", "util_enc")
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: object) -> list[int]:
+        return self._video(handle, "nvmlDeviceGetDecoderUtilization", "util_dec")
 
     def nvmlDeviceGetMemoryInfo(self, handle: object, version: int | None = None) -> object:
         gpu, mig = self._any(handle, "nvmlDeviceGetMemoryInfo")
