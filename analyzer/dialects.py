@@ -56,7 +56,9 @@ class Source:
     signal: Signal
     dialect: Dialect
     kind: SourceKind
+    #: x * scale / div is the value in base units (DcgmField.factors: percent divides by 100 exactly).
     scale: float = 1.0
+    div: float = 1.0
     #: dcgm bitmask: the bits whose reasons the signal covers.
     bits: int = 0
     #: Used only where the signal's other sources are unknown (NVLink ``direction=total``).
@@ -90,7 +92,7 @@ def _dcgm_sources(signal: Signal) -> Iterable[Source]:
             bits, kind = 0, "counter" if signal.metric.type == "counter" else "gauge"
         fallback = dict(f.labels).get("direction") == "total"
         for name in (f.field, f.legacy_name):
-            yield Source(name, signal, "dcgm", kind, f.scale, bits, fallback, f.labels)
+            yield Source(name, signal, "dcgm", kind, *f.factors, bits, fallback, f.labels)
 
 
 def _build() -> dict[str, list[Source]]:

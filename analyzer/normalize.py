@@ -436,11 +436,12 @@ class _State:
         mean = np.add.reduceat(v, starts) / counts
         return self._tl_sum(ukey // T, ukey % T, mean)
 
-    def _group(self, kind: str, series_mask: np.ndarray, scale: float, bits: int, name: str) -> np.ndarray | None:
+    def _group(self, kind: str, series_mask: np.ndarray, factors: tuple[float, float], bits: int,
+               name: str) -> np.ndarray | None:
         idx = self._samples(series_mask)
         if not series_mask.any():
             return None
-        v = self.d.val[idx] * scale
+        v = self.d.val[idx] * factors[0] / factors[1]
         if name in self.increase and kind == "counter":
             if name not in self.rate_queries:
                 v = v / self.g.step
@@ -470,7 +471,7 @@ class _State:
                 else:
                     groups = [(self.d.metric == name, src.fallback)]
                 for mask, is_fallback in groups:
-                    arr = self._group(src.kind, mask, src.scale, src.bits, name)
+                    arr = self._group(src.kind, mask, (src.scale, src.div), src.bits, name)
                     if arr is not None:
                         by_dialect.setdefault(src.dialect, ([], []))[1 if is_fallback else 0].append(arr)
         if signal.name == "mem_total":
@@ -497,7 +498,7 @@ class _State:
         for name, base in D.FB_PARTS.items():
             if name in self.metric_idx:
                 mask = self.d.metric == name
-                arr = self._group("gauge", mask, S.MIB, 0, name)
+                arr = self._group("gauge", mask, (S.MIB, 1.0), 0, name)
                 parts[base] = arr if base not in parts else np.where(np.isnan(parts[base]), arr, parts[base])
         used, free, reserved = parts.get(D.FB_USED), parts.get(D.DCGM_FB_FREE), parts.get(D.DCGM_FB_RESERVED)
         if used is None or free is None:
@@ -710,9 +711,12 @@ class _State:
 
     def missing(self, frame: pd.DataFrame) -> dict[str, str]:
         used = [x for x in ("truegpu", "dcgm") if x in set(self.d.dialect_of_series)]
+        all_mig = bool(len(frame)) and bool((frame["gpu_instance"].astype(str) != "").all())
         out = {}
         for signal in SIGNALS:
-            if signal.name not in self.present:
+            if all_mig and signal.name in _NOT_ON_MIG and signal.name not in self.present:
+                out[signal.name] = f"{signal.name} unknown: {_NOT_ON_MIG[signal.name]}"
+            elif signal.name not in self.present:
                 out[signal.name] = "; ".join(D.missing_reason(signal, x) for x in used)
             elif not frame[signal.name].notna().any():
                 out[signal.name] = (
@@ -720,6 +724,15 @@ class _State:
                     "or counters with fewer than two samples per series)"
                 )
         return out
+
+
+#: Signals NVIDIA does not report for MIG instances: on MIG-only input, no counters CSV can add them.
+_NOT_ON_MIG = {
+    "gpu_util": "NVIDIA does not report GPU utilization for MIG instances (every GPU here is in MIG mode); "
+                "busy time comes from DCGM_FI_PROF_GR_ENGINE_ACTIVE per instance instead",
+    "mem_util": "NVIDIA does not report memory-copy utilization for MIG instances (every GPU here is in MIG "
+                "mode); DCGM_FI_PROF_DRAM_ACTIVE measures memory traffic per instance",
+}
 
 
 def _combine(signal: Signal, arrays: list[np.ndarray]) -> np.ndarray | None:

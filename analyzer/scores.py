@@ -300,8 +300,8 @@ def compute_scores(fleet: Fleet, *, window: float = 300.0) -> Scores:
     if not fleet.has("sm_active"):
         why = fleet.missing.get("sm_active", "SM activity is not in the input")
         notes.append(
-            f"{why}: effective utilization is estimated as {FALLBACK_SM_PER_UTIL} x GPU util (low confidence); "
-            "idle masking cannot be measured without it"
+            f"{why}: effective utilization is estimated as {FALLBACK_SM_PER_UTIL} x busy time (GPU util; "
+            "GR engine activity on MIG instances) with low confidence; idle masking cannot be measured without it"
         )
     if not (fleet.has("sm_clock") and fleet.has("sm_clock_max")):
         notes.append("SM clocks unknown: throttling cannot be counted as lost capacity")

@@ -61,6 +61,14 @@ class DcgmField:
     def legacy_name(self) -> str:
         return self.field.lower()
 
+    @property
+    def factors(self) -> tuple[float, float]:
+        """(m, d) with ``x * m / d`` the value in base units: a sub-unit scale divides by its exact
+        reciprocal, so 57 % is 0.57, not 57 * 0.01 = 0.5700000000000001."""
+        if 0 < self.scale < 1 and (1.0 / self.scale) == round(1.0 / self.scale):
+            return 1.0, float(round(1.0 / self.scale))
+        return self.scale, 1.0
+
 
 #: Ratios may overshoot 1 by this much (rounding in drivers and in dcgm-exporter's percent).
 RATIO_TOLERANCE = 0.02

@@ -473,6 +473,11 @@ def test_ignored_series_are_published_by_the_collector(endpoint: Endpoint) -> No
         ({"source": "dcgm", "field": "DCGM_FI_DEV_VGPU_LICENSE_STATUS", "reason": "not_in_contract"}, 11.0)]
 
 
+def test_percent_is_an_exact_ratio() -> None:
+    r = DcgmSource("http://127.0.0.1:1/metrics", hostname="h").convert(body(DCGM_FI_DEV_GPU_UTIL=57))
+    assert repr(one(r, GPU_UTILIZATION)) == "0.57"  # 57 / 100, not 57 * 0.01 = 0.5700000000000001
+
+
 def test_recovers_after_failure(endpoint: Endpoint) -> None:
     src = source_for(endpoint)
     endpoint.serve("boom", status=500)

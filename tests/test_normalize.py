@@ -231,6 +231,29 @@ def test_missing_or_repeated_uuids_still_count_every_gpu(tmp_path, edit, note):
     assert any(note in n for n in fleet.notes), fleet.notes
 
 
+def test_mig_only_input_never_asks_for_gpu_util(tmp_path):
+    """NVIDIA does not report GPU_UTIL for MIG instances: no counters CSV can add it, so say so."""
+    text = (FIXTURES / "h100_mig_pods.txt").read_text().splitlines()
+    path = tmp_path / "mig.txt"
+    path.write_text("\n".join(x for x in text if x.startswith("#") or 'gpu="6"' in x or 'gpu="7"' in x) + "\n")
+    long, report = read_openmetrics(path, default_timestamp=T0)
+    fleet = normalize(long, report=report)
+    assert "NVIDIA does not report GPU utilization for MIG instances" in fleet.missing["gpu_util"]
+    assert "GR_ENGINE_ACTIVE" in fleet.missing["gpu_util"] and "counters CSV" not in fleet.missing["gpu_util"]
+    assert "counters CSV" in fixture("h100_mig_pods.txt").missing.get("mem_util", "counters CSV")
+
+
+def test_percent_fields_are_exact_ratios(tmp_path):
+    """57 % is 0.57, not 57 * 0.01 = 0.5700000000000001 (and so on every percent in 0..100)."""
+    lines = [f'DCGM_FI_DEV_GPU_UTIL{{gpu="{p}",UUID="GPU-{p}",Hostname="n"}} {p}' for p in range(101)]
+    path = tmp_path / "pct.txt"
+    path.write_text("\n".join(lines) + "\n")
+    long, report = read_openmetrics(path, default_timestamp=T0)
+    frame = normalize(long, report=report).frame
+    got = dict(zip(frame["gpu"].astype(int), frame["gpu_util"], strict=True))
+    assert all(got[p] == p / 100 for p in range(101)) and repr(got[57]) == "0.57"
+
+
 def test_l40s_default_counters_fixture():
     fleet = fixture("l40s_default_counters.txt")
     assert "sm_active" not in fleet.frame.columns and "sm_occupancy" not in fleet.frame.columns

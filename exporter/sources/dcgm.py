@@ -106,7 +106,8 @@ class _Field:
     how: int
     metric: Metric | None = None
     extra: tuple[tuple[str, str], ...] = ()
-    scale: float = 1.0
+    scale: float = 1.0  # multiply, then
+    div: float = 1.0  # divide (DcgmField.factors: exact percent)
     part: str = ""  # memory part for _MEM
 
 
@@ -115,13 +116,13 @@ def _field_table() -> dict[str, _Field]:
     how_of = {"value": _VALUE, "rate": _RATE, "bitmask": _BITMASK, "last": _LAST}
     table: dict[str, _Field] = {}
     for name, (metric, f) in DCGM_BY_FIELD.items():
-        table[name] = _Field(how_of[f.kind], metric, f.labels, f.scale)
+        table[name] = _Field(how_of[f.kind], metric, f.labels, *f.factors)
     # Memory total is FB_TOTAL or FB_USED + FB_FREE + FB_RESERVED, so the parts are gathered per GPU.
     parts = {MEMORY_TOTAL.dcgm[0].field: "total", DCGM_FB_FREE: "free", DCGM_FB_RESERVED: "reserved"}
     for name, part in parts.items():
         table[name] = table[name.lower()] = _Field(_MEM, part=part)
     for name in (MEMORY_USED.dcgm[0].field, MEMORY_USED.dcgm[0].legacy_name):
-        table[name] = _Field(_USED, MEMORY_USED, scale=MEMORY_USED.dcgm[0].scale, part="used")
+        table[name] = _Field(_USED, MEMORY_USED, (), *MEMORY_USED.dcgm[0].factors, part="used")
     table[XID_COUNT] = table[XID_COUNT.lower()] = _Field(_XID_COUNT, XID_ERRORS)
     return table
 
@@ -370,9 +371,9 @@ class DcgmSource(Source):
                 lst = by_metric.get(ent[4])
                 if lst is None:
                     lst = by_metric[ent[4]] = []
-                lst.append((ent[5], value * ent[6]))
+                lst.append((ent[5], value * ent[6] / ent[8]))
             elif how == _USED:
-                add(MEMORY_USED, ent[5], value * ent[6])
+                add(MEMORY_USED, ent[5], value * ent[6] / ent[8])
                 mem.setdefault(key, {})["used"] = value
             elif how == _MEM:
                 mem.setdefault(key, {})[ent[4]] = value
@@ -381,7 +382,7 @@ class DcgmSource(Source):
                 if rkey in rates_done:
                     continue
                 rates_done.add(rkey)
-                add(ent[4], ent[5], self._integrate(rkey, max(value * ent[6], 0.0), now))
+                add(ent[4], ent[5], self._integrate(rkey, max(value * ent[6] / ent[8], 0.0), now))
             elif how == _BITMASK:
                 if key in bitmask_done:
                     continue  # both the current name and its deprecated alias are present
@@ -476,7 +477,7 @@ class DcgmSource(Source):
             out = dict(ident.labels)
             out.update(spec.extra)
             rkey = (key, spec.metric.name, spec.extra) if how == _RATE else None
-            return how, key, ident, alloc, spec.metric, out, spec.scale, rkey
+            return how, key, ident, alloc, spec.metric, out, spec.scale, rkey, spec.div
         if how == _MEM:
             return how, key, ident, alloc, spec.part
         if how == _BITMASK:
