@@ -482,11 +482,22 @@ def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB) -> RuleFile:
     def xid_class(codes: Sequence[int]) -> str:
         return " or ".join(f"{xid} == {c}" for c in codes)
 
+    # GPUs whose dcgm-exporter runs the XID count collector are paged from it (it sees a repeated XID);
+    # the last-XID gauge pages the others.
+    counted = f"max by ({g}) ({dcgm_norm(dcgm_sel(S.DCGM_XID_COUNT))})"
+
     def new_xid(expr: str) -> str:
         """Matches on whole label sets of one series only, so it is normalized once, outside."""
-        return dcgm_norm(f"({expr}) unless ({xid} offset {w10} == {xid})")
+        return dcgm_norm(f"({expr}) unless ({xid} offset {w10} == {xid})") + f" unless on ({g}) {counted}"
+
+    def counted_xid(codes: str) -> str:
+        window = dcgm_norm(f"max_over_time({dcgm_sel(S.DCGM_XID_COUNT, xid=codes)}[{w10}])")
+        return f"max by ({g}, xid) ({window}) > 0"
 
     xid_text = "XID {{ $value }} (the last XID the GPU reported changed within the last " + w10 + ")"
+    count_text = ("{{ $value }} XID {{ $labels.xid }} event(s) within dcgm-exporter's XID count window in the last "
+                  + w10)
+    crit_codes, info_codes = alternatives(CRITICAL_XIDS), alternatives(INFO_XIDS)
     dbe = _field(S.ECC_ERRORS, type="uncorrectable", scope="volatile").field
     rows = _field(S.REMAPPED_ROWS, type="uncorrectable").field
     remap_failure = _field(S.ROW_REMAP_FAILURE).field
@@ -527,6 +538,18 @@ def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB) -> RuleFile:
               "Application XID {{ $value }} on " + SHORT_REF,
               f"{DCGM_GPU_REF} reported {xid_text}: usually the job's own bug (illegal memory access, "
               "kernel exception); the GPU itself is fine.", dialect, (xid_field,)),
+        Alert("GpuXidError", counted_xid("=~" + crit_codes), "0s", "critical", "training",
+              "Critical XID {{ $labels.xid }} on " + SHORT_REF,
+              f"{DCGM_GPU_REF} reported {count_text}: the GPU cannot be trusted until it is drained and reset.",
+              dialect, (S.DCGM_XID_COUNT,)),
+        Alert("GpuXidError", counted_xid(f"!~{crit_codes}|{info_codes}"), "0s", "warning", "training",
+              "XID {{ $labels.xid }} on " + SHORT_REF,
+              f"{DCGM_GPU_REF} reported {count_text}: a driver or hardware error, see the runbook's XID table.",
+              dialect, (S.DCGM_XID_COUNT,)),
+        Alert("GpuXidError", counted_xid("=~" + info_codes), "0s", "info", "training",
+              "Application XID {{ $labels.xid }} on " + SHORT_REF,
+              f"{DCGM_GPU_REF} reported {count_text}: usually the job's own bug (illegal memory access, "
+              "kernel exception); the GPU itself is fine.", dialect, (S.DCGM_XID_COUNT,)),
         Alert("GpuUncorrectableEcc",
               f"max by ({g}) ({d_range('increase', dbe, w10)}) > 0 or max by ({g}) ({d_range('increase', rows, w10)}) "
               "> 0",

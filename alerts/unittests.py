@@ -434,6 +434,36 @@ def dcgm_tests(sp: Spelling) -> list[dict[str, Any]]:
         check("25m", "GpuXidError"),
     ])
 
+    xid_count = sp.name(S.DCGM_XID_COUNT)
+    window = {"window_size_in_ms": "300000"}
+    cdesc = "event(s) within dcgm-exporter's XID count window in the last 10m"
+    counter = _dcgm_counters("GpuXidError", "critical")
+    xid_counted = case("dcgm GpuXidError from the XID count collector: a repeated XID pages again, once", [
+        series(xid, dgpu(0), "0x9 79x60"),                    # the gauge cannot see the second XID 79 ...
+        series(xid_count, dgpu(0, xid="79", **window), "0x9 1x5 0x15 1x5 0x25"),  # ... the collector can
+        series(xid_count, dgpu(1, xid="13", **window), "0x9 2x5 0x45"),
+        series(xid, dgpu(2), "0x9 94x60"),                    # no collector on this GPU: the gauge pages
+    ], alerts=[
+        check("12m", "GpuXidError",
+              expect({**_gpu_keys(dgpu(0)), "xid": "79", "dialect": "dcgm"}, "critical", "training", annotations(
+                  "GpuXidError", f"Critical XID 79 on {short(0)}",
+                  f"{ref(0)} reported 1 XID 79 {cdesc}: the GPU cannot be trusted until it is drained and reset.",
+                  **counter)),
+              expect({**_gpu_keys(dgpu(1)), "xid": "13", "dialect": "dcgm"}, "info", "training", annotations(
+                  "GpuXidError", f"Application XID 13 on {short(1)}",
+                  f"{ref(1)} reported 2 XID 13 {cdesc}: usually the job's own bug (illegal memory access, kernel "
+                  "exception); the GPU itself is fine.", **counter)),
+              expect(_d(dgpu(2)), "warning", "training", annotations(
+                  "GpuXidError", f"XID 94 on {short(2)}",
+                  f"{ref(2)} reported XID 94 {xdesc}: a driver or hardware error, see the runbook's XID table."))),
+        check("28m", "GpuXidError"),
+        check("42m", "GpuXidError",   # the same XID again, 30 minutes later: the gauge stayed at 79
+              expect({**_gpu_keys(dgpu(0)), "xid": "79", "dialect": "dcgm"}, "critical", "training", annotations(
+                  "GpuXidError", f"Critical XID 79 on {short(0)}",
+                  f"{ref(0)} reported 1 XID 79 {cdesc}: the GPU cannot be trusted until it is drained and reset.",
+                  **counter))),
+    ])
+
     dbe = f(S.ECC_ERRORS, type="uncorrectable", scope="volatile")
     sbe = f(S.ECC_ERRORS, type="correctable", scope="volatile")
     rows = f(S.REMAPPED_ROWS, type="uncorrectable")
@@ -555,7 +585,7 @@ def dcgm_tests(sp: Spelling) -> list[dict[str, Any]]:
                 "unobserved."))),
     ])
     missing = missing_case(f(S.MEMORY_USED), dgpu, "GPU_I_ID", {"dialect": "dcgm"})
-    return [recording, xid_cases, ecc, remap, thermal, nvlink, pcie, lost, missing, down]
+    return [recording, xid_cases, xid_counted, ecc, remap, thermal, nvlink, pcie, lost, missing, down]
 
 
 # analyzer findings ---------------------------------------------------------------------------

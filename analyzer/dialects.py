@@ -113,19 +113,23 @@ SOURCES: dict[str, list[Source]] = _build()
 FB_USED = S.MEMORY_USED.dcgm[0].field
 FB_PARTS: dict[str, str] = {n: base for base in (FB_USED, DCGM_FB_FREE, DCGM_FB_RESERVED) for n in (base, base.lower())}
 XID_DCGM: frozenset[str] = frozenset(n for f in S.XID_ERRORS.dcgm for n in (f.field, f.legacy_name))
+#: dcgm-exporter's XID count collector (XIDs within a sliding window, per xid label).
+XID_DCGM_COUNT: frozenset[str] = frozenset((S.DCGM_XID_COUNT, S.DCGM_XID_COUNT.lower()))
 INFO_METRICS: tuple[S.Metric, ...] = (S.GPU_INFO, S.NODE_INFO, S.GPU_TOPOLOGY_INFO, S.GPU_ALLOCATION_INFO)
 
 
 def needed_names() -> frozenset[str]:
     """Every input metric name normalize reads (both dialects, both dcgm spellings)."""
-    return frozenset(SOURCES) | frozenset(FB_PARTS) | XID_DCGM | {S.XID_ERRORS.name} | {m.name for m in INFO_METRICS}
+    return (frozenset(SOURCES) | frozenset(FB_PARTS) | XID_DCGM | XID_DCGM_COUNT | {S.XID_ERRORS.name}
+            | {m.name for m in INFO_METRICS})
 
 
 def dialect_of(name: str) -> Dialect | None:
     """Which dialect an input metric name belongs to (None: not GPU telemetry we read)."""
     if name.startswith(S.PREFIX):
         return "truegpu"
-    if name in SOURCES or name in FB_PARTS or name in XID_DCGM or name[:8].lower() == "dcgm_fi_":
+    if name in SOURCES or name in FB_PARTS or name in XID_DCGM or name in XID_DCGM_COUNT or \
+            name[:8].lower() == "dcgm_fi_":
         return "dcgm"
     return None
 

@@ -673,7 +673,32 @@ class _State:
                 b = np.concatenate([d.bf[idx][:-1][ok], d.bf[idx][late] - 1])
                 cnt = np.concatenate([inc[ok], v[late]])
                 parts.append((sel, b, cnt, d.table.get("xid", _blank(d.n_series))[d.sid[sel]]))
-        dc = np.isin(d.metric, list(D.XID_DCGM))
+        xids = d.table.get("xid", _blank(d.n_series))
+        gpu_key = np.char.add(np.char.add(d.lab["hostname"].astype(str), "\x00"), d.lab["gpu"].astype(str))
+        counted = np.zeros(d.n_series, bool)  # series of GPUs whose XIDs the count collector reports
+        xc = np.isin(d.metric, list(D.XID_DCGM_COUNT))
+        if xc.any():
+            # XIDs within dcgm-exporter's sliding window: each rise is that many new XIDs (it sees repeats)
+            idx = self._samples(xc)
+            v, tl = d.val[idx], d.tl[idx]
+            same = tl[1:] == tl[:-1]
+            ok = same & (v[1:] > v[:-1])
+            sel = idx[:-1][ok]  # as for the last-XID gauge: in the step before the sample that shows it
+            parts.append((sel, d.bf[sel], (v[1:] - v[:-1])[ok], xids[d.sid[sel]]))
+            counted = np.isin(gpu_key, gpu_key[np.unique(d.sid[idx])])
+            first = np.concatenate(([True], ~same)) & (v > 0)
+            if first.any():
+                s = d.sid[idx[first]]
+                self.notes.append(
+                    "XIDs already in dcgm-exporter's count window at the first sample (time unknown, not counted "
+                    "as events): " + ", ".join(sorted({f"{h}/{g} XID {x}" for h, g, x in zip(
+                        d.lab["hostname"][s], d.lab["gpu"][s], xids[s], strict=True)})))
+        dc = np.isin(d.metric, list(D.XID_DCGM)) & ~counted
+        if dc.any() and not xc.any():
+            self.notes.append(
+                "XIDs come from dcgm-exporter's last-XID gauge: the same XID repeating is not seen; enable its XID "
+                f"count collector ({S.DCGM_XID_COUNT}) to count every XID"
+            )
         if dc.any():
             idx = self._samples(dc)
             v, tl = d.val[idx], d.tl[idx]

@@ -529,6 +529,9 @@ def dcgm_field(metric: Metric, **labels: str) -> DcgmField:
 #: FB_TOTAL itself is not enabled by default and memory capacity would otherwise be lost.
 DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"
 DCGM_FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
+#: dcgm-exporter's XID count collector (when enabled): XIDs within a sliding window, one series per
+#: ``xid`` label. Unlike the last-XID gauge, it sees the same XID repeating.
+DCGM_XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
 
 #: Mapped fields dcgm-exporter enables by default: its etc/default-counters.csv (and
 #: dcp-metrics-included.csv), uncommented lines only. Not enabled there, hence absent from

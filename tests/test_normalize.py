@@ -413,6 +413,24 @@ def test_dcgm_last_xid_changes_are_events():
                                                                               (T0 + 240, "13", "GPU-0")]
 
 
+def test_dcgm_xid_count_collector_sees_a_repeated_xid():
+    """The last-XID gauge cannot see XID 31 twice; dcgm-exporter's count collector can, and where a GPU
+    has it the gauge is not counted again. Without it the analyzer says repeats are invisible."""
+    labels = {"gpu": "0", "UUID": "GPU-0", "Hostname": "n1"}
+    last, count = S.XID_ERRORS.dcgm[0].field, S.DCGM_XID_COUNT
+    window = {**labels, "xid": "31", "window_size_in_ms": "300000"}
+    fleet = normalize(long_frame(
+        (last, labels, times(6), [0, 31, 31, 31, 31, 31]),
+        (count, window, times(6), [0, 1, 1, 2, 2, 1]),  # XID 31, again, then the first ages out
+    ))  # fmt: skip
+    ev = fleet.events
+    assert list(zip(ev["timestamp"], ev["xid"], ev["count"], strict=True)) == [(T0, "31", 1.0),
+                                                                               (T0 + 120, "31", 1.0)]
+    assert not any("count collector" in n for n in fleet.notes)
+    alone = normalize(long_frame((last, labels, times(6), [0, 31, 31, 31, 31, 31])))
+    assert len(alone.events) == 1 and any("same XID repeating is not seen" in n for n in alone.notes)
+
+
 def test_mixed_dialects_merge_by_device():
     ts = times(3)
     fleet = normalize(long_frame(

@@ -31,6 +31,7 @@ from exporter.schema import (
     DCGM_FB_FREE,
     DCGM_FB_RESERVED,
     DCGM_SENTINEL_RANGES,
+    DCGM_XID_COUNT,
     GPU,
     GPU_ALLOCATION_INFO,
     GPU_INFO,
@@ -75,7 +76,7 @@ INTERNAL_ERROR: Final = "internal_error"
 
 # dcgm-exporter fields and labels that are not contract mappings of their own.
 #: dcgm-exporter's own XID counter: XIDs seen within its sliding window, labelled by xid.
-XID_COUNT: Final = "DCGM_EXP_XID_ERRORS_COUNT"
+XID_COUNT: Final = DCGM_XID_COUNT
 _HOST_LABELS = ("hostname", "Hostname")
 _UUID_LABELS = ("UUID", "uuid")
 _DRIVER_LABELS = ("DCGM_FI_DRIVER_VERSION", "dcgm_fi_driver_version")
