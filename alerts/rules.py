@@ -431,8 +431,8 @@ def _field(metric: S.Metric, **labels: str) -> S.DcgmField:
 
 
 def dcgm_sel(*field_names: str, **matchers: str) -> str:
-    """dcgm-exporter fields under their current names and the 1.x lower-case ones, with ``matchers``."""
-    names = alternatives(dict.fromkeys(n for f in field_names for n in (f, f.lower())))
+    """dcgm-exporter fields under every name a release gave them (exporter.schema.dcgm_spellings)."""
+    names = alternatives(dict.fromkeys(n for f in field_names for n in S.dcgm_spellings(f)))
     return sel("", __name__="=~" + names, **matchers)
 
 

@@ -91,7 +91,7 @@ def _dcgm_sources(signal: Signal) -> Iterable[Source]:
         else:
             bits, kind = 0, "counter" if signal.metric.type == "counter" else "gauge"
         fallback = dict(f.labels).get("direction") == "total"
-        for name in (f.field, f.legacy_name):
+        for name in f.spellings:
             yield Source(name, signal, "dcgm", kind, *f.factors, bits, fallback, f.labels)
 
 
@@ -111,10 +111,11 @@ SOURCES: dict[str, list[Source]] = _build()
 #: dcgm-exporter framebuffer fields: memory total = FB_USED + FB_FREE + FB_RESERVED (MiB)
 #: when FB_TOTAL is not collected (it is not in the default counter list).
 FB_USED = S.MEMORY_USED.dcgm[0].field
-FB_PARTS: dict[str, str] = {n: base for base in (FB_USED, DCGM_FB_FREE, DCGM_FB_RESERVED) for n in (base, base.lower())}
-XID_DCGM: frozenset[str] = frozenset(n for f in S.XID_ERRORS.dcgm for n in (f.field, f.legacy_name))
+FB_PARTS: dict[str, str] = {n: base for base in (FB_USED, DCGM_FB_FREE, DCGM_FB_RESERVED)
+                             for n in S.dcgm_spellings(base)}
+XID_DCGM: frozenset[str] = frozenset(n for f in S.XID_ERRORS.dcgm for n in f.spellings)
 #: dcgm-exporter's XID count collector (XIDs within a sliding window, per xid label).
-XID_DCGM_COUNT: frozenset[str] = frozenset((S.DCGM_XID_COUNT, S.DCGM_XID_COUNT.lower()))
+XID_DCGM_COUNT: frozenset[str] = frozenset(S.dcgm_spellings(S.DCGM_XID_COUNT))
 INFO_METRICS: tuple[S.Metric, ...] = (S.GPU_INFO, S.NODE_INFO, S.GPU_TOPOLOGY_INFO, S.GPU_ALLOCATION_INFO)
 
 

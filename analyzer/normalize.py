@@ -206,6 +206,13 @@ class _Input:
             inst_host = np.array([v.rsplit(":", 1)[0] if v else "" for v in t["instance"]], dtype=object)
             host = np.where(host != "", host, inst_host)
             self.lab["hostname"] = host
+        pods = sorted({h for h in set(host) if h and S.DCGM_EXPORTER_POD.fullmatch(h)})
+        if pods:
+            self.notes.append(
+                f"the host label holds dcgm-exporter pod names, not nodes ({', '.join(pods[:3])}): a node's history "
+                "splits whenever the DaemonSet rolls; run dcgm-exporter with the node name (NODE_NAME from the "
+                "downward API) or relabel the host in Prometheus"
+            )
         self.has_gpu = self.lab["gpu"] != ""
         g, i = self.lab["gpu"], self.lab["gpu_instance"]
         self.own_key = np.array([f"{a}\x00{b}\x00{c}" for a, b, c in zip(host, g, i, strict=True)], dtype=object)
@@ -275,7 +282,7 @@ class _Input:
 
 _INFO_NAMES = frozenset(m.name for m in D.INFO_METRICS)
 #: The series that measure how much of a row's step has samples (analyzer.coverage.DATA_SHARE).
-_SHARE_NAMES = frozenset({S.MEMORY_USED.name, *(n for f in S.MEMORY_USED.dcgm for n in (f.field, f.legacy_name))})
+_SHARE_NAMES = frozenset({S.MEMORY_USED.name, *(n for f in S.MEMORY_USED.dcgm for n in f.spellings)})
 
 
 def _blank(n: int) -> np.ndarray:

@@ -16,6 +16,7 @@ used both to read dcgm-exporter output and to emit that dialect from the simulat
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -49,7 +50,8 @@ class DcgmField:
 
     ``labels`` are the contract label values this field produces (e.g. the memory
     temperature field sets ``sensor="memory"``). dcgm-exporter 1.x publishes the same
-    field in lower case (``dcgm_fi_dev_gpu_temp``); ``legacy_name`` gives that spelling.
+    field in lower case (``dcgm_fi_dev_gpu_temp``) and the oldest ones under short names
+    (``dcgm_gpu_temp``): ``spellings`` lists them all.
     """
 
     field: str
@@ -58,8 +60,9 @@ class DcgmField:
     kind: DcgmKind = "value"
 
     @property
-    def legacy_name(self) -> str:
-        return self.field.lower()
+    def spellings(self) -> tuple[str, ...]:
+        """Every name dcgm-exporter releases gave this field (``dcgm_spellings``)."""
+        return dcgm_spellings(self.field)
 
     @property
     def factors(self) -> tuple[float, float]:
@@ -68,6 +71,35 @@ class DcgmField:
         if 0 < self.scale < 1 and (1.0 / self.scale) == round(1.0 / self.scale):
             return 1.0, float(round(1.0 / self.scale))
         return self.scale, 1.0
+
+
+#: The short names of dcgm-exporter 1.x (NVIDIA gpu-monitoring-tools) -> today's field. Only fields
+#: truegpu maps are listed; the other 1.x names (violation counters, retired pages) are "not in the contract".
+DCGM_1X_NAMES: dict[str, str] = {
+    "dcgm_sm_clock": "DCGM_FI_DEV_SM_CLOCK", "dcgm_memory_clock": "DCGM_FI_DEV_MEM_CLOCK",
+    "dcgm_memory_temp": "DCGM_FI_DEV_MEMORY_TEMP", "dcgm_gpu_temp": "DCGM_FI_DEV_GPU_TEMP",
+    "dcgm_power_usage": "DCGM_FI_DEV_POWER_USAGE",
+    "dcgm_total_energy_consumption": "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "dcgm_pcie_replay_counter": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "dcgm_gpu_utilization": "DCGM_FI_DEV_GPU_UTIL", "dcgm_mem_copy_utilization": "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "dcgm_enc_utilization": "DCGM_FI_DEV_ENC_UTIL", "dcgm_dec_utilization": "DCGM_FI_DEV_DEC_UTIL",
+    "dcgm_xid_errors": "DCGM_FI_DEV_XID_ERRORS", "dcgm_fb_free": "DCGM_FI_DEV_FB_FREE",
+    "dcgm_fb_used": "DCGM_FI_DEV_FB_USED",
+    "dcgm_ecc_sbe_volatile_total": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "dcgm_ecc_dbe_volatile_total": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "dcgm_ecc_sbe_aggregate_total": "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+    "dcgm_ecc_dbe_aggregate_total": "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+    "dcgm_nvlink_flit_crc_error_count_total": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_data_crc_error_count_total": "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_replay_error_count_total": "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_recovery_error_count_total": "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_bandwidth_total": "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+}
+
+
+def dcgm_spellings(field_name: str) -> tuple[str, ...]:
+    """A field's current name, its lower-case spelling (2.x+ builds) and its 1.x short names."""
+    return (field_name, field_name.lower(), *(old for old, new in DCGM_1X_NAMES.items() if new == field_name))
 
 
 #: Ratios may overshoot 1 by this much (rounding in drivers and in dcgm-exporter's percent).
@@ -484,6 +516,12 @@ GPM_SUPPORTED = Metric(
 )
 
 METRICS: tuple[Metric, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Metric))
+#: Families NVML and DCGM report per MIG instance (its memory and its share of the SMs); every other
+#: GPU family is a property of the whole GPU, published once per GPU even where dcgm-exporter repeats
+#: it on each instance's line (summing those would count a GPU's power or energy once per instance).
+PER_MIG_INSTANCE: frozenset[Metric] = frozenset({
+    MEMORY_USED, MEMORY_TOTAL, SM_ACTIVE, SM_OCCUPANCY, TENSOR_ACTIVE, DRAM_ACTIVE, GRAPHICS_ENGINE_ACTIVE,
+})
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 #: Families the exporter itself produces about its sources; a source never emits these.
 SELF_METRICS: tuple[Metric, ...] = (
@@ -491,7 +529,7 @@ SELF_METRICS: tuple[Metric, ...] = (
 )
 #: dcgm-exporter field name (current upper-case and 1.x lower-case spelling) -> where it goes.
 DCGM_BY_FIELD: dict[str, tuple[Metric, DcgmField]] = {
-    name: (m, f) for m in METRICS for f in m.dcgm for name in (f.field, f.legacy_name)
+    name: (m, f) for m in METRICS for f in m.dcgm for name in f.spellings
 }
 
 
@@ -529,6 +567,9 @@ def dcgm_field(metric: Metric, **labels: str) -> DcgmField:
 #: FB_TOTAL itself is not enabled by default and memory capacity would otherwise be lost.
 DCGM_FB_FREE = "DCGM_FI_DEV_FB_FREE"
 DCGM_FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
+#: A dcgm-exporter DaemonSet pod's name (``<daemonset>-<5-character hash>``): what the host label holds
+#: where dcgm-exporter runs without the node's name, so node history splits whenever the DaemonSet rolls.
+DCGM_EXPORTER_POD = re.compile(r"(?:[a-z0-9-]+-)?dcgm-exporter-[a-z0-9]{5}")
 #: dcgm-exporter's XID count collector (when enabled): XIDs within a sliding window, one series per
 #: ``xid`` label. Unlike the last-XID gauge, it sees the same XID repeating.
 DCGM_XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"

@@ -121,7 +121,11 @@ def test_h100_units_and_identity(endpoint: Endpoint) -> None:
     # one count per series (8 GPUs, MIG instances separately: 11 series).
     assert one(r, schema.ENCODER_UTILIZATION, gpu="0") == 0.0
     assert "DCGM_FI_DEV_VGPU_LICENSE_STATUS" in src.ignored_fields
-    assert r.ignored == {("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "not_in_contract"): 11}
+    assert r.ignored.pop(("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "not_in_contract")) == 11
+    # Whole-GPU fields dcgm-exporter repeats on each MIG instance (GPU 6: 2, GPU 7: 3) are published
+    # once per GPU: 3 repeats of each, none of the per-instance families (memory, profiling) among them.
+    assert r.ignored and set(r.ignored.values()) == {3} and {why for _, why in r.ignored} == {"mig_repeat"}
+    assert not {f for f, _ in r.ignored} & {"DCGM_FI_DEV_FB_USED", "DCGM_FI_PROF_SM_ACTIVE"}
     assert r.errors == []
 
 
@@ -137,6 +141,10 @@ def test_h100_mig_instances(endpoint: Endpoint) -> None:
     assert sorted(m["gpu"] for m in whole_gpus) == ["0", "1", "2", "3", "4", "5"]
     # DCGM cannot give GPU_UTIL per MIG instance: unknown, so absent rather than 0.
     assert sorted(labels["gpu"] for labels, _ in r.samples[GPU_UTILIZATION]) == ["0", "1", "2", "3", "4", "5"]
+    # Whole-GPU families (power, clocks, temperature) once per GPU, never once per instance.
+    power = [labels for labels, _ in r.samples[schema.POWER]]
+    assert sorted(p["gpu"] for p in power) == [str(g) for g in range(8)]
+    assert not any("gpu_instance" in p for p in power + [lab for lab, _ in r.samples[SM_CLOCK]])
     # One info series per physical GPU, without MIG labels.
     infos = r.samples[GPU_INFO]
     assert len(infos) == 8
@@ -442,8 +450,35 @@ def test_every_series_is_mapped_or_accounted_for(fixture: Path) -> None:
              if line[:5] in ("DCGM_", "dcgm_")]
     unmapped = sum(1 for n in names if n not in _FIELDS)
     assert sum(v for (_, why), v in r.ignored.items() if why == "not_in_contract") == unmapped
-    assert {why for _, why in r.ignored} <= {"not_in_contract", "blank", "duplicate", "partial"}
+    assert {why for _, why in r.ignored} <= {"not_in_contract", "blank", "duplicate", "partial", "mig_repeat"}
     assert all(n in _FIELDS or (n, "not_in_contract") in r.ignored for n in names)
+
+
+REAL = sorted((FIXTURES / "real").glob("*.txt"))
+
+
+@pytest.mark.parametrize("fixture", REAL, ids=lambda p: p.stem)
+def test_real_pages_from_public_threads(fixture: Path) -> None:
+    """Pages users pasted in public issue threads (fixtures/dcgm/real/SOURCES.md): every one is read,
+    every GPU keeps a host and index, and whole-GPU families are published once per GPU."""
+    r = DcgmSource("http://127.0.0.1:1/metrics", hostname="node-7").convert(fixture.read_text())
+    assert r.up and {e.kind for e in r.errors} <= {"duplicate_uuid"}
+    gpus = {(lab["hostname"], lab["gpu"]) for lab, _ in r.samples[schema.GPU_INFO]}
+    assert gpus and all(h and g for h, g in gpus)
+    assert not any(schema.DCGM_EXPORTER_POD.fullmatch(h) for h, _ in gpus)  # pod names become the node
+    for metric, samples in r.samples.items():
+        if metric not in schema.PER_MIG_INSTANCE and metric is not GPU_ALLOCATION_INFO:  # pods hold instances
+            assert not any(schema.GPU_INSTANCE in lab for lab, _ in samples), metric.name
+    assert all(n > 0 for n in r.ignored.values())
+
+
+def test_1x_short_names_are_read() -> None:
+    """dcgm-exporter 1.x (gpu-monitoring-tools) named fields dcgm_gpu_temp, dcgm_gpu_utilization, ..."""
+    r = DcgmSource("http://127.0.0.1:1/metrics", hostname="node-7").convert(
+        (FIXTURES / "real" / "lowercase_dcgm_names_dcgm_exporter_188.txt").read_text())
+    assert r.ignored == {} and one(r, schema.TEMPERATURE, sensor="gpu") == 54.0
+    assert one(r, GPU_UTILIZATION) == 0.0 and one(r, SM_CLOCK) == 585e6 and one(r, schema.POWER) == 30.982
+    assert {lab["hostname"] for lab, _ in r.samples[SM_CLOCK]} == {"node-7"}  # was the exporter's pod name
 
 
 def test_missing_and_shared_uuids_duplicates_and_partial_memory_are_said() -> None:
@@ -468,9 +503,10 @@ def test_missing_and_shared_uuids_duplicates_and_partial_memory_are_said() -> No
 def test_ignored_series_are_published_by_the_collector(endpoint: Endpoint) -> None:
     endpoint.serve(H100)
     families = {f.name: f for f in TruegpuCollector([source_for(endpoint)]).collect()}
-    ignored = families[schema.SOURCE_IGNORED_SERIES.name].samples
-    assert [(s.labels, s.value) for s in ignored] == [
-        ({"source": "dcgm", "field": "DCGM_FI_DEV_VGPU_LICENSE_STATUS", "reason": "not_in_contract"}, 11.0)]
+    ignored = {(s.labels["field"], s.labels["reason"]): s.value
+               for s in families[schema.SOURCE_IGNORED_SERIES.name].samples}
+    assert ignored[("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "not_in_contract")] == 11.0
+    assert ignored[("DCGM_FI_DEV_POWER_USAGE", "mig_repeat")] == 3.0
 
 
 def test_percent_is_an_exact_ratio() -> None:

@@ -19,7 +19,7 @@ T0 = 1_700_000_000
 UTIL = schema.GPU_UTILIZATION.name
 ENERGY = schema.ENERGY.name
 DCGM_UTIL = schema.GPU_UTILIZATION.dcgm[0].field
-DCGM_UTIL_LEGACY = schema.GPU_UTILIZATION.dcgm[0].legacy_name
+DCGM_UTIL_LEGACY = schema.GPU_UTILIZATION.dcgm[0].spellings[1]
 
 
 def _write(tmp_path: Path, text: str, name: str = "in.om") -> Path:

@@ -231,6 +231,17 @@ def test_missing_or_repeated_uuids_still_count_every_gpu(tmp_path, edit, note):
     assert any(note in n for n in fleet.notes), fleet.notes
 
 
+@pytest.mark.parametrize("path", sorted((FIXTURES / "real").glob("*.txt")), ids=lambda p: p.stem)
+def test_real_pages_from_public_threads_are_analyzed(path):
+    """Every real page (fixtures/dcgm/real/SOURCES.md) normalizes: GPUs counted by host and index, the
+    exporter's pod name as host said plainly, never an exception."""
+    long, report = read_openmetrics(path, default_timestamp=T0)
+    fleet = normalize(long, report=report)
+    assert fleet.gpu_count() >= 1 and fleet.dialect == "dcgm"
+    pod_hosts = [h for h in set(fleet.frame["hostname"].astype(str)) if S.DCGM_EXPORTER_POD.fullmatch(h)]
+    assert bool(pod_hosts) == any("dcgm-exporter pod names" in n for n in fleet.notes)
+
+
 def test_mig_only_input_never_asks_for_gpu_util(tmp_path):
     """NVIDIA does not report GPU_UTIL for MIG instances: no counters CSV can add it, so say so."""
     text = (FIXTURES / "h100_mig_pods.txt").read_text().splitlines()

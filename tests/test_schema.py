@@ -64,7 +64,7 @@ def test_dcgm_fields_map_to_exactly_one_series():
     for metric in schema.METRICS:
         for f in metric.dcgm:
             assert f.field.startswith("DCGM_FI_"), f.field
-            assert f.legacy_name == f.field.lower()
+            assert f.spellings[:2] == (f.field, f.field.lower())
             given = {k for k, _ in f.labels}
             assert given <= set(metric.labels), (f.field, given)
             if f.kind == "value":

@@ -28,6 +28,7 @@ from exporter.schema import (
     CLOCK_EVENT_ACTIVE,
     CLOCK_EVENT_REASONS,
     DCGM_BY_FIELD,
+    DCGM_EXPORTER_POD,
     DCGM_FB_FREE,
     DCGM_FB_RESERVED,
     DCGM_SENTINEL_RANGES,
@@ -41,9 +42,11 @@ from exporter.schema import (
     MEMORY_USED,
     MIB,
     MIG_PROFILE,
+    PER_MIG_INSTANCE,
     UUID,
     XID_ERRORS,
     Metric,
+    dcgm_spellings,
     is_dcgm_sentinel,
 )
 from exporter.sources import DEFAULT_DCGM_URL, promtext
@@ -71,6 +74,8 @@ DUPLICATE_SERIES: Final = "duplicate_series"
 NOT_IN_CONTRACT: Final = "not_in_contract"
 DUPLICATE: Final = "duplicate"
 BLANK: Final = "blank"
+#: A whole-GPU field that dcgm-exporter repeats on every MIG instance's line: published once per GPU.
+MIG_REPEAT: Final = "mig_repeat"
 PARTIAL: Final = "partial"
 INTERNAL_ERROR: Final = "internal_error"
 
@@ -120,11 +125,13 @@ def _field_table() -> dict[str, _Field]:
         table[name] = _Field(how_of[f.kind], metric, f.labels, *f.factors)
     # Memory total is FB_TOTAL or FB_USED + FB_FREE + FB_RESERVED, so the parts are gathered per GPU.
     parts = {MEMORY_TOTAL.dcgm[0].field: "total", DCGM_FB_FREE: "free", DCGM_FB_RESERVED: "reserved"}
-    for name, part in parts.items():
-        table[name] = table[name.lower()] = _Field(_MEM, part=part)
-    for name in (MEMORY_USED.dcgm[0].field, MEMORY_USED.dcgm[0].legacy_name):
+    for base, part in parts.items():
+        for name in dcgm_spellings(base):
+            table[name] = _Field(_MEM, part=part)
+    for name in MEMORY_USED.dcgm[0].spellings:
         table[name] = _Field(_USED, MEMORY_USED, (), *MEMORY_USED.dcgm[0].factors, part="used")
-    table[XID_COUNT] = table[XID_COUNT.lower()] = _Field(_XID_COUNT, XID_ERRORS)
+    for name in dcgm_spellings(XID_COUNT):
+        table[name] = _Field(_XID_COUNT, XID_ERRORS)
     return table
 
 
@@ -158,10 +165,11 @@ class DcgmSource(Source):
     ``timeout`` bounds one HTTP attempt; failed attempts (connection refused, timeout, 5xx)
     are retried up to ``retries`` times with exponential ``backoff`` while the whole fetch
     stays within ``budget`` seconds. ``hostname`` is used when samples carry no host label
-    (1.x exporters), or always with ``force_hostname`` (in Kubernetes dcgm-exporter's
-    Hostname is often its own pod name). Rates are integrated over the time between
-    scrapes, but never across a gap longer than ``max_gap`` seconds. ``clock`` (monotonic
-    seconds) exists so tests can drive the integration deterministically.
+    (1.x exporters), or always with ``force_hostname``; a host label that is dcgm-exporter's own
+    pod name (``dcgm-exporter-6ldbb``, as the GPU operator's DaemonSet often writes it) is replaced
+    by ``hostname`` too, so a node's history does not split each time the DaemonSet rolls. Rates are
+    integrated over the time between scrapes, but never across a gap longer than ``max_gap`` seconds.
+    ``clock`` (monotonic seconds) exists so tests can drive the integration deterministically.
     """
 
     name = "dcgm"
@@ -194,6 +202,7 @@ class DcgmSource(Source):
         self.budget = float(budget)
         self.hostname = hostname or socket.gethostname()
         self.force_hostname = force_hostname
+        self._pod_hosts: set[str] = set()
         self.max_gap = float(max_gap)
         self._clock = clock
         #: Our own session's GET, prepared once (see fetch); None for a caller's session.
@@ -301,6 +310,7 @@ class DcgmSource(Source):
         allocs: dict[tuple[tuple[str, ...], tuple[str, str, str, str]], None] = {}  # ordered set
         no_identity: list[int] = []
         page: set[str] = set()  # series of this page, to find a series printed twice
+        repeats: set[tuple] = set()  # whole-GPU fields already taken from one of the GPU's MIG instances
         duplicates: list[int] = []
         n_samples = 0
         dcgm_samples = 0
@@ -367,8 +377,16 @@ class DcgmSource(Source):
             if key not in seen:
                 seen[key] = ent[2]
             if ent[3] is not None:
-                allocs[ent[3]] = None
+                inst_key, holder, inst = ent[3]
+                allocs[(inst_key, holder)] = None
+                if inst_key not in seen:
+                    seen[inst_key] = inst
             if how == _VALUE:  # reading.add, inlined
+                if ent[9] is not None:
+                    if ent[9] in repeats:
+                        reading.ignore(line.split("{", 1)[0], MIG_REPEAT)
+                        continue
+                    repeats.add(ent[9])
                 lst = by_metric.get(ent[4])
                 if lst is None:
                     lst = by_metric[ent[4]] = []
@@ -471,14 +489,20 @@ class DcgmSource(Source):
             ident = idents[block] = self._ident(labels)
         if ident is None:
             return (_NO_IDENT,)
-        key = ident.key
-        alloc = (key, ident.alloc) if ident.alloc is not None else None
+        # the holder of a MIG instance holds that instance, whatever family the line is of
+        alloc = (ident.key, ident.alloc, ident) if ident.alloc is not None else None
         how = spec.how
+        repeat = None
+        if ident.labels.get(GPU_INSTANCE) is not None and how not in (_USED, _MEM) \
+                and spec.metric not in PER_MIG_INSTANCE:
+            ident = self._whole(ident)  # a whole-GPU field repeated on the instance's line: once per GPU
+            repeat = (ident.key, spec.metric.name, spec.extra)
+        key = ident.key
         if how in (_VALUE, _USED, _RATE):
             out = dict(ident.labels)
             out.update(spec.extra)
             rkey = (key, spec.metric.name, spec.extra) if how == _RATE else None
-            return how, key, ident, alloc, spec.metric, out, spec.scale, rkey, spec.div
+            return how, key, ident, alloc, spec.metric, out, spec.scale, rkey, spec.div, repeat
         if how == _MEM:
             return how, key, ident, alloc, spec.part
         if how == _BITMASK:
@@ -488,12 +512,24 @@ class DcgmSource(Source):
             return how, key, ident, alloc
         return how, key, ident, alloc, labels.get("xid", "")  # _XID_COUNT
 
+    def _whole(self, ident: _Ident) -> _Ident:
+        """The whole GPU a MIG instance belongs to (identity labels without the MIG ones)."""
+        host, gpu, uuid = ident.gpu_key
+        return _Ident(key=(host, gpu, uuid, "", ""), gpu_key=ident.gpu_key,
+                      labels={HOSTNAME: host, GPU: gpu, UUID: uuid}, info=ident.info, alloc=None)
+
     def _ident(self, labels: dict[str, str]) -> _Ident | None:
         gpu = labels.get("gpu", "")
         uuid = _first(labels, _UUID_LABELS)
         if not gpu and not uuid:
             return None
         host = self.hostname if self.force_hostname else (_first(labels, _HOST_LABELS) or self.hostname)
+        if host != self.hostname and DCGM_EXPORTER_POD.fullmatch(host):
+            if host not in self._pod_hosts:
+                self._pod_hosts.add(host)
+                log.warning("dcgm: host label %r is dcgm-exporter's pod name, not a node: using %r (set "
+                            "--dcgm-hostname to the node name, e.g. from the downward API)", host, self.hostname)
+            host = self.hostname
         gi = _first(labels, _GI_LABELS)
         profile = _first(labels, _PROFILE_LABELS)
         ident_labels = {HOSTNAME: host, GPU: gpu, UUID: uuid}
