@@ -13,7 +13,8 @@ Routing tree (first match wins unless ``continue``):
 * anything else                          -> ``sre-ticket`` (the root receiver)
 
 Inhibitions: a GPU that fell off the bus mutes its own symptom alerts (straggler, thermal,
-utilization, degraded links) on the same ``hostname``+``gpu``; a down exporter mutes them for
+utilization, degraded links) on the same ``hostname``+``gpu`` and the collection-failing alert of
+its node; a down exporter mutes them for
 its whole ``hostname``; a critical alert mutes the warning of the same alertname on the same
 ``hostname``+``gpu``. Every receiver is a webhook whose URL :func:`config` can override.
 """
@@ -24,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from alerts.rules import (
+    COLLECTION_FAILING,
     DCGM_EXPORTER_DOWN,
     EXPORTER_DOWN,
     FELL_OFF_BUS,
@@ -99,6 +101,9 @@ def config(timing: Timing | None = None, webhook_urls: Mapping[str, str] | None 
             {"source_matchers": [f'alertname="{FELL_OFF_BUS}"'],
              "target_matchers": [f'alertname=~"{symptoms}"'],
              "equal": [HOSTNAME, GPU]},
+            {"source_matchers": [f'alertname="{FELL_OFF_BUS}"'],
+             "target_matchers": [f'alertname="{COLLECTION_FAILING}"'],
+             "equal": [HOSTNAME]},
             {"source_matchers": [f'alertname=~"{EXPORTER_DOWN}|{DCGM_EXPORTER_DOWN}"'],
              "target_matchers": [f'alertname=~"{symptoms}|{FELL_OFF_BUS}"'],
              "equal": [HOSTNAME]},

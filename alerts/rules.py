@@ -27,6 +27,7 @@ from analyzer import findings as F
 from analyzer import output_schema as O
 from analyzer.xid import CATALOGUE
 from exporter import schema as S
+from exporter.sources import DEFAULT_DEADLINE
 
 SEVERITIES = ("critical", "warning", "info")
 TEAMS = ("training", "sre", "facilities", "finops")
@@ -100,6 +101,12 @@ KUBE_NODE_LABEL = "node"
 EXPORTER_DOWN = "TruegpuExporterDown"
 DCGM_EXPORTER_DOWN = "DcgmExporterDown"
 ANALYZER_DOWN = "TruegpuAnalyzerDown"
+COLLECTION_FAILING = "TruegpuCollectionFailing"
+COLLECTION_STALE = "TruegpuCollectionStale"
+COLLECTION_SLOW = "TruegpuCollectionSlow"
+#: A source whose collection takes more than this share of the exporter's deadline is slow:
+#: one bad scrape more and the exporter serves stale values.
+SLOW_SHARE_OF_DEADLINE = 0.5
 
 #: dcgm-exporter fields enabled by its default counter list (default-counters.csv); an alert
 #: using any other field needs that field added to the exporter's counters file.
@@ -415,9 +422,40 @@ def exporter_down(t: Timing, job: str, presence: str, alert: str, norm: Any = la
                  "the GPUs there are unobserved.")
 
 
+def collection_health(t: Timing, exporter_job: str) -> tuple[Alert, ...]:
+    """The exporter is up but a source is not: failing (some GPU or the endpoint unreadable), serving
+    stale values (collections overrun the deadline), or slow. Carry the node from truegpu_node_info."""
+    def on_node(expr: str) -> str:
+        node = f"max by ({JOB}, instance, {S.HOSTNAME}) ({sel(S.NODE_INFO.name, job=exporter_job)})"
+        return (f"({expr}) * on ({JOB}, instance) group_left ({S.HOSTNAME}) {node} "
+                f"or on ({JOB}, instance, source) ({expr})")
+
+    where = "source {{ $labels.source }} of the exporter on {{ $labels.hostname }} ({{ $labels.instance }})"
+    slow = SLOW_SHARE_OF_DEADLINE * DEFAULT_DEADLINE
+    by_source = f"{JOB}, instance, source"  # the exporter's node, where it publishes truegpu_node_info
+    return (
+        Alert(COLLECTION_FAILING,
+              on_node(f"max by ({by_source}) ({sel(S.SOURCE_UP.name, job=exporter_job)}) == 0"),
+              t.hold(900), "warning", "sre", "GPU telemetry collection failing on {{ $labels.hostname }}",
+              f"The {where} has not collected everything for {t.hold(900)} (a lost GPU, NVML errors, or "
+              "dcgm-exporter unreachable): truegpu_exporter_errors_total says which; those GPUs are unknown."),
+        Alert(COLLECTION_STALE,
+              on_node(f"max by ({by_source}) ({sel(S.SOURCE_STALE.name, job=exporter_job)}) == 1"),
+              t.hold(300), "warning", "sre", "GPU telemetry stale on {{ $labels.hostname }}",
+              f"The {where} overruns its deadline and serves its last good values for {t.hold(300)}: "
+              "the data is old (a hung NVML call or a slow dcgm-exporter)."),
+        Alert(COLLECTION_SLOW,
+              on_node(f"max by ({by_source}) ({sel(S.COLLECT_DURATION.name, job=exporter_job)}) > {slow:g}"),
+              t.hold(900), "info", "sre", "GPU telemetry collection slow on {{ $labels.hostname }}",
+              f"The {where} takes {{{{ $value | humanizeDuration }}}} per collection for {t.hold(900)}, more "
+              f"than half of its {DEFAULT_DEADLINE:g} s deadline."),
+    )
+
+
 def truegpu_file(t: Timing, exporter_job: str = EXPORTER_JOB) -> RuleFile:
     health = Group("truegpu-exporter", (
-        exporter_down(t, exporter_job, sel(S.NODE_INFO.name, job=exporter_job), EXPORTER_DOWN),))
+        exporter_down(t, exporter_job, sel(S.NODE_INFO.name, job=exporter_job), EXPORTER_DOWN),
+        *collection_health(t, exporter_job)))
     return RuleFile("truegpu.yaml", "truegpu exporter metrics (truegpu_*)",
                     (truegpu_recording(), truegpu_hardware(t), health))
 

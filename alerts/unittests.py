@@ -313,7 +313,42 @@ def truegpu_tests() -> list[dict[str, Any]]:
                   "unobserved."))),
     ])
     missing = missing_case(S.MEMORY_USED.name, gpu, S.GPU_INSTANCE, {})
-    return [recording, xid_cases, ecc_case, remap, thermal, nvlink, pcie, lost, missing, down]
+    n1, n2 = {**exp, "instance": "n1:9835"}, {**exp, "instance": "n2:9835"}
+    health = case("Collection failing, stale and slow: by source, on the exporter's node", [
+        series(node, {**n1, S.HOSTNAME: HOST, "site": "dc1", "rack": "r1"}, "1x40"),
+        series(S.SOURCE_UP.name, {**n1, "source": "nvml"}, "1x4 0x35"),       # a GPU lost / NVML failing
+        series(S.SOURCE_UP.name, {**n1, "source": "dcgm"}, "1x40"),
+        series(S.SOURCE_STALE.name, {**n1, "source": "dcgm"}, "0x4 1x35"),     # dcgm-exporter hangs
+        series(S.COLLECT_DURATION.name, {**n1, "source": "dcgm"}, "0.2x4 3x35"),
+        series(S.SOURCE_UP.name, {**n2, "source": "nvml"}, "0x40"),            # no node_info: still paged
+        series(S.COLLECT_DURATION.name, {**n2, "source": "nvml"}, "2x40"),     # under half the deadline
+    ], alerts=[
+        check("3m", "TruegpuCollectionStale"),
+        check("10m", "TruegpuCollectionStale",
+              expect({**n1, "source": "dcgm", S.HOSTNAME: HOST}, "warning", "sre", annotations(
+                  "TruegpuCollectionStale", f"GPU telemetry stale on {HOST}",
+                  f"The source dcgm of the exporter on {HOST} (n1:9835) overruns its deadline and serves its last "
+                  "good values for 5m: the data is old (a hung NVML call or a slow dcgm-exporter)."))),
+        check("10m", "TruegpuCollectionFailing"),
+        check("25m", "TruegpuCollectionFailing",
+              expect({**n1, "source": "nvml", S.HOSTNAME: HOST}, "warning", "sre", annotations(
+                  "TruegpuCollectionFailing", f"GPU telemetry collection failing on {HOST}",
+                  f"The source nvml of the exporter on {HOST} (n1:9835) has not collected everything for 15m (a lost "
+                  "GPU, NVML errors, or dcgm-exporter unreachable): truegpu_exporter_errors_total says which; those "
+                  "GPUs are unknown.")),
+              expect({**n2, "source": "nvml"}, "warning", "sre", annotations(
+                  "TruegpuCollectionFailing", "GPU telemetry collection failing on ",
+                  "The source nvml of the exporter on  (n2:9835) has not collected everything for 15m (a lost "
+                  "GPU, NVML errors, or dcgm-exporter unreachable): truegpu_exporter_errors_total says which; those "
+                  "GPUs are unknown."))),
+        check("15m", "TruegpuCollectionSlow"),
+        check("25m", "TruegpuCollectionSlow",
+              expect({**n1, "source": "dcgm", S.HOSTNAME: HOST}, "info", "sre", annotations(
+                  "TruegpuCollectionSlow", f"GPU telemetry collection slow on {HOST}",
+                  f"The source dcgm of the exporter on {HOST} (n1:9835) takes 3s per collection for 15m, more than "
+                  "half of its 5 s deadline."))),
+    ])
+    return [recording, xid_cases, ecc_case, remap, thermal, nvlink, pcie, lost, missing, down, health]
 
 
 def missing_case(metric: str, gpu_labels: Any, instance_label: str, extra: Labels) -> dict[str, Any]:
