@@ -20,7 +20,7 @@ runs these very rules with ``scale=0.01``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from analyzer import findings as F
@@ -318,6 +318,16 @@ def _new_counter_events(selector: str, window: str) -> str:
     return f"increase({selector}[{window}]) > 0 or max without () ({selector} > 0 unless {selector} offset {window})"
 
 
+def with_owner(expr: str) -> str:
+    """A per-GPU alert with the ``namespace``/``job`` holding the GPU (from truegpu_gpu_allocation_info),
+    so routing can send it to the workload's owners; GPUs nobody holds keep their labels as they are.
+    One holder per GPU (a shared or MIG-split GPU: any one of them)."""
+    holder = (f"topk by ({GPU_BY}) (1, max by ({GPU_BY}, {NAMESPACE}, {JOB}) "
+              f"({S.GPU_ALLOCATION_INFO.name}))")
+    return (f"({expr}) * on ({GPU_BY}) group_left ({NAMESPACE}, {JOB}) {holder} "
+            f"or (({expr}) unless on ({GPU_BY}) {holder})")
+
+
 def truegpu_hardware(t: Timing) -> Group:
     w10 = t.window(600)
     xid = S.XID_ERRORS.name
@@ -378,9 +388,9 @@ def truegpu_hardware(t: Timing) -> Group:
               t.hold(60), "critical", "training", SHORT_REF + " fell off the bus",
               f"{GPU_REF} stopped reporting while its node's exporter is up: the GPU is lost (XID 79 or "
               "similar); drain the node and reset or reseat the GPU."),
-        gpu_missing(t, S.MEMORY_USED.name, S.GPU_INSTANCE),
     )
-    return Group("truegpu-hardware", rules)
+    return Group("truegpu-hardware", (*(replace(a, expr=with_owner(a.expr)) for a in rules),
+                                      gpu_missing(t, S.MEMORY_USED.name, S.GPU_INSTANCE)))
 
 
 def gpu_missing(t: Timing, reporting: str, instance_label: str, dialect: dict[str, str] | None = None,
@@ -536,6 +546,7 @@ def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB) -> RuleFile:
     count_text = ("{{ $value }} XID {{ $labels.xid }} event(s) within dcgm-exporter's XID count window in the last "
                   + w10)
     crit_codes, info_codes = alternatives(CRITICAL_XIDS), alternatives(INFO_XIDS)
+    counted_by = {**dialect, "xid_source": "count_collector"}  # apart from the last-XID rules of the same class
     dbe = _field(S.ECC_ERRORS, type="uncorrectable", scope="volatile").field
     rows = _field(S.REMAPPED_ROWS, type="uncorrectable").field
     remap_failure = _field(S.ROW_REMAP_FAILURE).field
@@ -579,15 +590,15 @@ def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB) -> RuleFile:
         Alert("GpuXidError", counted_xid("=~" + crit_codes), "0s", "critical", "training",
               "Critical XID {{ $labels.xid }} on " + SHORT_REF,
               f"{DCGM_GPU_REF} reported {count_text}: the GPU cannot be trusted until it is drained and reset.",
-              dialect, (S.DCGM_XID_COUNT,)),
+              counted_by, (S.DCGM_XID_COUNT,)),
         Alert("GpuXidError", counted_xid(f"!~{crit_codes}|{info_codes}"), "0s", "warning", "training",
               "XID {{ $labels.xid }} on " + SHORT_REF,
               f"{DCGM_GPU_REF} reported {count_text}: a driver or hardware error, see the runbook's XID table.",
-              dialect, (S.DCGM_XID_COUNT,)),
+              counted_by, (S.DCGM_XID_COUNT,)),
         Alert("GpuXidError", counted_xid("=~" + info_codes), "0s", "info", "training",
               "Application XID {{ $labels.xid }} on " + SHORT_REF,
               f"{DCGM_GPU_REF} reported {count_text}: usually the job's own bug (illegal memory access, "
-              "kernel exception); the GPU itself is fine.", dialect, (S.DCGM_XID_COUNT,)),
+              "kernel exception); the GPU itself is fine.", counted_by, (S.DCGM_XID_COUNT,)),
         Alert("GpuUncorrectableEcc",
               f"max by ({g}) ({d_range('increase', dbe, w10)}) > 0 or max by ({g}) ({d_range('increase', rows, w10)}) "
               "> 0",

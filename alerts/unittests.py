@@ -173,6 +173,31 @@ def truegpu_tests() -> list[dict[str, Any]]:
         check("25m", "GpuXidError"),  # no new event in the last 10m
     ])
 
+    alloc = S.GPU_ALLOCATION_INFO.name
+    held = {"namespace": "serving", "pod": "chat-0", "container": "vllm", "job": "chat"}
+    owner = case("Hardware alerts carry who holds the GPU (one holder of a MIG-split GPU); others as they are", [
+        series(alloc, gpu(0, **held), "1x30"),
+        series(alloc, gpu(1, gpu_instance="1", mig_profile="3g.40gb", **held), "1x30"),
+        series(alloc, gpu(1, gpu_instance="2", mig_profile="3g.40gb", **{**held, "pod": "chat-1"}), "1x30"),
+        series(xid, gpu(0, xid="79"), "0 0 1x30"),
+        series(xid, gpu(0, xid="13"), "0 0 1x30"),    # two codes on one held GPU: both alerts keep the owner
+        series(xid, gpu(1, xid="79"), "0 0 1x30"),
+        series(xid, gpu(2, xid="79"), "0 0 1x30"),    # nobody holds GPU 2
+    ], alerts=[
+        check("5m", "GpuXidError", *(
+            expect(gpu(n, xid="79", **extra), "critical", "training", annotations(
+                "GpuXidError", f"Critical XID 79 on {short(n)}",
+                f"{ref(n)} reported 1 XID 79 event(s) in the last 10m: the GPU cannot be trusted until it is "
+                "drained and reset."))
+            for n, extra in ((0, {"namespace": "serving", "job": "chat"}), (1, {"namespace": "serving", "job": "chat"}),
+                             (2, {}))),
+              expect(gpu(0, xid="13", namespace="serving", job="chat"), "info", "training", annotations(
+                  "GpuXidError", f"Application XID 13 on {short(0)}",
+                  f"{ref(0)} reported 1 XID 13 event(s) in the last 10m: usually the job's own bug (illegal memory "
+                  "access, kernel exception); the GPU itself is fine."))),
+        check("25m", "GpuXidError"),
+    ])
+
     ecc = S.ECC_ERRORS.name
     ecc_case = case("GpuUncorrectableEcc: uncorrectable errors or rows fire, correctable ones do not", [
         series(ecc, gpu(0, type="uncorrectable", scope="volatile"), "0 0 1x20"),
@@ -348,7 +373,7 @@ def truegpu_tests() -> list[dict[str, Any]]:
                   f"The source dcgm of the exporter on {HOST} (n1:9835) takes 3s per collection for 15m, more than "
                   "half of its 5 s deadline."))),
     ])
-    return [recording, xid_cases, ecc_case, remap, thermal, nvlink, pcie, lost, missing, down, health]
+    return [recording, xid_cases, owner, ecc_case, remap, thermal, nvlink, pcie, lost, missing, down, health]
 
 
 def missing_case(metric: str, gpu_labels: Any, instance_label: str, extra: Labels) -> dict[str, Any]:
@@ -473,6 +498,7 @@ def dcgm_tests(sp: Spelling) -> list[dict[str, Any]]:
     window = {"window_size_in_ms": "300000"}
     cdesc = "event(s) within dcgm-exporter's XID count window in the last 10m"
     counter = _dcgm_counters("GpuXidError", "critical")
+    counted = {"dialect": "dcgm", "xid_source": "count_collector"}
     xid_counted = case("dcgm GpuXidError from the XID count collector: a repeated XID pages again, once", [
         series(xid, dgpu(0), "0x9 79x60"),                    # the gauge cannot see the second XID 79 ...
         series(xid_count, dgpu(0, xid="79", **window), "0x9 1x5 0x15 1x5 0x25"),  # ... the collector can
@@ -480,11 +506,11 @@ def dcgm_tests(sp: Spelling) -> list[dict[str, Any]]:
         series(xid, dgpu(2), "0x9 94x60"),                    # no collector on this GPU: the gauge pages
     ], alerts=[
         check("12m", "GpuXidError",
-              expect({**_gpu_keys(dgpu(0)), "xid": "79", "dialect": "dcgm"}, "critical", "training", annotations(
+              expect({**_gpu_keys(dgpu(0)), "xid": "79", **counted}, "critical", "training", annotations(
                   "GpuXidError", f"Critical XID 79 on {short(0)}",
                   f"{ref(0)} reported 1 XID 79 {cdesc}: the GPU cannot be trusted until it is drained and reset.",
                   **counter)),
-              expect({**_gpu_keys(dgpu(1)), "xid": "13", "dialect": "dcgm"}, "info", "training", annotations(
+              expect({**_gpu_keys(dgpu(1)), "xid": "13", **counted}, "info", "training", annotations(
                   "GpuXidError", f"Application XID 13 on {short(1)}",
                   f"{ref(1)} reported 2 XID 13 {cdesc}: usually the job's own bug (illegal memory access, kernel "
                   "exception); the GPU itself is fine.", **counter)),
@@ -493,7 +519,7 @@ def dcgm_tests(sp: Spelling) -> list[dict[str, Any]]:
                   f"{ref(2)} reported XID 94 {xdesc}: a driver or hardware error, see the runbook's XID table."))),
         check("28m", "GpuXidError"),
         check("42m", "GpuXidError",   # the same XID again, 30 minutes later: the gauge stayed at 79
-              expect({**_gpu_keys(dgpu(0)), "xid": "79", "dialect": "dcgm"}, "critical", "training", annotations(
+              expect({**_gpu_keys(dgpu(0)), "xid": "79", **counted}, "critical", "training", annotations(
                   "GpuXidError", f"Critical XID 79 on {short(0)}",
                   f"{ref(0)} reported 1 XID 79 {cdesc}: the GPU cannot be trusted until it is drained and reset.",
                   **counter))),
