@@ -164,15 +164,6 @@ def load_site(path: str | Path | None) -> SiteConfig:
     """The site config in ``path`` (YAML), or the defaults when ``path`` is None."""
     if path is None:
         return default_site()
-    import yaml
+    from analyzer.yamlfile import read_yaml
 
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"cannot read site config {p}: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"site config {p}: not valid YAML: {exc}") from None
-    return parse_site(data, str(p))
+    return parse_site(read_yaml(path, "site config"), str(path))

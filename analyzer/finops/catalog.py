@@ -183,17 +183,10 @@ def parse_catalog(data: Any, *, cluster: str | None = None, origin: str = "price
 
 def load_catalog(path: str | Path | None = None, *, cluster: str | None = None) -> Catalog:
     """Load and validate a catalog file (default: the documented ``fixtures/prices/default.yaml``)."""
-    import yaml
+    from analyzer.yamlfile import read_yaml
 
     path = Path(path) if path is not None else DEFAULT_CATALOG_PATH
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CatalogError(f"cannot read price catalog {path}: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CatalogError(f"price catalog {path}: not valid YAML: {exc}") from None
+    data = read_yaml(path, "price catalog", CatalogError)
     cat = parse_catalog(data, cluster=cluster, origin=str(path))
     if not data.get("source"):
         cat.source = str(path)

@@ -139,15 +139,10 @@ class CostReport:
 
 def load_team_map(path: str | Path) -> dict[str, str]:
     """A YAML/JSON mapping ``label value -> team`` (keys may be globs like ``ml-*``)."""
-    import yaml
+    from analyzer.yamlfile import read_yaml
 
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"cannot read team map {p}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"team map {p}: not valid YAML/JSON: {exc}") from None
+    data = read_yaml(p, "team map")
     if not isinstance(data, Mapping) or not data:
         raise ValueError(f"team map {p}: expected a non-empty mapping of namespace (or --team-label value) -> team")
     bad = [k for k, v in data.items() if not isinstance(v, str) or not v]
