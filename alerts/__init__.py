@@ -21,9 +21,8 @@ Entry points
 Recording-rule names for dashboards are constants in :mod:`alerts.rules`
 (``GPU_EFFECTIVE_UTILIZATION``, ``NODE_MASKING_GAP``, ``FLEET_EFFECTIVE_UTILIZATION`` ...).
 
-Scrape requirement: the exporter's ``truegpu_gpu_allocation_info`` and the analyzer's finding
-series carry a ``job`` label (the workload); scrape both with ``honor_labels: true`` or
-Prometheus renames it ``exported_job`` and the job-level rules group by the scrape job instead.
+Workloads are labelled ``workload`` (allocation info, findings, workload rules), never ``job``:
+scrape the exporter and the analyzer without ``honor_labels``; ``job``/``instance`` stay Prometheus'.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Routing tree (first match wins unless ``continue``):
 
 * ``severity=info``                      -> ``info-log`` (no page, no ticket)
-* ``team=finops``                        -> ``finops-ticket``, grouped per (alertname, namespace, job)
+* ``team=finops``                        -> ``finops-ticket``, grouped per (alertname, namespace, workload)
 * thermal alerts of other teams          -> ``facilities-ticket`` and continue (SRE gets them too)
 * ``team=training, severity=critical``   -> ``training-page`` (stragglers, GPU faults)
 * ``team=training``                      -> ``training-ticket``
@@ -34,7 +34,7 @@ from alerts.rules import (
     alternatives,
     fmt_duration,
 )
-from exporter.schema import GPU, HOSTNAME
+from exporter.schema import GPU, HOSTNAME, WORKLOAD
 
 TRAINING_PAGE = "training-page"
 TRAINING_TICKET = "training-ticket"
@@ -79,13 +79,13 @@ def config(timing: Timing | None = None, webhook_urls: Mapping[str, str] | None 
         "global": {"resolve_timeout": d(300)},
         "route": {
             "receiver": SRE_TICKET,
-            "group_by": ["alertname", "job", HOSTNAME],
+            "group_by": ["alertname", WORKLOAD, HOSTNAME],
             "group_wait": d(30),
             "group_interval": d(300),
             "repeat_interval": d(4 * 3600),
             "routes": [
                 route(INFO_LOG, 'severity="info"', repeat_interval=d(24 * 3600)),
-                route(FINOPS_TICKET, 'team="finops"', group_by=["alertname", "namespace", "job"],
+                route(FINOPS_TICKET, 'team="finops"', group_by=["alertname", "namespace", WORKLOAD],
                       group_wait=d(300), group_interval=d(1800), repeat_interval=d(24 * 3600)),
                 route(FACILITIES_TICKET, f'alertname=~"{alternatives(THERMAL_ALERTS)}"', 'team!="facilities"',
                       **{"continue": True}),

@@ -54,8 +54,8 @@ GPU_EFFECTIVE_UTILIZATION = "gpu:truegpu_effective_utilization:ratio"
 GPU_MASKING_GAP = "gpu:truegpu_masking_gap:ratio"
 NODE_EFFECTIVE_UTILIZATION = "node:truegpu_effective_utilization:avg"
 NODE_MASKING_GAP = "node:truegpu_masking_gap:avg"
-JOB_EFFECTIVE_UTILIZATION = "job:truegpu_effective_utilization:avg"
-JOB_MASKING_GAP = "job:truegpu_masking_gap:avg"
+WORKLOAD_EFFECTIVE_UTILIZATION = "workload:truegpu_effective_utilization:avg"
+WORKLOAD_MASKING_GAP = "workload:truegpu_masking_gap:avg"
 FLEET_EFFECTIVE_UTILIZATION = "fleet:truegpu_effective_utilization:avg"
 FLEET_MASKING_GAP = "fleet:truegpu_masking_gap:avg"
 DCGM_GPU_SM_CLOCK_RATIO = "gpu:dcgm_sm_clock:ratio"
@@ -274,9 +274,11 @@ def scaled(expr: str, factor: float) -> str:
 
 GPU_BY = by(S.GPU_LABELS)
 GPU_INSTANCE_BY = by((*S.GPU_LABELS, S.GPU_INSTANCE))
-NAMESPACE, JOB = "namespace", "job"
-assert NAMESPACE in S.GPU_ALLOCATION_INFO.labels and JOB in S.GPU_ALLOCATION_INFO.labels
-assert NAMESPACE in O.FINDING_LABELS and JOB in O.FINDING_LABELS
+NAMESPACE, WORKLOAD = "namespace", S.WORKLOAD
+assert NAMESPACE in S.GPU_ALLOCATION_INFO.labels and WORKLOAD in S.GPU_ALLOCATION_INFO.labels
+assert NAMESPACE in O.FINDING_LABELS and WORKLOAD in O.FINDING_LABELS
+#: Prometheus' own target label (the scrape job), never a workload.
+SCRAPE_JOB = "job"
 THERMAL = alternatives(S.THERMAL_REASONS)
 
 GPU_REF = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.hostname }}"
@@ -289,7 +291,7 @@ def truegpu_recording() -> Group:
     sm_active = S.SM_ACTIVE.name
     alloc = S.GPU_ALLOCATION_INFO.name
     whole = {S.GPU_INSTANCE: ""}  # whole GPUs only: MIG instances publish no GPU utilization
-    alloc_by = by((*S.GPU_LABELS, S.GPU_INSTANCE, NAMESPACE, JOB))
+    alloc_by = by((*S.GPU_LABELS, S.GPU_INSTANCE, NAMESPACE, WORKLOAD))
     rules = (
         Record(GPU_SM_CLOCK_RATIO,
                f"clamp_max(max by ({GPU_BY}) ({S.SM_CLOCK.name}) / max by ({GPU_BY}) ({S.SM_CLOCK_MAX.name}), 1)"),
@@ -297,11 +299,11 @@ def truegpu_recording() -> Group:
         Record(GPU_MASKING_GAP, f"{sel(S.GPU_UTILIZATION.name, **whole)} - on ({GPU_BY}) {sel(sm_active, **whole)}"),
         Record(NODE_EFFECTIVE_UTILIZATION, f"avg by ({S.HOSTNAME}) ({GPU_EFFECTIVE_UTILIZATION})"),
         Record(NODE_MASKING_GAP, f"avg by ({S.HOSTNAME}) ({GPU_MASKING_GAP})"),
-        Record(JOB_EFFECTIVE_UTILIZATION,
-               f"avg by ({NAMESPACE}, {JOB}) (max by ({alloc_by}) ({alloc}) "
+        Record(WORKLOAD_EFFECTIVE_UTILIZATION,
+               f"avg by ({NAMESPACE}, {WORKLOAD}) (max by ({alloc_by}) ({alloc}) "
                f"* on ({GPU_INSTANCE_BY}) group_left () {GPU_EFFECTIVE_UTILIZATION})"),
-        Record(JOB_MASKING_GAP,
-               f"avg by ({NAMESPACE}, {JOB}) (max by ({alloc_by}) ({alloc}) "
+        Record(WORKLOAD_MASKING_GAP,
+               f"avg by ({NAMESPACE}, {WORKLOAD}) (max by ({alloc_by}) ({alloc}) "
                f"* on ({GPU_INSTANCE_BY}) group_left () {GPU_MASKING_GAP})"),
         Record(FLEET_EFFECTIVE_UTILIZATION, f"avg ({GPU_EFFECTIVE_UTILIZATION})", {ALLOCATION_LABEL: ALLOCATION_ALL}),
         Record(FLEET_EFFECTIVE_UTILIZATION, f"avg ({GPU_EFFECTIVE_UTILIZATION} and on ({GPU_INSTANCE_BY}) {alloc})",
@@ -319,12 +321,12 @@ def _new_counter_events(selector: str, window: str) -> str:
 
 
 def with_owner(expr: str) -> str:
-    """A per-GPU alert with the ``namespace``/``job`` holding the GPU (from truegpu_gpu_allocation_info),
+    """A per-GPU alert with the ``namespace``/``workload`` holding the GPU (from truegpu_gpu_allocation_info),
     so routing can send it to the workload's owners; GPUs nobody holds keep their labels as they are.
     One holder per GPU (a shared or MIG-split GPU: any one of them)."""
-    holder = (f"topk by ({GPU_BY}) (1, max by ({GPU_BY}, {NAMESPACE}, {JOB}) "
+    holder = (f"topk by ({GPU_BY}) (1, max by ({GPU_BY}, {NAMESPACE}, {WORKLOAD}) "
               f"({S.GPU_ALLOCATION_INFO.name}))")
-    return (f"({expr}) * on ({GPU_BY}) group_left ({NAMESPACE}, {JOB}) {holder} "
+    return (f"({expr}) * on ({GPU_BY}) group_left ({NAMESPACE}, {WORKLOAD}) {holder} "
             f"or (({expr}) unless on ({GPU_BY}) {holder})")
 
 
@@ -424,8 +426,8 @@ def exporter_down(t: Timing, job: str, presence: str, alert: str, norm: Any = la
     ``presence`` is a selector (already matching ``job``) of a series every target sends; ``norm``
     brings its labels to ``hostname`` (dcgm-exporter's spellings)."""
     up = f"{sel(UP, job=job)} == 0"
-    hosts = f"max by ({JOB}, instance, {S.HOSTNAME}) ({norm(f'last_over_time({presence}[{t.window(3600)}])')})"
-    expr = f"{hosts} * on ({JOB}, instance) group_left () ({up}) or on ({JOB}, instance) {up}"
+    hosts = f"max by ({SCRAPE_JOB}, instance, {S.HOSTNAME}) ({norm(f'last_over_time({presence}[{t.window(3600)}])')})"
+    expr = f"{hosts} * on ({SCRAPE_JOB}, instance) group_left () ({up}) or on ({SCRAPE_JOB}, instance) {up}"
     return Alert(alert, expr, t.hold(300), "warning", "sre", "Exporter {{ $labels.instance }} is down",
                  f"Prometheus cannot scrape {{{{ $labels.instance }}}} (job {{{{ $labels.job }}}}"
                  f"{{{{ with $labels.hostname }}}}, host {{{{ . }}}}{{{{ end }}}}) for {t.hold(300)}: "
@@ -436,13 +438,13 @@ def collection_health(t: Timing, exporter_job: str) -> tuple[Alert, ...]:
     """The exporter is up but a source is not: failing (some GPU or the endpoint unreadable), serving
     stale values (collections overrun the deadline), or slow. Carry the node from truegpu_node_info."""
     def on_node(expr: str) -> str:
-        node = f"max by ({JOB}, instance, {S.HOSTNAME}) ({sel(S.NODE_INFO.name, job=exporter_job)})"
-        return (f"({expr}) * on ({JOB}, instance) group_left ({S.HOSTNAME}) {node} "
-                f"or on ({JOB}, instance, source) ({expr})")
+        node = f"max by ({SCRAPE_JOB}, instance, {S.HOSTNAME}) ({sel(S.NODE_INFO.name, job=exporter_job)})"
+        return (f"({expr}) * on ({SCRAPE_JOB}, instance) group_left ({S.HOSTNAME}) {node} "
+                f"or on ({SCRAPE_JOB}, instance, source) ({expr})")
 
     where = "source {{ $labels.source }} of the exporter on {{ $labels.hostname }} ({{ $labels.instance }})"
     slow = SLOW_SHARE_OF_DEADLINE * DEFAULT_DEADLINE
-    by_source = f"{JOB}, instance, source"  # the exporter's node, where it publishes truegpu_node_info
+    by_source = f"{SCRAPE_JOB}, instance, source"  # the exporter's node, where it publishes truegpu_node_info
     return (
         Alert(COLLECTION_FAILING,
               on_node(f"max by ({by_source}) ({sel(S.SOURCE_UP.name, job=exporter_job)}) == 0"),
@@ -656,7 +658,8 @@ def analyzer_file(t: Timing, analyzer_job: str = ANALYZER_JOB) -> RuleFile:
         m = {"kind": kind, **extra}
         return f"{sel(O.FINDING_SCORE.name, **m)} and {sel(O.FINDING_ACTIVE.name, **m)} == 1"
 
-    where = ("GPU {{ $labels.gpu }} on {{ $labels.hostname }} (job {{ $labels.namespace }}/{{ $labels.job }})")
+    where = ("GPU {{ $labels.gpu }} on {{ $labels.hostname }} (workload {{ $labels.namespace }}/"
+             "{{ $labels.workload }})")
     score = "score {{ $value | humanizePercentage }}"
     rules: list[Alert] = [
         Alert("GpuIdleMasking", finding(F.IDLE_MASKING), t.hold(1800), "warning", "finops",

@@ -29,8 +29,6 @@ from alerts.rules import (
     GPU_MASKING_GAP,
     GPU_MISSING,
     GPU_SM_CLOCK_RATIO,
-    JOB_EFFECTIVE_UTILIZATION,
-    JOB_MASKING_GAP,
     KUBE_GPU_RESOURCE,
     KUBE_NODE_CAPACITY,
     KUBE_NODE_LABEL,
@@ -38,6 +36,8 @@ from alerts.rules import (
     NODE_MASKING_GAP,
     RUNBOOK_BASE_URL,
     UP,
+    WORKLOAD_EFFECTIVE_UTILIZATION,
+    WORKLOAD_MASKING_GAP,
     rule_files,
 )
 from analyzer import output_schema as O
@@ -109,8 +109,8 @@ def _dcgm_counters(alert: str, severity: str | None = None) -> dict[str, str]:
 def truegpu_tests() -> list[dict[str, Any]]:
     mig1 = {S.GPU_INSTANCE: "1", S.MIG_PROFILE: "3g.40gb"}
     mig2 = {S.GPU_INSTANCE: "2", S.MIG_PROFILE: "3g.40gb"}
-    train = {"namespace": "ml", "pod": "train-0", "container": "main", "job": "train"}
-    serve = {"namespace": "inf", "pod": "serve-0", "container": "main", "job": "serve"}
+    train = {"namespace": "ml", "pod": "train-0", "container": "main", S.WORKLOAD: "train"}
+    serve = {"namespace": "inf", "pod": "serve-0", "container": "main", S.WORKLOAD: "serve"}
     recording = case("recording rules: effective utilization and masking gap at every level", [
         series(S.SM_ACTIVE.name, gpu(0), "0.5x10"),
         series(S.SM_CLOCK.name, gpu(0), "1500000000x10"),
@@ -137,9 +137,9 @@ def truegpu_tests() -> list[dict[str, Any]]:
         samples(GPU_MASKING_GAP, "5m", (gpu(0), 0.4), (gpu(1), 0.5)),
         samples(NODE_EFFECTIVE_UTILIZATION, "5m", ({S.HOSTNAME: HOST}, 0.28125)),
         samples(NODE_MASKING_GAP, "5m", ({S.HOSTNAME: HOST}, 0.45)),
-        samples(JOB_EFFECTIVE_UTILIZATION, "5m", ({"namespace": "ml", "job": "train"}, 0.375),
-                ({"namespace": "inf", "job": "serve"}, 0.3)),
-        samples(JOB_MASKING_GAP, "5m", ({"namespace": "ml", "job": "train"}, 0.4)),
+        samples(WORKLOAD_EFFECTIVE_UTILIZATION, "5m", ({"namespace": "ml", S.WORKLOAD: "train"}, 0.375),
+                ({"namespace": "inf", S.WORKLOAD: "serve"}, 0.3)),
+        samples(WORKLOAD_MASKING_GAP, "5m", ({"namespace": "ml", S.WORKLOAD: "train"}, 0.4)),
         samples(FLEET_EFFECTIVE_UTILIZATION, "5m", ({"allocation": "all"}, 0.28125),
                 ({"allocation": "allocated"}, 0.3375)),
         samples(FLEET_MASKING_GAP, "5m", ({"allocation": "all"}, 0.45), ({"allocation": "allocated"}, 0.4)),
@@ -174,7 +174,7 @@ def truegpu_tests() -> list[dict[str, Any]]:
     ])
 
     alloc = S.GPU_ALLOCATION_INFO.name
-    held = {"namespace": "serving", "pod": "chat-0", "container": "vllm", "job": "chat"}
+    held = {"namespace": "serving", "pod": "chat-0", "container": "vllm", S.WORKLOAD: "chat"}
     owner = case("Hardware alerts carry who holds the GPU (one holder of a MIG-split GPU); others as they are", [
         series(alloc, gpu(0, **held), "1x30"),
         series(alloc, gpu(1, gpu_instance="1", mig_profile="3g.40gb", **held), "1x30"),
@@ -189,9 +189,10 @@ def truegpu_tests() -> list[dict[str, Any]]:
                 "GpuXidError", f"Critical XID 79 on {short(n)}",
                 f"{ref(n)} reported 1 XID 79 event(s) in the last 10m: the GPU cannot be trusted until it is "
                 "drained and reset."))
-            for n, extra in ((0, {"namespace": "serving", "job": "chat"}), (1, {"namespace": "serving", "job": "chat"}),
+            for n, extra in ((0, {"namespace": "serving", S.WORKLOAD: "chat"}),
+                             (1, {"namespace": "serving", S.WORKLOAD: "chat"}),
                              (2, {}))),
-              expect(gpu(0, xid="13", namespace="serving", job="chat"), "info", "training", annotations(
+              expect(gpu(0, xid="13", namespace="serving", workload="chat"), "info", "training", annotations(
                   "GpuXidError", f"Application XID 13 on {short(0)}",
                   f"{ref(0)} reported 1 XID 13 event(s) in the last 10m: usually the job's own bug (illegal memory "
                   "access, kernel exception); the GPU itself is fine."))),
@@ -652,7 +653,7 @@ def dcgm_tests(sp: Spelling) -> list[dict[str, Any]]:
 # analyzer findings ---------------------------------------------------------------------------
 def finding(kind: str, severity: str, n: int = 0, **extra: str) -> Labels:
     return {"kind": kind, "severity": severity, S.HOSTNAME: HOST, S.GPU: str(n), "rack": "r1",
-            "namespace": "ml", "job": "train", **extra}
+            "namespace": "ml", S.WORKLOAD: "train", **extra}
 
 
 def analyzer_tests() -> list[dict[str, Any]]:
@@ -664,7 +665,7 @@ def analyzer_tests() -> list[dict[str, Any]]:
     def alert_labels(labels: Labels, severity: str) -> Labels:
         return {k: v for k, v in labels.items() if k != "severity"}
 
-    where = "GPU 0 on node-1 (job ml/train)"
+    where = "GPU 0 on node-1 (workload ml/train)"
     waste = case("GpuIdleMasking and GpuIdleAllocated: sustained waste findings open a FinOps ticket", [
         *open_finding(finding("idle_masking", "warning"), "1x40", "0.8"),
         *open_finding(finding("idle_masking", "info", 1), "1x20 stale", "0.5"),  # closed after 20m
@@ -680,7 +681,7 @@ def analyzer_tests() -> list[dict[str, Any]]:
         check("35m", "GpuIdleAllocated", expect(alert_labels(finding("idle_allocated", "", 2), ""), "warning",
                                                 "finops", annotations(
             "GpuIdleAllocated", "Allocated GPU idle: GPU 2 of node-1",
-            "GPU 2 on node-1 (job ml/train) is allocated but idle (score 95%): release it or fix the job's input "
+            "GPU 2 on node-1 (workload ml/train) is allocated but idle (score 95%): release it or fix the job's input "
             "pipeline."))),
     ])
 
@@ -700,17 +701,17 @@ def analyzer_tests() -> list[dict[str, Any]]:
                   "the evidence.")),
               expect(alert_labels(finding("straggler", "", 1), ""), "warning", "training", annotations(
                   "GpuStraggler", "Straggler: GPU 1 of node-1",
-                  "GPU 1 on node-1 (job ml/train) is the straggler slowing its training gang (score 40%); see the "
+                  "GPU 1 on node-1 (workload ml/train) is the straggler slowing its training gang (score 40%); see the "
                   "analyzer's finding for the evidence."))),
         check("4m", "GpuDegraded"),
         check("10m", "GpuDegraded",
               expect(alert_labels(finding("degraded_gpu", "", 2), ""), "critical", "training", annotations(
                   "GpuDegraded", "Degraded: GPU 2 of node-1",
-                  "GPU 2 on node-1 (job ml/train) runs degraded (power cap, PCIe or NVLink) (score 70%); see the "
+                  "GPU 2 on node-1 (workload ml/train) runs degraded (power cap, PCIe or NVLink) (score 70%); see the "
                   "analyzer's finding for the evidence.")),
               expect(alert_labels(finding("degraded_gpu", "", 3), ""), "warning", "training", annotations(
                   "GpuDegraded", "Degraded: GPU 3 of node-1",
-                  "GPU 3 on node-1 (job ml/train) runs degraded (power cap, PCIe or NVLink) (score 20%); see the "
+                  "GPU 3 on node-1 (workload ml/train) runs degraded (power cap, PCIe or NVLink) (score 20%); see the "
                   "analyzer's finding for the evidence."))),
     ])
 

@@ -614,8 +614,11 @@ class _State:
         explicit = t.get(job_label, _blank(n)) if job_label else _blank(n)
         hpc = t.get(D.HPC_JOB_LABEL, _blank(n))
         alloc_info = d.metric == S.GPU_ALLOCATION_INFO.name
-        own_job = np.where(t.get("exported_job", _blank(n)) != "", t.get("exported_job", _blank(n)),
-                           t.get("job", _blank(n)))
+        # The workload holding the GPU: ``workload``, or ``job`` in data from before the rename
+        # (``exported_job`` where Prometheus renamed it because it clashed with the scrape job).
+        own_job = _blank(n)
+        for name in ("job", "exported_job", S.WORKLOAD):
+            own_job = np.where(t.get(name, _blank(n)) != "", t.get(name, _blank(n)), own_job)
         is_dcgm = d.dialect_of_series == "dcgm"
         dcgm_rate = np.isin(d.metric, [s.name for ss in D.SOURCES.values() for s in ss if s.kind == "dcgm_rate"])
         pods = lab["pod"]

@@ -1,6 +1,8 @@
 """The analyzer's own metric contract: what `truegpu serve` publishes on /metrics.
 
-Alert rules and dashboards read these names from here (as they read the exporter's from
+Workloads are labelled ``workload`` (exporter.schema.WORKLOAD), never ``job``, which is
+Prometheus' scrape job: scrape the analyzer without ``honor_labels``. Alert rules and
+dashboards read these names from here (as they read the exporter's from
 exporter/schema.py), so the analyzer, the rules and the panels cannot drift apart. Same
 conventions: ratios 0..1, base units, counters end in ``_total``. Findings are bounded
 (one series per open problem, gone when it ends), so their identity labels are fine here.
@@ -8,10 +10,12 @@ conventions: ratios 0..1, base units, counters end in ``_total``. Findings are b
 
 from __future__ import annotations
 
-from exporter.schema import Metric
+from exporter.schema import WORKLOAD, Metric
 
 #: Labels of a finding series; "" where the finding has no such entity (a rack finding has no gpu).
-FINDING_LABELS: tuple[str, ...] = ("kind", "severity", "hostname", "gpu", "gpu_instance", "rack", "namespace", "job")
+FINDING_LABELS: tuple[str, ...] = (
+    "kind", "severity", "hostname", "gpu", "gpu_instance", "rack", "namespace", WORKLOAD,
+)
 
 FINDING_ACTIVE = Metric(
     "truegpu_finding_active", "gauge", "",
@@ -33,17 +37,17 @@ JOB_EFFECTIVE_UTILIZATION = Metric(
     "truegpu_job_effective_utilization_ratio", "gauge", "ratio",
     "Effective utilization of a job's GPUs over the last analysis window (SM activity x clock ratio, "
     "time-weighted).",
-    labels=("namespace", "job"), scope="exporter",
+    labels=("namespace", WORKLOAD), scope="exporter",
 )
 JOB_REPORTED_UTILIZATION = Metric(
     "truegpu_job_reported_utilization_ratio", "gauge", "ratio",
     "GPU utilization as nvidia-smi reports it for the job's GPUs over the last analysis window.",
-    labels=("namespace", "job"), scope="exporter",
+    labels=("namespace", WORKLOAD), scope="exporter",
 )
 JOB_ALLOCATED_GPUS = Metric(
     "truegpu_job_allocated_gpus", "gauge", "",
     "GPUs (MIG slices by their share) the job held on average over the last analysis window.",
-    labels=("namespace", "job"), scope="exporter",
+    labels=("namespace", WORKLOAD), scope="exporter",
 )
 FLEET_EFFECTIVE_UTILIZATION = Metric(
     "truegpu_fleet_effective_utilization_ratio", "gauge", "ratio",

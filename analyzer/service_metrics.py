@@ -15,6 +15,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import CollectorRegistry
 
 from analyzer import output_schema as O
+from exporter.schema import WORKLOAD
 from exporter.schema import Metric as SchemaMetric
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ def finding_labels(f: Finding) -> tuple[str, ...]:
 
     values = {
         "kind": f.kind, "severity": f.severity, "hostname": f.hostname, "gpu": f.gpu,
-        "gpu_instance": f.gpu_instance, "rack": f.rack, "namespace": f.namespace, "job": f.job,
+        "gpu_instance": f.gpu_instance, "rack": f.rack, "namespace": f.namespace, WORKLOAD: f.job,
     }
     return tuple(label_value(values[name]) for name in O.FINDING_LABELS)
 

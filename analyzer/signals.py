@@ -82,3 +82,6 @@ NAMES: tuple[str, ...] = tuple(BY_NAME)
 DEVICE_COLUMNS: tuple[str, ...] = (S.HOSTNAME, S.GPU, S.UUID, S.GPU_INSTANCE, S.MIG_PROFILE, "model")
 PLACEMENT_COLUMNS: tuple[str, ...] = ("site", "rack")
 ALLOCATION_COLUMNS: tuple[str, ...] = ("namespace", "pod", "container", "job")
+#: Frame column -> the allocation info label it comes from (the workload is ``workload`` on the wire).
+ALLOCATION_LABELS: dict[str, str] = {"namespace": "namespace", "pod": "pod", "container": "container",
+                                     "job": S.WORKLOAD}

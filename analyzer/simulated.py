@@ -13,7 +13,7 @@ import pandas as pd
 
 from analyzer.coverage import hold_allocations
 from analyzer.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, gpu_share
-from analyzer.signals import ALLOCATION_COLUMNS, SIGNALS, Signal
+from analyzer.signals import ALLOCATION_COLUMNS, ALLOCATION_LABELS, SIGNALS, Signal
 from exporter import schema as S
 from exporter.simulator.model import SAMPLE_SIGNALS, Cluster
 from exporter.simulator.topology import MODEL_KEYS, closest_link
@@ -68,9 +68,10 @@ def fleet_from_cluster(
     held = ~np.isnan(table[S.GPU_ALLOCATION_INFO.name][:T])  # (T, N)
     alloc = cluster.allocation_labels
     for col in ALLOCATION_COLUMNS:
-        cats = sorted({a[col] for a in alloc if a and a[col]})
+        label = ALLOCATION_LABELS[col]
+        cats = sorted({a[label] for a in alloc if a and a[label]})
         index = {c: i for i, c in enumerate(cats)}
-        code = np.array([index.get(a[col], -1) if a else -1 for a in alloc])
+        code = np.array([index.get(a[label], -1) if a else -1 for a in alloc])
         cols[col] = pd.Categorical.from_codes(per_row(np.where(held, code[None, :], -1)), cats)
 
     for signal in SIGNALS:

@@ -140,7 +140,7 @@ def variables(dialect: Dialect) -> list[g.Template]:
             _variable("hostname", "Host", f"label_values({util}, {V_HOSTLABEL})"),
             _variable("gpu", "GPU", f'label_values({util}{{{V_HOSTLABEL}=~"$hostname"}}, gpu)'),
             _variable("namespace", "Namespace", f"label_values({used}, namespace)"),
-            _variable("job", "Pod (dcgm-exporter has no job label)",
+            _variable(S.WORKLOAD, "Pod (dcgm-exporter has no workload label)",
                       f'label_values({used}{{namespace=~"$namespace"}}, pod)'),
         ]
     info = S.GPU_INFO.name
@@ -150,7 +150,7 @@ def variables(dialect: Dialect) -> list[g.Template]:
         _variable("hostname", "Host", f"label_values({info}, hostname)"),
         _variable("gpu", "GPU", f'label_values({info}{{hostname=~"$hostname"}}, gpu)'),
         _variable("namespace", "Namespace", f"label_values({alloc}, namespace)"),
-        _variable("job", "Job", f'label_values({alloc}{{namespace=~"$namespace"}}, job)'),
+        _variable(S.WORKLOAD, "Workload", f'label_values({alloc}{{namespace=~"$namespace"}}, {S.WORKLOAD})'),
     ]
 
 

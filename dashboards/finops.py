@@ -5,6 +5,7 @@ from __future__ import annotations
 from analyzer import output_schema as out
 from dashboards.builder import COST, COUNT, GPU_HOURS, RATIO, PanelSpec, q
 from dashboards.queries import Dialect
+from exporter.schema import WORKLOAD
 
 KEY = "finops"
 TITLE = "FinOps"
@@ -20,8 +21,9 @@ DESCRIPTION = (
 
 def panels(d: Dialect) -> list[PanelSpec]:
     specs = []
-    for by, what in (("namespace", "{{namespace}}"), ("namespace, job", "{{namespace}}/{{job}}")):
-        label = "job" if "job" in by else "namespace"
+    per_workload = (f"namespace, {WORKLOAD}", "{{namespace}}/{{" + WORKLOAD + "}}")
+    for by, what in (("namespace", "{{namespace}}"), per_workload):
+        label = "workload" if WORKLOAD in by else "namespace"
         alloc, eff = d.allocated_gpu_hours(by), d.effective_gpu_hours(by)
         specs += [
             PanelSpec(f"GPU-hours per {label}: allocated, effective, unused", GPU_HOURS, [
@@ -48,8 +50,8 @@ def panels(d: Dialect) -> list[PanelSpec]:
     specs += [
         PanelSpec("Allocated GPUs per namespace", COUNT,
                   [q(f"count by (namespace) ({d.allocated()})", "{{namespace}}")], stacked=True),
-        PanelSpec("Analyzer: allocated GPUs per job", COUNT,
-                  [q(d.analyzer(out.JOB_ALLOCATED_GPUS), "{{namespace}}/{{job}}")], stacked=True,
+        PanelSpec("Analyzer: allocated GPUs per workload", COUNT,
+                  [q(d.analyzer(out.JOB_ALLOCATED_GPUS), "{{namespace}}/{{workload}}")], stacked=True,
                   description=out.JOB_ALLOCATED_GPUS.help),
     ]
     return specs

@@ -12,8 +12,8 @@ TITLE = "Job"
 DESCRIPTION = "The GPUs of the selected jobs side by side (one line per member), straggler findings and " \
     "the spread between members. In a synchronous job the slowest member sets everyone's pace."
 
-MEMBER = "{{job}} {{hostname}} gpu{{gpu}}"
-_BY = f"namespace, job, {GPU_KEY}"
+MEMBER = "{{workload}} {{hostname}} gpu{{gpu}}"
+_BY = f"namespace, {S.WORKLOAD}, {GPU_KEY}"
 
 
 def _member(expr: str) -> str:
@@ -28,7 +28,7 @@ def _device(d: Dialect, expr: str) -> str:
 
 def panels(d: Dialect) -> list[PanelSpec]:
     sm = d.sel(S.SM_ACTIVE, alloc=True)
-    spread = f"max by (namespace, job) ({_member(sm)}) - min by (namespace, job) ({_member(sm)})"
+    spread = f"max by (namespace, workload) ({_member(sm)}) - min by (namespace, workload) ({_member(sm)})"
     return [
         PanelSpec("SM activity per member", RATIO, [q(_member(sm), MEMBER)], width=24,
                   description="Per-member SM activity; a member below the others is a straggler or starved."),
@@ -41,18 +41,19 @@ def panels(d: Dialect) -> list[PanelSpec]:
         PanelSpec("Power per member", WATTS, [q(_device(d, d.sel(S.POWER)), MEMBER)], width=8),
         PanelSpec("NVLink throughput per member", BYTES_PER_SECOND,
                   [q(_device(d, d.throughput(S.NVLINK_BYTES, GPU_KEY)), MEMBER)]),
-        PanelSpec("SM activity spread (max - min member)", RATIO, [q(spread, "{{namespace}}/{{job}}")],
+        PanelSpec("SM activity spread (max - min member)", RATIO, [q(spread, "{{namespace}}/{{workload}}")],
                   description="How far the slowest member trails the fastest one."),
         PanelSpec("Straggler findings", NONE,
                   [q(d.analyzer(out.FINDING_SCORE, kind="straggler"), instant=True)], kind="table",
                   description="Open straggler findings (truegpu_finding_* {kind=\"straggler\"}) with their score."),
         PanelSpec("Stragglers over time", COUNT,
-                  [q(f"count by (namespace, job) ({d.analyzer(out.FINDING_ACTIVE, kind='straggler')})",
-                     "{{namespace}}/{{job}}")], stacked=True),
+                  [q(f"count by (namespace, workload) ({d.analyzer(out.FINDING_ACTIVE, kind='straggler')})",
+                     "{{namespace}}/{{workload}}")], stacked=True),
         PanelSpec("Job effective vs reported utilization (analyzer)", RATIO, [
-            q(d.analyzer(out.JOB_EFFECTIVE_UTILIZATION), "{{namespace}}/{{job}} effective"),
-            q(d.analyzer(out.JOB_REPORTED_UTILIZATION), "{{namespace}}/{{job}} reported"),
+            q(d.analyzer(out.JOB_EFFECTIVE_UTILIZATION), "{{namespace}}/{{workload}} effective"),
+            q(d.analyzer(out.JOB_REPORTED_UTILIZATION), "{{namespace}}/{{workload}} reported"),
         ]),
-        PanelSpec("GPUs per job", COUNT, [q(f"count by (namespace, job) ({d.allocated()})", "{{namespace}}/{{job}}")],
+        PanelSpec("GPUs per job", COUNT,
+                  [q(f"count by (namespace, {S.WORKLOAD}) ({d.allocated()})", "{{namespace}}/{{workload}}")],
                   stacked=True),
     ]

@@ -4,16 +4,16 @@ Every expression a dashboard uses comes from a :class:`Dialect`, which turns a c
 ``Metric`` into a selector in base units with the contract's label names, so the panels
 above it are written once:
 
-* ``truegpu``: ``truegpu_*`` series; the namespace/job variables join
+* ``truegpu``: ``truegpu_*`` series; the namespace/workload variables join
   ``truegpu_gpu_allocation_info`` (``* on(hostname, gpu, uuid, gpu_instance)
-  group_left(namespace, pod, job)``).
+  group_left(namespace, pod, workload)``).
 * ``dcgm``: the ``DCGM_FI_*`` fields of ``Metric.dcgm`` with their scale applied (percent
   -> /100, MHz -> *1e6, MiB -> bytes, mJ -> J), contract labels set with ``label_replace``
   (``sensor``, ``direction``, ``type``, ``state``), the host label normalised to
   ``hostname`` from whichever of ``Hostname``/``hostname`` the ``$hostlabel`` variable
   names, MIG ``GPU_I_ID``/``GPU_I_PROFILE`` -> ``gpu_instance``/``mig_profile``, and the
   pod labels dcgm-exporter puts on every sample in place of the allocation join. dcgm-exporter
-  has no job label: there the ``job`` variable lists pods and ``job`` is copied from ``pod``.
+  has no workload label: there the ``workload`` variable lists pods and ``workload`` is copied from ``pod``.
 
 Rates differ too: dcgm-exporter's byte "counters" are already per-second rates
 (``kind="rate"``: averaged, never ``rate()``d), clock-event reasons are a bitmask
@@ -33,7 +33,7 @@ from exporter.schema import DcgmField, Metric
 V_HOST = "$hostname"
 V_GPU = "$gpu"
 V_NAMESPACE = "$namespace"
-V_JOB = "$job"
+V_WORKLOAD = "$workload"
 #: dcgm variant only: which label carries the host (``Hostname`` in older dcgm-exporter releases).
 V_HOSTLABEL = "$hostlabel"
 RANGE = "$__range"
@@ -48,7 +48,7 @@ DCGM = "dcgm"
 #: Identity of one GPU or MIG instance across dialects (after normalisation).
 GPU_KEY = f"{S.HOSTNAME}, {S.GPU}"
 ALLOC_ON = f"{S.HOSTNAME}, {S.GPU}, {S.UUID}, {S.GPU_INSTANCE}"
-ALLOC_LABELS = "namespace, pod, job"
+ALLOC_LABELS = f"namespace, pod, {S.WORKLOAD}"
 
 _DCGM_NAME = re.compile(r"\bDCGM_FI_(?:DEV|PROF)_[A-Z0-9_]+\b")
 
@@ -96,7 +96,7 @@ class Dialect:
         if metric.scope == "gpu":
             pairs.append((S.GPU, "=~", V_GPU))
         if self.dcgm and alloc:
-            pairs += [("namespace", "!=", ""), ("namespace", "=~", V_NAMESPACE), ("pod", "=~", V_JOB)]
+            pairs += [("namespace", "!=", ""), ("namespace", "=~", V_NAMESPACE), ("pod", "=~", V_WORKLOAD)]
         for k, v in match.items():
             op, val = (v[:2], v[2:]) if v[:2] in ("=~", "!=", "!~") else ("=", v)
             if self.dcgm and k == S.GPU_INSTANCE:
@@ -157,12 +157,12 @@ class Dialect:
         if mig:
             expr = _label_copy(_label_copy(expr, S.GPU_INSTANCE, "GPU_I_ID"), S.MIG_PROFILE, "GPU_I_PROFILE")
         if alloc:
-            expr = _label_copy(expr, "job", "pod")
+            expr = _label_copy(expr, S.WORKLOAD, "pod")
         return expr
 
     def _alloc_join(self, expr: str) -> str:
         info = S.GPU_ALLOCATION_INFO.name + _matchers(
-            [("namespace", "=~", V_NAMESPACE), ("job", "=~", V_JOB)])
+            [("namespace", "=~", V_NAMESPACE), (S.WORKLOAD, "=~", V_WORKLOAD)])
         return f"({expr}) * on({ALLOC_ON}) group_left({ALLOC_LABELS}) {info}"
 
     def _truegpu(self, metric: Metric, form: str, window: str, alloc: bool, match: dict[str, str]) -> str:
@@ -171,8 +171,8 @@ class Dialect:
         return self._alloc_join(e) if alloc else e
 
     def sel(self, metric: Metric, *, alloc: bool = False, mig: bool = False, **match: str) -> str:
-        """A gauge in base units. ``alloc``: only allocated GPUs, filtered by $namespace/$job, with
-        namespace/pod/job labels. ``mig``: dcgm MIG labels renamed to the contract's."""
+        """A gauge in base units. ``alloc``: only allocated GPUs, filtered by $namespace/$workload, with
+        namespace/pod/workload labels. ``mig``: dcgm MIG labels renamed to the contract's."""
         if self.dcgm:
             return self._dcgm(metric, "value", "", alloc, mig, match)
         return self._truegpu(metric, "value", "", alloc, match)
@@ -244,13 +244,14 @@ class Dialect:
                 f"avg by ({by}) ({self.sel(S.SM_ACTIVE)})")
 
     def allocated(self) -> str:
-        """1 per allocated GPU (or MIG instance) with namespace and job labels, filtered by the variables."""
+        """1 per allocated GPU (or MIG instance) with namespace and workload labels, filtered by the variables."""
         if not self.dcgm:
             return S.GPU_ALLOCATION_INFO.name + _matchers(
                 [(S.HOSTNAME, "=~", V_HOST), (S.GPU, "=~", V_GPU),
-                 ("namespace", "=~", V_NAMESPACE), ("job", "=~", V_JOB)])
+                 ("namespace", "=~", V_NAMESPACE), (S.WORKLOAD, "=~", V_WORKLOAD)])
         # Memory used is a default field and is reported per MIG instance.
-        return f"count by ({GPU_KEY}, GPU_I_ID, namespace, job, modelName) ({self.sel(S.MEMORY_USED, alloc=True)})"
+        keys = f"{GPU_KEY}, GPU_I_ID, namespace, {S.WORKLOAD}, modelName"
+        return f"count by ({keys}) ({self.sel(S.MEMORY_USED, alloc=True)})"
 
     def _with_model(self, expr: str) -> str:
         """``expr`` (per GPU) with the GPU model as label ``model``: from gpu_info, or dcgm's modelName."""
@@ -304,8 +305,8 @@ class Dialect:
             pairs.append((S.HOSTNAME, "=~", V_HOST))
         if "namespace" in labels:
             pairs.append(("namespace", "=~", V_NAMESPACE))
-        if "job" in labels and not self.dcgm:  # dcgm variant's $job lists pods, not jobs
-            pairs.append(("job", "=~", V_JOB))
+        if S.WORKLOAD in labels and not self.dcgm:  # dcgm variant's $workload lists pods
+            pairs.append((S.WORKLOAD, "=~", V_WORKLOAD))
         for k, v in match.items():
             op, val = (v[:2], v[2:]) if v[:2] in ("=~", "!=", "!~") else ("=", v)
             pairs.append((k, op, val))

@@ -32,6 +32,11 @@ MIG_PROFILE = "mig_profile"
 GPU_LABELS: tuple[str, ...] = (HOSTNAME, GPU, UUID)
 #: Extra labels a MIG instance adds to per-GPU series (absent on whole GPUs).
 MIG_LABELS: tuple[str, ...] = (GPU_INSTANCE, MIG_PROFILE)
+#: The label naming the workload that holds a GPU (a training job, a deployment, a Slurm job id).
+#: Not ``job``: that is Prometheus' scrape-job label, and reusing it forces ``honor_labels: true``
+#: (which lets a target overwrite ``job`` and ``instance``). Older truegpu data says ``job``
+#: (``exported_job`` once Prometheus renamed it); the analyzer still reads both.
+WORKLOAD = "workload"
 
 Scope = Literal["gpu", "node", "exporter"]
 MetricType = Literal["gauge", "counter"]
@@ -459,8 +464,9 @@ GPU_TOPOLOGY_INFO = Metric(
 )
 GPU_ALLOCATION_INFO = Metric(
     "truegpu_gpu_allocation_info", "gauge", "",
-    "Who holds the GPU (value 1); absent while the GPU is unallocated.",
-    labels=("namespace", "pod", "container", "job"),
+    "Who holds the GPU (value 1); absent while the GPU is unallocated. workload: the training job, "
+    "deployment or Slurm job id the pod belongs to.",
+    labels=("namespace", "pod", "container", WORKLOAD),
     nvml="running compute processes joined with the kubelet pod-resources API / Slurm",
 )
 NODE_INFO = Metric(

@@ -138,7 +138,8 @@ def test_lookup_whole_gpus_and_mig_instances(kubelet) -> None:
     assert attributor.lookup("fpga0", "7") is None
     assert attributor.lookup("hca0", "8") is None
     assert attributor.lookup("GPU-unknown", "9") is None
-    assert worker0.labels() == {"namespace": "train", "pod": "llama-worker-0", "container": "pytorch", "job": "llama"}
+    assert worker0.labels() == {"namespace": "train", "pod": "llama-worker-0", "container": "pytorch",
+                                "workload": "llama"}
 
 
 def test_refresh_is_cached_for_ttl_and_sees_changes(kubelet) -> None:

@@ -28,7 +28,7 @@ from tests.realprom import backfilled_prometheus
 
 SPAN = 2 * 3600
 STEP = 60
-VARIABLES = {"datasource", "hostname", "namespace", "job", "gpu"}
+VARIABLES = {"datasource", "hostname", "namespace", "workload", "gpu"}
 #: Panels whose queries may legitimately return nothing on the backfilled data, with the reason.
 #: Keep this short: analyzer series are backfilled synthetically instead of being excluded here.
 EXCLUDED: dict[tuple[str, str], str] = {}
@@ -135,7 +135,7 @@ def _analyzer_history(path: Path, cluster: Cluster, start: float, end: float) ->
     for t in cluster.ground_truth():
         labels = {"kind": t["kind"], "severity": "critical" if t["kind"] == "gpu_fault" else "warning",
                   "hostname": t["hostname"] or "", "gpu": t["gpu"] or "", "gpu_instance": "", "rack": "",
-                  "namespace": namespace.get(t["job"] or "", ""), "job": t["job"] or ""}
+                  "namespace": namespace.get(t["job"] or "", ""), "workload": t["job"] or ""}
         open_ = np.where((times >= t["start"]) & (times < t["end"]), 1.0, np.nan)
         if not np.isnan(open_).all():
             findings.append(({k: labels[k] for k in out.FINDING_LABELS}, open_))
@@ -146,9 +146,9 @@ def _analyzer_history(path: Path, cluster: Cluster, start: float, end: float) ->
     series = [
         *((out.FINDING_ACTIVE, f, v) for f, v in findings),
         *((out.FINDING_SCORE, f, 0.5 * v) for f, v in findings),
-        *((out.JOB_EFFECTIVE_UTILIZATION, {"namespace": n, "job": j}, 0.4 * ones) for n, j in jobs),
-        *((out.JOB_REPORTED_UTILIZATION, {"namespace": n, "job": j}, 0.9 * ones) for n, j in jobs),
-        *((out.JOB_ALLOCATED_GPUS, {"namespace": n, "job": j}, 8 * ones) for n, j in jobs),
+        *((out.JOB_EFFECTIVE_UTILIZATION, {"namespace": n, "workload": j}, 0.4 * ones) for n, j in jobs),
+        *((out.JOB_REPORTED_UTILIZATION, {"namespace": n, "workload": j}, 0.9 * ones) for n, j in jobs),
+        *((out.JOB_ALLOCATED_GPUS, {"namespace": n, "workload": j}, 8 * ones) for n, j in jobs),
         *((out.FLEET_EFFECTIVE_UTILIZATION, {"allocation": a}, 0.3 * ones) for a in ("allocated", "all")),
         *((out.FLEET_REPORTED_UTILIZATION, {"allocation": a}, 0.7 * ones) for a in ("allocated", "all")),
         *((out.GPU_HOURLY_COST, {"model": m, "sku": e.key, "currency": catalog.currency}, e.price_per_gpu_hour * ones)
@@ -197,12 +197,12 @@ def _query_range(url: str, expr: str, start: float, end: float) -> list:
     return body["data"]["result"]
 
 
-ALL_VALUES = {"hostname": ".*", "gpu": ".*", "namespace": ".*", "job": ".*"}
-#: Real values for a second pass over the drill-down dashboards (dcgm: $job lists pods): the host and
+ALL_VALUES = {"hostname": ".*", "gpu": ".*", "namespace": ".*", "workload": ".*"}
+#: Real values for a second pass over the drill-down dashboards (dcgm: $workload lists pods): the host and
 #: job of mixed-fleet's thermally throttled straggler.
 SPECIFIC = {
-    "truegpu": {"hostname": "dc1-r1-n01", "gpu": "4|5|6", "namespace": "llm", "job": "pretrain-7b"},
-    "dcgm": {"hostname": "dc1-r1-n01", "gpu": "4|5|6", "namespace": "llm", "job": "pretrain-7b-.*"},
+    "truegpu": {"hostname": "dc1-r1-n01", "gpu": "4|5|6", "namespace": "llm", "workload": "pretrain-7b"},
+    "dcgm": {"hostname": "dc1-r1-n01", "gpu": "4|5|6", "namespace": "llm", "workload": "pretrain-7b-.*"},
 }
 
 
@@ -250,14 +250,14 @@ def _last_sum(url: str, expr: str, start: float, end: float) -> float:
 
 def test_dcgm_variant_agrees_with_truegpu_variant(prometheus) -> None:
     """The same simulated fleet read through either exporter gives the same panel values (up to DCGM's
-    integer rounding). Job panels differ by design: dcgm-exporter's "job" is the pod."""
+    integer rounding). Job panels differ by design: dcgm-exporter's "workload" is the pod."""
     url, start, end = prometheus
     dashboards = _dashboards()
     compared = 0
     for key in ("fleet", "node", "thermal", "health", "finops", "mig"):
         ours = {p["title"]: p for p in _panels(dashboards[f"truegpu-{key}.json"])}
         for p in _panels(dashboards[f"dcgm-{key}.json"]):
-            if p["title"] not in ours or "per job" in p["title"] or p["title"] == "GPU identity":
+            if p["title"] not in ours or "per workload" in p["title"] or p["title"] == "GPU identity":
                 continue
             for a, b in zip(ours[p["title"]]["targets"], p["targets"], strict=True):
                 x = _last_sum(url, _substitute(a["expr"], ALL_VALUES), start, end)

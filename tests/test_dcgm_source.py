@@ -164,8 +164,8 @@ def test_h100_allocation_from_pod_labels(endpoint: Endpoint) -> None:
     assert allocs["0", None]["pod"] == "llama3-70b-pretrain-worker-0"
     assert allocs["0", None]["namespace"] == "ml-train"
     assert allocs["0", None]["container"] == "pytorch"
-    assert allocs["0", None]["job"] == "llama3-70b-pretrain"  # -worker-0 removed
-    assert allocs["4", None]["job"] == "bert-ft"  # -master-0 removed
+    assert allocs["0", None]["workload"] == "llama3-70b-pretrain"  # -worker-0 removed
+    assert allocs["4", None]["workload"] == "bert-ft"  # -master-0 removed
     assert allocs["6", "1"]["mig_profile"] == "3g.40gb"
     assert allocs["6", "1"]["pod"] == "vllm-serve-7d9f8b6c4-x2x7k"
     # Pod identity never reaches the hot series.
@@ -213,8 +213,8 @@ def test_a100_1x_dialect(endpoint: Endpoint) -> None:
     assert set(allocs) == {"0", "1", "2"}
     assert allocs["1"] == {"hostname": "a100-node-3", "gpu": "1", "uuid": labels0["uuid"].replace(
         "ef93d360-6e44-30fa-5085-852515d198c7", "2a84941d-8895-e0c4-8845-7562c1040658"),
-        "namespace": "vision", "pod": "resnet50-train-worker-1", "container": "trainer", "job": "resnet50-train"}
-    assert allocs["2"]["job"] == "jupyter-alice"
+        "namespace": "vision", "pod": "resnet50-train-worker-1", "container": "trainer", "workload": "resnet50-train"}
+    assert allocs["2"]["workload"] == "jupyter-alice"
     info = one(r, GPU_INFO, gpu="0")
     assert info == 1.0
     assert schema.DECODER_UTILIZATION in r.samples and r.ignored == {}  # every 1.x series is mapped
@@ -245,7 +245,7 @@ def test_v100_ecc_nvlink_throttle_alias_and_hpc_job(endpoint: Endpoint) -> None:
     assert gpu3 == {"sw_power_cap", "hw_thermal"}  # 0x44 via the deprecated THROTTLE_REASONS name
     allocs = [a for a, _ in r.samples[GPU_ALLOCATION_INFO]]
     assert sorted(a["gpu"] for a in allocs) == ["0", "1"]
-    assert {(a["job"], a["pod"], a["namespace"]) for a in allocs} == {("881234", "", "")}
+    assert {(a["workload"], a["pod"], a["namespace"]) for a in allocs} == {("881234", "", "")}
     # dcgm-exporter's own XID count is used; the last-XID gauge is not counted on top of it.
     assert [(labels["gpu"], labels["xid"], v) for labels, v in r.samples[XID_ERRORS]] == [("2", "48", 1.0)]
 

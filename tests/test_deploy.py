@@ -158,11 +158,10 @@ def test_prometheus_config_and_generated_rules_pass_promtool(prometheus_dir, pro
         assert re.search(rf"Checking .*rules/{re.escape(name)}\n\s+SUCCESS: [1-9]\d* rules found", out), out
 
 
-def test_prometheus_scrapes_the_stack_with_honor_labels(prometheus_config, services):
+def test_prometheus_scrapes_the_stack_without_honor_labels(prometheus_config, services):
     jobs = {j["job_name"]: j for j in prometheus_config["scrape_configs"]}
-    # the workload `job` label of allocation info and analyzer findings must survive the scrape
-    for job in (EXPORTER_JOB, ANALYZER_JOB):
-        assert jobs[job].get("honor_labels") is True, job
+    # workloads are labelled `workload`: no target may overwrite Prometheus' job/instance
+    assert not any(j.get("honor_labels") for j in prometheus_config["scrape_configs"])
     targets = {
         EXPORTER_JOB: [f"{n}:{d['port']}" for d in jobs[EXPORTER_JOB]["dns_sd_configs"] for n in d["names"]],
         ANALYZER_JOB: [t for s in jobs[ANALYZER_JOB]["static_configs"] for t in s["targets"]],

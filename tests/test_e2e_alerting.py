@@ -34,7 +34,8 @@ import yaml
 
 from alerts import generate
 from alerts.alertmanager import RECEIVERS
-from alerts.rules import FELL_OFF_BUS, GPU_SYMPTOM_ALERTS
+from alerts.rules import FELL_OFF_BUS, GPU_SYMPTOM_ALERTS, WORKLOAD_EFFECTIVE_UTILIZATION
+from exporter import schema as S
 from exporter.simulator.model import Cluster
 from exporter.simulator.scenario import load_scenario
 from tests.conftest import ROOT, find_binary, free_port
@@ -239,7 +240,7 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Callable[..., Stack]]:
             "global": {"scrape_interval": SCRAPE, "evaluation_interval": SCRAPE, "scrape_timeout": SCRAPE},
             "rule_files": [str(p) for p in s.rule_files],
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-            "scrape_configs": [{"job_name": EXPORTER_JOB, "honor_labels": True,
+            "scrape_configs": [{"job_name": EXPORTER_JOB,
                                 "static_configs": [{"targets": [s.exporter]}]}],
         }
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -383,6 +384,15 @@ def test_healthy_fleet_sends_nothing(stack):
         return bool(q) and float(q[0]["value"][1]) == 96 and bool(ams)
 
     s.wait_until("healthy-fleet scraped (96 GPUs) and Alertmanager discovered", live, timeout=20)
+    # Scraped without honor_labels, nothing is lost or overwritten: the workload keeps its own label
+    # and Prometheus keeps its job/instance (no exported_job).
+    held = requests.get(f"{s.prometheus}/api/v1/query", params={"query": S.GPU_ALLOCATION_INFO.name},
+                        timeout=5).json()["data"]["result"]
+    assert held and all(r["metric"][S.WORKLOAD] and r["metric"]["job"] == EXPORTER_JOB
+                        and r["metric"]["instance"] == s.exporter and "exported_job" not in r["metric"] for r in held)
+    per_workload = requests.get(f"{s.prometheus}/api/v1/query", params={"query": WORKLOAD_EFFECTIVE_UTILIZATION},
+                                timeout=5).json()["data"]["result"]
+    assert per_workload and all(set(r["metric"]) == {"__name__", "namespace", S.WORKLOAD} for r in per_workload)
     time.sleep(quiet)
     groups = requests.get(f"{s.prometheus}/api/v1/rules", timeout=5).json()["data"]["groups"]
     broken = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r.get("health") != "ok"]

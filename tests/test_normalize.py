@@ -373,6 +373,22 @@ def test_gaps_are_unknown_not_zero():
     assert (f["gpu"] == "1").sum() == 6 and f.loc[f["gpu"] == "1", "power"].notna().sum() == 1
 
 
+def test_workload_label_and_the_older_job_spellings():
+    """Allocation info says ``workload`` now; data from before says ``job`` (honor_labels) or
+    ``exported_job`` (Prometheus renamed it next to its own scrape ``job``): all three are read."""
+    alloc, ts = S.GPU_ALLOCATION_INFO.name, times(2)
+    gpus = [{"hostname": "n1", "gpu": str(g), "uuid": f"GPU-{g}"} for g in range(3)]
+    fleet = normalize(long_frame(
+        *((S.POWER.name, g, ts, [100, 100]) for g in gpus),
+        (alloc, {**gpus[0], "namespace": "a", "pod": "p0", "workload": "new", "job": "truegpu-exporter"}, ts, [1, 1]),
+        (alloc, {**gpus[1], "namespace": "a", "pod": "p1", "exported_job": "renamed", "job": "truegpu-exporter"},
+         ts, [1, 1]),
+        (alloc, {**gpus[2], "namespace": "a", "pod": "p2", "job": "honored"}, ts, [1, 1]),
+    ))  # fmt: skip
+    jobs = fleet.frame.groupby("gpu", observed=True)["job"].first().astype(str).to_dict()
+    assert jobs == {"0": "new", "1": "renamed", "2": "honored"}
+
+
 def test_allocation_and_job_derivation():
     ts = times(4)
     alloc = S.GPU_ALLOCATION_INFO.name

@@ -456,7 +456,7 @@ def test_slurm_attribution_publishes_allocation_for_whole_gpus_and_mig_instances
     finally:
         source.close()
     held = {
-        (labels[schema.GPU], labels.get(schema.GPU_INSTANCE)): labels["job"]
+        (labels[schema.GPU], labels.get(schema.GPU_INSTANCE)): labels[schema.WORKLOAD]
         for labels, value in reading.samples[schema.GPU_ALLOCATION_INFO]
         if value == 1.0
     }

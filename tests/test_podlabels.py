@@ -317,7 +317,7 @@ def test_build_attributor_end_to_end(api: ApiServer, token: str, kubelet, tmp_pa
     reading = Reading()
     attribute(reading, attributor, [({"gpu": "0", "UUID": GPU0}, GPU0, "0", None, None),
                                     ({"gpu": "9", "UUID": "GPU-pinned"}, "GPU-pinned", "9", None, None)])
-    jobs = {labels["pod"]: labels["job"] for samples in reading.samples.values() for labels, _ in samples}
+    jobs = {labels["pod"]: labels["workload"] for samples in reading.samples.values() for labels, _ in samples}
     assert jobs == {"llama-worker-0": "nlp", "pinned": "hand-made"}
     assert "/api/v1/namespaces/dev/pods/pinned" not in api.paths()  # the job map needs no lookup
     assert {e.kind for e in reading.errors} == {"kube_api_not_found"}  # llama-worker-1, vllm, notebooks

@@ -166,7 +166,7 @@ def test_every_metric_name_comes_from_a_contract():
 def test_recording_rule_names_follow_level_metric_operations():
     for name in record_names():
         level, metric, ops = name.split(":")
-        assert level in {"gpu", "node", "job", "fleet"} and metric.startswith(("truegpu_", "dcgm_")) and ops, name
+        assert level in {"gpu", "node", "workload", "fleet"} and metric.startswith(("truegpu_", "dcgm_")) and ops, name
 
 
 def test_durations():

@@ -94,13 +94,13 @@ def test_collector_publishes_open_findings_only_and_drops_ended_ones(promtool):
     assert all(v == 1.0 for _, v in active)
     assert {lab["gpu"]: lab for lab, _ in active}["5"] == {
         "kind": "idle_allocated", "severity": "info", "hostname": "node-1", "gpu": "5", "gpu_instance": "",
-        "rack": "r1", "namespace": "", "job": "nb",  # NaN namespace -> ""
+        "rack": "r1", "namespace": "", "workload": "nb",  # NaN namespace -> ""
     }
     assert _value(first, O.FINDING_SCORE.name, gpu="0") == pytest.approx(0.7)
     assert _value(first, O.FINDING_STARTED.name, gpu="0") == 1000.0
-    assert _value(first, O.JOB_EFFECTIVE_UTILIZATION.name, job="embed", namespace="batch") == pytest.approx(0.2)
-    assert _series(first, O.JOB_EFFECTIVE_UTILIZATION.name)[0][0]["job"] == "embed"  # unknown nb: no series
-    assert _value(first, O.JOB_ALLOCATED_GPUS.name, job="nb") == 2.0
+    assert _value(first, O.JOB_EFFECTIVE_UTILIZATION.name, workload="embed", namespace="batch") == pytest.approx(0.2)
+    assert _series(first, O.JOB_EFFECTIVE_UTILIZATION.name)[0][0]["workload"] == "embed"  # unknown nb: no series
+    assert _value(first, O.JOB_ALLOCATED_GPUS.name, workload="nb") == 2.0
     assert _value(first, O.FLEET_EFFECTIVE_UTILIZATION.name, allocation="allocated") == pytest.approx(0.4)
     assert [lab for lab, _ in _series(first, O.FLEET_EFFECTIVE_UTILIZATION.name)] == [{"allocation": "allocated"}]
     assert _value(first, O.ANALYZER_LAST_SUCCESS.name) == 2000.0
@@ -232,8 +232,8 @@ def test_serve_against_real_prometheus(tmp_path, live_history, serve_in_process,
         masking = [lab for lab in active if lab["kind"] == "idle_masking"]
         idle = [lab for lab in active if lab["kind"] == "idle_allocated"]
         # mixed-fleet's memory-bound job masks idleness; its notebook GPUs are allocated and idle.
-        assert masking and all((lab["namespace"], lab["job"]) == ("batch", "embed-batch") for lab in masking)
-        assert idle and all((lab["namespace"], lab["job"]) == ("notebooks", "nb-alice") for lab in idle)
+        assert masking and all((lab["namespace"], lab["workload"]) == ("batch", "embed-batch") for lab in masking)
+        assert idle and all((lab["namespace"], lab["workload"]) == ("notebooks", "nb-alice") for lab in idle)
         for lab in masking + idle:
             assert lab["hostname"] and lab["gpu"].isdigit() and lab["rack"] and lab["hostname"].startswith(lab["rack"])
         # The same window analyzed in memory finds the same open problems on the same GPUs.
@@ -254,9 +254,10 @@ def test_serve_against_real_prometheus(tmp_path, live_history, serve_in_process,
             eff = _value(text, O.FLEET_EFFECTIVE_UTILIZATION.name, allocation=allocation)
             rep = _value(text, O.FLEET_REPORTED_UTILIZATION.name, allocation=allocation)
             assert 0 < eff < rep <= 1  # idle masking: reported beats effective
-        assert _value(text, O.JOB_EFFECTIVE_UTILIZATION.name, namespace="batch", job="embed-batch") < 0.5
-        assert _value(text, O.JOB_REPORTED_UTILIZATION.name, namespace="batch", job="embed-batch") > 0.8
-        assert _value(text, O.JOB_ALLOCATED_GPUS.name, namespace="notebooks", job="nb-alice") == pytest.approx(2, 0.05)
+        assert _value(text, O.JOB_EFFECTIVE_UTILIZATION.name, namespace="batch", workload="embed-batch") < 0.5
+        assert _value(text, O.JOB_REPORTED_UTILIZATION.name, namespace="batch", workload="embed-batch") > 0.8
+        gpus = _value(text, O.JOB_ALLOCATED_GPUS.name, namespace="notebooks", workload="nb-alice")
+        assert gpus == pytest.approx(2, 0.05)
         last_success = _value(text, O.ANALYZER_LAST_SUCCESS.name)
         assert time.time() - 120 < last_success <= time.time()
         assert _value(text, O.ANALYZER_RUN_DURATION.name) > 0

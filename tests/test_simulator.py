@@ -368,9 +368,9 @@ def test_series_for_one_host_and_pcie_topology():
 
 def test_training_pods_are_named_like_the_training_operator():
     c = Cluster(load_scenario("mixed-fleet"))
-    pods = {lbl["pod"] for lbl in c.allocation_labels if lbl and lbl["job"] == "pretrain-7b"}
+    pods = {lbl["pod"] for lbl in c.allocation_labels if lbl and lbl["workload"] == "pretrain-7b"}
     assert pods == {"pretrain-7b-worker-0", "pretrain-7b-worker-1"}
-    lbl = next(lb for lb in c.allocation_labels if lb and lb["job"] == "pretrain-7b")
+    lbl = next(lb for lb in c.allocation_labels if lb and lb["workload"] == "pretrain-7b")
     assert lbl["namespace"] == "llm" and lbl["container"] == "pytorch"
 
 

@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
+from exporter.schema import WORKLOAD
+
 log = logging.getLogger("truegpu.attribution")
 
 
@@ -33,7 +35,7 @@ class Allocation:
 
     def labels(self) -> dict[str, str]:
         """The truegpu_gpu_allocation_info labels this allocation contributes."""
-        return {"namespace": self.namespace, "pod": self.pod, "container": self.container, "job": self.job}
+        return {"namespace": self.namespace, "pod": self.pod, "container": self.container, WORKLOAD: self.job}
 
 
 class AttributionError(str):

@@ -263,7 +263,7 @@ class Cluster:
         self._derive_slowdown_params()
         self._alloc_labels = [
             None if j < 0 else {"namespace": self.jobs[j].namespace, "pod": str(lay.row_pod[r]),
-                                "container": self.jobs[j].container, "job": self.jobs[j].name}
+                                "container": self.jobs[j].container, S.WORKLOAD: self.jobs[j].name}
             for r, j in enumerate(row_job)
         ]
 

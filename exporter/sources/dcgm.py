@@ -44,6 +44,7 @@ from exporter.schema import (
     MIG_PROFILE,
     PER_MIG_INSTANCE,
     UUID,
+    WORKLOAD,
     XID_ERRORS,
     Metric,
     dcgm_spellings,
@@ -469,7 +470,7 @@ class DcgmSource(Source):
         # One series per (GPU, holder): time-sliced GPUs carry one label block per pod.
         for key, (ns, pod, container, job) in allocs:
             labels = dict(seen[key].labels)
-            labels.update(namespace=ns, pod=pod, container=container, job=job)
+            labels.update({"namespace": ns, "pod": pod, "container": container, WORKLOAD: job})
             add(GPU_ALLOCATION_INFO, labels, 1.0)
         return reading
 
