@@ -40,17 +40,18 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
-from analyzer.findings import KINDS, Finding, rfc3339, sort_findings
+from analyzer.findings import JSON_SCHEMA_VERSION, KINDS, Finding, rfc3339, sort_findings
 from analyzer.finops.costs import GROUP_BY
+from exporter.schema import WORKLOAD
 
 if TYPE_CHECKING:
     from analyzer.service import Analysis, AnalyzerService, Snapshot
 
 log = logging.getLogger(__name__)
 
-LEVEL_NAMES = ("gpu", "node", "job", "namespace", "model", "fleet")
-GROUP_BYS = ("namespace", "job", "team", "node", "model")
-Level = Literal["gpu", "node", "job", "namespace", "model", "fleet"]
+Level = Literal["gpu", "node", "workload", "namespace", "model", "fleet"]
+#: API level -> analyzer.scores level (the workload is the frame's "job" column).
+_SCORE_LEVEL = {WORKLOAD: "job"}
 GroupBy = Literal[GROUP_BY]  # the one list, analyzer.finops.costs.GROUP_BY
 Severity = Literal["critical", "warning", "info"]
 CostFormat = Literal["json", "csv", "html"]
@@ -107,6 +108,8 @@ class Window(BaseModel):
 
 
 class ResultMeta(BaseModel):
+    schema_version: int = Field(JSON_SCHEMA_VERSION, description="Version of these answers' schema (2: the "
+                                "workload is ``workload``, not ``job``)")
     as_of: str = Field(description="When the analysis these results come from finished, RFC 3339 UTC")
     stale: bool = Field(description="True when the latest analysis run failed (or the results are older than "
                         "the service's stale-after): these are the last good results")
@@ -125,7 +128,7 @@ class FindingOut(BaseModel):
     gpu: int | None = None
     uuid: str | None = None
     gpu_instance: str | None = None
-    job: str | None = None
+    workload: str | None = None
     namespace: str | None = None
     pod: str | None = None
     rack: str | None = None
@@ -147,7 +150,7 @@ class ScoreRow(BaseModel):
     uuid: str | None = None
     gpu_instance: str | None = None
     hostname: str | None = None
-    job: str | None = None
+    workload: str | None = None
     namespace: str | None = None
     model: str | None = None
     gpu_hours: float | None = None
@@ -253,7 +256,7 @@ def _num(value: Any) -> float | None:
 
 def finding_out(f: Finding) -> dict[str, Any]:
     out = f.to_json()
-    for key in ("hostname", "uuid", "gpu_instance", "job", "namespace", "pod", "rack"):
+    for key in ("hostname", "uuid", "gpu_instance", WORKLOAD, "namespace", "pod", "rack"):
         out[key] = _text(out[key])
     out["gpu"] = _int(out["gpu"])
     out["score"] = _num(out["score"])
@@ -583,13 +586,13 @@ def create_app(service: AnalyzerService, settings: ApiSettings | None = None) ->
 
     @app.get("/api/findings", response_model=FindingsOut, responses=api_errors, tags=["api"],
              dependencies=[Depends(api_auth),
-                           Depends(_reject_unknown("kind", "severity", "hostname", "job", "namespace", "open_only",
+                           Depends(_reject_unknown("kind", "severity", "hostname", WORKLOAD, "namespace", "open_only",
                                                    "limit"))])
     def findings(
         kind: Annotated[Kind | None, Query(description="Only this finding kind")] = None,
         severity: Annotated[Severity | None, Query(description="Only this severity")] = None,
         hostname: Annotated[str | None, Query(min_length=1, max_length=TEXT_MAX, pattern=TEXT_PATTERN)] = None,
-        job: Annotated[str | None, Query(min_length=1, max_length=TEXT_MAX, pattern=TEXT_PATTERN)] = None,
+        workload: Annotated[str | None, Query(min_length=1, max_length=TEXT_MAX, pattern=TEXT_PATTERN)] = None,
         namespace: Annotated[str | None, Query(min_length=1, max_length=TEXT_MAX, pattern=TEXT_PATTERN)] = None,
         open_only: Annotated[bool, Query(description="Only findings still going on at the end of the window")] = False,
         limit: Annotated[int, Query(ge=1, le=MAX_FINDINGS, description="At most this many, most urgent first")] = 1000,
@@ -598,7 +601,7 @@ def create_app(service: AnalyzerService, settings: ApiSettings | None = None) ->
         from analyzer.service import label_value
 
         cur = current(service)
-        wanted = {"hostname": hostname, "job": job, "namespace": namespace}
+        wanted = {"hostname": hostname, "job": workload, "namespace": namespace}  # Finding.job is the workload
         chosen = [
             f for f in cur.analysis.findings
             if (kind is None or f.kind == kind) and (severity is None or f.severity == severity)
@@ -622,13 +625,14 @@ def create_app(service: AnalyzerService, settings: ApiSettings | None = None) ->
 
         cur = current(service)
         _, sc = _need_scores(cur)
-        table = (sc.allocated if allocated_only else sc.levels).get(level)
+        scores_level = _SCORE_LEVEL.get(level, level)
+        table = (sc.allocated if allocated_only else sc.levels).get(scores_level)
         rows: list[dict[str, Any]] = []
-        split = _split(sc.partition, level)
+        split = _split(sc.partition, scores_level)
         if table is not None:
-            keys = list(LEVELS[level])
+            keys = list(LEVELS[scores_level])
             for rec in table.to_dict("records"):
-                row: dict[str, Any] = {k: _text(rec.get(k)) for k in keys}
+                row: dict[str, Any] = {(WORKLOAD if k == "job" else k): _text(rec.get(k)) for k in keys}
                 row.update({c: _num(rec.get(c)) for c in AGG_COLUMNS})
                 row.update(split.get(_text(rec.get(keys[0])) if keys else None, {}))
                 rows.append(row)

@@ -219,11 +219,12 @@ def _analyze(fleet: Fleet, kinds: list[str] | None, progress: _Progress, site: A
 
 
 def _emit(fleet: Fleet, scores: Any, findings: list[Finding], args: argparse.Namespace, out: TextIO) -> None:
-    from analyzer.findings import json_ready
+    from analyzer.findings import JSON_SCHEMA_VERSION, json_ready
 
     summary = build_summary(fleet, scores, findings)
     if args.json:
-        doc = {"findings": [f.to_json() for f in findings], "summary": json_ready(summary)}
+        doc = {"schema_version": JSON_SCHEMA_VERSION, "findings": [f.to_json() for f in findings],
+               "summary": json_ready(summary)}
         json.dump(doc, out, indent=2, allow_nan=False)
         out.write("\n")
     else:
@@ -380,7 +381,7 @@ def format_summary(s: dict[str, Any]) -> str:
 def format_findings(findings: list[Finding]) -> str:
     if not findings:
         return "no findings"
-    rows = [("SEVERITY", "KIND", "WHERE", "JOB", "START", "END", "SUMMARY")]
+    rows = [("SEVERITY", "KIND", "WHERE", "WORKLOAD", "START", "END", "SUMMARY")]
     for f in findings:
         where = f.hostname or f.rack or "-"
         if f.gpu is not None:

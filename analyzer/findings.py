@@ -14,6 +14,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from exporter.schema import WORKLOAD
+
+#: Version of the JSON truegpu writes (analyze --json, the API): 2 names the workload ``workload``
+#: (``job`` in 1) in findings, filters, levels and cost groups.
+JSON_SCHEMA_VERSION = 2
+
 Severity = Literal["critical", "warning", "info"]
 SEVERITY_ORDER: dict[str, int] = {"critical": 0, "warning": 1, "info": 2}
 
@@ -40,6 +46,7 @@ class Finding:
     gpu: int | None = None
     uuid: str | None = None
     gpu_instance: str | None = None
+    #: The workload (training job, deployment, Slurm job id): ``workload`` in JSON, labels and the API.
     job: str | None = None
     namespace: str | None = None
     pod: str | None = None
@@ -49,8 +56,9 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """JSON-ready dict: RFC 3339 UTC times, ``gpu`` an integer or null, finite numbers only."""
-        out = asdict(self)
+        """JSON-ready dict: RFC 3339 UTC times, ``gpu`` an integer or null, finite numbers only. The
+        workload is ``workload`` (the attribute is ``job``), as on every label and API field."""
+        out = {(WORKLOAD if k == "job" else k): v for k, v in asdict(self).items()}
         out["start"] = rfc3339(self.start)
         out["end"] = None if self.end is None else rfc3339(self.end)
         out["evidence"] = json_ready(self.evidence, digits=4)

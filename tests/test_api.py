@@ -154,7 +154,7 @@ def test_metrics_and_healthz_open_by_default_docs_open(api):
     assert findings["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/FindingsOut")
     assert {"401", "422", "503"} <= set(findings["responses"])
     level = next(p for p in spec["paths"]["/api/scores"]["get"]["parameters"] if p["name"] == "level")
-    assert level["schema"]["enum"] == ["gpu", "node", "job", "namespace", "model", "fleet"]
+    assert level["schema"]["enum"] == ["gpu", "node", "workload", "namespace", "model", "fleet"]
     cost = spec["paths"]["/api/reports/cost"]["get"]["responses"]["200"]["content"]
     assert {"application/json", "text/csv", "text/html"} <= set(cost)
 
@@ -196,11 +196,13 @@ def test_findings_all_and_filtered(api, analyzed):
 
     masking = get(api, "/api/findings", kind="idle_masking").json()["findings"]
     assert masking and {f["kind"] for f in masking} == {"idle_masking"}
-    assert {(f["namespace"], f["job"]) for f in masking} == {("batch", "embed-batch")}
+    assert {(f["namespace"], f["workload"]) for f in masking} == {("batch", "embed-batch")}
     by_ns = get(api, "/api/findings", namespace="notebooks").json()["findings"]
     assert by_ns and {f["namespace"] for f in by_ns} == {"notebooks"}
-    by_job = get(api, "/api/findings", job="nb-alice", severity=by_ns[0]["severity"]).json()["findings"]
-    assert by_job and all(f["job"] == "nb-alice" and f["severity"] == by_ns[0]["severity"] for f in by_job)
+    by_job = get(api, "/api/findings", workload="nb-alice", severity=by_ns[0]["severity"]).json()["findings"]
+    assert by_job and all(f["workload"] == "nb-alice" and f["severity"] == by_ns[0]["severity"] for f in by_job)
+    assert "job" not in by_job[0] and get(api, "/api/findings").json()["schema_version"] == 2
+    assert get(api, "/api/findings", job="nb-alice").status_code == 422  # the old name is refused, not ignored
     host = one["hostname"]
     assert all(f["hostname"] == host for f in get(api, "/api/findings", hostname=host).json()["findings"])
     open_ = get(api, "/api/findings", open_only="true").json()
@@ -219,7 +221,7 @@ def test_findings_all_and_filtered(api, analyzed):
     ({"limit": "many"}, ["limit", "integer"]),
     ({"open_only": "perhaps"}, ["open_only", "boolean"]),
     ({"hostname": "a\x01b"}, ["hostname", "pattern"]),
-    ({"job": ""}, ["job", "at least 1 character"]),
+    ({"workload": ""}, ["workload", "at least 1 character"]),
     ({"sev": "critical"}, ["unknown query parameter", "sev", "severity"]),
 ])
 def test_findings_validation_errors_are_422_with_a_clear_message(api, params, words):
@@ -232,19 +234,20 @@ def test_findings_validation_errors_are_422_with_a_clear_message(api, params, wo
 
 
 # -- scores --------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("level", ["gpu", "node", "job", "namespace", "model", "fleet"])
+@pytest.mark.parametrize("level", ["gpu", "node", "workload", "namespace", "model", "fleet"])
 def test_scores_per_level(api, analyzed, level):
     from analyzer.scores import LEVELS
 
     scores = analyzed[0].snapshot().analysis.scores
+    internal = {"workload": "job"}.get(level, level)  # the frame's column for the workload is "job"
     for allocated_only, tables in ((False, scores.levels), (True, scores.allocated)):
         body = get(api, "/api/scores", level=level, allocated_only=str(allocated_only).lower()).json()
         assert body["level"] == level and body["allocated_only"] is allocated_only
-        table = tables[level]
+        table = tables[internal]
         assert body["count"] == len(body["rows"]) == len(table)
-        keys = set(LEVELS[level])
+        keys = {{"job": "workload"}.get(k, k) for k in LEVELS[internal]}
         for row, rec in zip(body["rows"], table.to_dict("records"), strict=True):
-            assert keys <= set(row) and not ({"uuid", "hostname", "job", "namespace", "model"} - keys) & set(row)
+            assert keys <= set(row) and not ({"uuid", "hostname", "workload", "namespace", "model"} - keys) & set(row)
             assert row["gpu_hours"] == pytest.approx(rec["gpu_hours"])
             assert row["effective_util"] == pytest.approx(rec["effective_util"], nan_ok=True) or \
                 row["effective_util"] is None
@@ -312,9 +315,9 @@ def test_cost_from_the_latest_results(api, analyzed, catalog):
     from analyzer.finops import cost_report
 
     a = analyzed[0].snapshot().analysis
-    body = get(api, "/api/reports/cost", group_by="job").json()
-    assert body["source"] == "latest" and body["group_by"] == "job" and body["requested_window"] == "30m"
-    expected = cost_report(a.fleet, a.scores, list(a.findings), catalog, group_by="job")
+    body = get(api, "/api/reports/cost", group_by="workload").json()
+    assert body["source"] == "latest" and body["group_by"] == "workload" and body["requested_window"] == "30m"
+    expected = cost_report(a.fleet, a.scores, list(a.findings), catalog, group_by="workload")
     report = body["report"]
     assert report["totals"]["cost"] == pytest.approx(expected.totals["cost"])
     # shorter than the loop's window: the last 10 minutes only
@@ -394,7 +397,7 @@ def test_rollups_written_idempotently_and_served_beyond_the_window(cluster, cata
             assert float(row["ListUnitPrice"]) == float(match["ListUnitPrice"])
         assert get(url, "/api/reports/cost", window="2d", format="html").status_code == 200
         assert get(url, "/api/reports/cost", window="1w", group_by="team").json()["source"] == "rollup"
-        empty = get(url, "/api/reports/cost", window="2d", group_by="job").json()  # never written: no groups
+        empty = get(url, "/api/reports/cost", window="2d", group_by="workload").json()  # never written: no groups
         assert empty["report"]["totals"]["cost"] == 0
 
 

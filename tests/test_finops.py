@@ -227,7 +227,7 @@ def test_straggler_wait_comes_from_the_findings_lost_hours_of_the_peers():
     fleet = make_fleet(devices, steps=2)
     f = Finding(kind=STRAGGLER, severity="warning", summary="s", start=START, end=None, score=0.3, hostname="h",
                 gpu=0, uuid="G0", job="train", namespace="ml", evidence={"lost_gpu_hours": 1.0, "slowdown": 0.33})
-    r = report_for(fleet, [f], group_by="job")
+    r = report_for(fleet, [f], group_by="workload")
     t, o = group(r, "train"), group(r, "other")
     # 1 lost GPU-hour over the peers' 4 GPU-hours ($3 each): $3 of straggler wait, carved out of the
     # non-working time (no idle_masking finding here: nothing is masked). "train" is a training job: its
@@ -240,7 +240,7 @@ def test_straggler_wait_comes_from_the_findings_lost_hours_of_the_peers():
     assert_identity(r)
     # A claim larger than the peers' non-working time is capped (and said so): nothing counts twice.
     f.evidence["lost_gpu_hours"] = 10.0
-    r = report_for(fleet, [f], group_by="job")
+    r = report_for(fleet, [f], group_by="workload")
     assert group(r, "train")["straggler_gpu_hours"] == pytest.approx(4 * 0.5)
     assert group(r, "train")["headroom_cost"] == pytest.approx(3.0)  # the straggler's own GPU, 2 h x 0.5 x $3
     assert any("capped" in n for n in r.notes)
@@ -368,7 +368,7 @@ def test_identity_holds_for_every_grouping(scenario_inputs, scenario, group_by):
 
 def test_mixed_fleet_shows_masked_and_idle_waste_where_they_are(scenario_inputs):
     fleet, scores, findings = scenario_inputs["mixed-fleet"]
-    r = cost_report(fleet, scores, findings, default_catalog(), group_by="job")
+    r = cost_report(fleet, scores, findings, default_catalog(), group_by="workload")
     mem, nb = group(r, "embed-batch"), group(r, "nb-alice")
     assert mem["masked_cost"] > 0.5 * mem["cost"]  # memory-bound: util high, SM low
     assert mem["masked_cost"] == max(group(r, j)["masked_cost"] / group(r, j)["cost"] for j in
@@ -383,7 +383,7 @@ def test_mixed_fleet_shows_masked_and_idle_waste_where_they_are(scenario_inputs)
 
 def test_straggler_slowdowns_cost_their_jobs_in_order(scenario_inputs):
     fleet, scores, findings = scenario_inputs["straggler-slowdowns"]
-    r = cost_report(fleet, scores, findings, default_catalog(), group_by="job")
+    r = cost_report(fleet, scores, findings, default_catalog(), group_by="workload")
     wait = {j: group(r, j)["straggler_cost"] for j in ("train-10", "train-20", "train-50")}
     assert all(v > 0 for v in wait.values())
     assert wait["train-10"] < wait["train-20"] < wait["train-50"]

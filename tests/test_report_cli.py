@@ -56,12 +56,12 @@ def test_csv_to_stdout_by_namespace(history, capsys):
 
 def test_json_and_html_files(history, capsys, tmp_path):
     out = tmp_path / "r.json"
-    rc, stdout, err = report(capsys, "--input", str(history), "--format", "json", "--group-by", "job",
+    rc, stdout, err = report(capsys, "--input", str(history), "--format", "json", "--group-by", "workload",
                              "--out", str(out))
     assert rc == 0, err
     assert stdout == ""
     doc = json.loads(out.read_text())
-    assert doc["group_by"] == "job" and doc["schema"] == outputs.JSON_SCHEMA
+    assert doc["group_by"] == "workload" and doc["schema"] == outputs.JSON_SCHEMA
     back = outputs.from_json(doc)
     assert back.totals["cost"] == pytest.approx(doc["totals"]["cost"])
     jobs = {g["group"] for g in doc["groups"]}
@@ -104,7 +104,7 @@ def test_team_map_cluster_and_custom_prices(history, capsys, tmp_path):
 
 
 def test_demo(capsys):
-    rc, out, err = report(capsys, "--demo", "--format", "json", "--group-by", "job")
+    rc, out, err = report(capsys, "--demo", "--format", "json", "--group-by", "workload")
     assert rc == 0, err
     doc = json.loads(out)
     assert doc["end_unix"] - doc["start_unix"] == 4 * 3600

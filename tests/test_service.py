@@ -273,7 +273,7 @@ def test_serve_against_real_prometheus(tmp_path, live_history, serve_in_process,
                                  timeout=30).json()["rows"][0]
         assert fleet_row["effective_util"] == pytest.approx(
             _value(text, O.FLEET_EFFECTIVE_UTILIZATION.name, allocation="allocated"))
-        cost = requests.get(f"{url}/api/reports/cost", params={"group_by": "job"}, headers=auth, timeout=60)
+        cost = requests.get(f"{url}/api/reports/cost", params={"group_by": "workload"}, headers=auth, timeout=60)
         assert cost.status_code == 200 and cost.json()["report"]["totals"]["cost"] > 0, cost.text
         ok_runs = service.snapshot().health.runs_ok
         errors_before = service.snapshot().health.runs_error

@@ -199,7 +199,7 @@ def test_rows_per_model_of_one_group(store_url):
 
 
 def test_version_1_store_is_migrated(store_url):
-    """A store written before rows kept their model opens as version 2 with its rows at model ""."""
+    """A version 1 store (before rows kept their model, and "workload" was "job") opens migrated."""
     v1 = {
         "sqlite": ("TEXT", "REAL"),
         "postgresql": ("DATE", "DOUBLE PRECISION"),
@@ -215,11 +215,16 @@ def test_version_1_store_is_migrated(store_url):
                 PRIMARY KEY (group_by, day, group_key, metric))""")
             store._execute("INSERT INTO truegpu_rollup_values VALUES ('namespace', ?, 'ml', 'cost', 9.5)", (d,))
             store._execute("INSERT INTO truegpu_rollup_days VALUES ('namespace', ?, 1, ?)", (d, store._now()))
+            store._execute("INSERT INTO truegpu_rollup_values VALUES ('job', ?, 'train', 'cost', 4.0)", (d,))
+            store._execute("INSERT INTO truegpu_rollup_days VALUES ('job', ?, 1, ?)", (d, store._now()))
             store._execute("UPDATE truegpu_schema_version SET version = 1")
     with open_store(store_url) as store:
-        assert store.schema_version() == SCHEMA_VERSION == 2
+        assert store.schema_version() == SCHEMA_VERSION == 3
         got = store.read(D0, D0, "namespace", per_day=True)
         assert got[["group", "model", "cost"]].values.tolist() == [["ml", "", 9.5]]
+        # rows grouped by the workload were written under its old label name "job"
+        assert store.group_bys() == ["namespace", "workload"] and store.days("workload") == [D0]
+        assert store.read(D0, D0, "workload")[["group", "cost"]].values.tolist() == [["train", 4.0]]
         store.write_day(D0, "namespace", rows_for(["ml", "ml"]).assign(model=["H100", "A100"]))
         assert store.read(D0, D0, "namespace", per_day=True)["model"].tolist() == ["A100", "H100"]
 

@@ -23,7 +23,7 @@ price`` (``share`` = ``gpu_share`` or the catalog's ``mig_shares`` entry). Rows 
 catalog does not price are counted in ``unpriced_gpu_hours`` and add no dollars (their hours are
 still split); the report names the models: they are never priced at $0 silently.
 
-Grouping (``group_by``): namespace, job and team group allocated rows and put every
+Grouping (``group_by``): namespace, workload and team group allocated rows and put every
 unallocated row into one ``UNALLOCATED`` group (capacity nobody holds is not a namespace's
 cost); allocated rows without the label go to ``(unknown)``, teams not in the map to
 ``(unmapped)``. node, model and gpu (the GPU UUID, FOCUS ResourceId) group every row: their
@@ -55,10 +55,11 @@ from analyzer.finops.catalog import DEFAULT_BILLING_ACCOUNT, Catalog
 from analyzer.frame import Fleet
 from analyzer.partition import ATTAINABLE, LEVERS, NORMAL, PARTS, WASTE, per_category, row_parts
 from analyzer.scores import Scores
-from analyzer.signals import ALLOCATION_COLUMNS
+from analyzer.signals import ALLOCATION_COLUMNS, ALLOCATION_LABELS
 from analyzer.site import SiteConfig
+from exporter.schema import WORKLOAD
 
-GROUP_BY: tuple[str, ...] = ("namespace", "job", "team", "node", "model", "gpu")
+GROUP_BY: tuple[str, ...] = ("namespace", WORKLOAD, "team", "node", "model", "gpu")
 #: What the daily rollup store keeps by default: per-GPU rows are a report, not a history to keep.
 ROLLUP_GROUP_BY: tuple[str, ...] = tuple(g for g in GROUP_BY if g != "gpu")
 #: Group of the capacity nobody held (namespace/job/team reports).
@@ -168,6 +169,10 @@ def _team_of(team_map: Mapping[str, str] | None) -> Any:
 # ------------------------------------------------------------------ per-row split
 
 
+#: group_by -> the tidy frame's column holding it (the workload is the frame's "job" column).
+_COLUMN_OF = {WORKLOAD: "job"}
+
+
 def _group_keys(fleet: Fleet, group_by: str, alloc: np.ndarray, team_label: str,
                 team_map: Mapping[str, str] | None) -> np.ndarray:
     fr = fleet.frame
@@ -182,7 +187,7 @@ def _group_keys(fleet: Fleet, group_by: str, alloc: np.ndarray, team_label: str,
         uuid = per_category(fr["uuid"], lambda v: v or UNKNOWN_GROUP, UNKNOWN_GROUP)
         inst = per_category(fr["gpu_instance"], str, "") if "gpu_instance" in fr.columns else np.full(n, "", object)
         return np.where(inst != "", uuid + "/" + inst, uuid)
-    col = team_label if group_by == "team" else group_by
+    col = team_label if group_by == "team" else _COLUMN_OF.get(group_by, group_by)
     if col not in fr.columns:
         keys = np.full(n, UNKNOWN_GROUP if group_by != "team" else UNMAPPED, dtype=object)
     elif group_by == "team":
@@ -352,7 +357,7 @@ def _tags(fleet: Fleet, group_by: str, groups: list[str], label: str,
     fr = fleet.frame
     out: dict[str, dict[str, str]] = {}
     job_ns: dict[str, str] = {}
-    if group_by == "job" and {"job", "namespace"} <= set(fr.columns) and len(fr):
+    if group_by == WORKLOAD and {"job", "namespace"} <= set(fr.columns) and len(fr):
         pairs = fr[["job", "namespace"]].drop_duplicates().dropna()
         for j, ns in pairs.itertuples(index=False):
             job_ns.setdefault(str(j), str(ns))
@@ -362,10 +367,10 @@ def _tags(fleet: Fleet, group_by: str, groups: list[str], label: str,
             continue
         name = {"node": "hostname", "gpu": "uuid"}.get(group_by, group_by)
         tags = {name: g}
-        if group_by == "job" and g in job_ns:
+        if group_by == WORKLOAD and g in job_ns:
             tags["namespace"] = job_ns[g]
         if team_map is not None and group_by != "team":
-            src = tags.get(label)
+            src = tags.get(ALLOCATION_LABELS[label])
             if src is not None:
                 tags["team"] = team(src)
         out[g] = tags

@@ -6,7 +6,7 @@ dollars; never ratios, so sums over any range of days stay correct): the rows of
 gives back:
 
 * ``day``      ISO date (``YYYY-MM-DD``); optional on write, and then equal to the day written
-* ``group_by`` what the rows group by (``"namespace"``, ``"job"``...); optional on write, and
+* ``group_by`` what the rows group by (``"namespace"``, ``"workload"``...); optional on write, and
   then equal to the ``group_by`` written
 * ``group``    the group key (a namespace/job/pod name: user text, stored as-is through
   parameterized SQL). On write the column may instead be named ``key``, ``group_key`` or after
@@ -45,7 +45,7 @@ import pandas as pd
 from analyzer.finops.costs import ROLLUP_COLUMNS, ROLLUP_KEY_COLUMNS
 
 #: Bump with a migration in ``_MIGRATIONS`` when the tables change.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: ("day", "group_by", "group", "model"): the key columns of a rollup row.
 DAY_COLUMN, GROUP_BY_COLUMN, KEY_COLUMN, MODEL_COLUMN = ROLLUP_KEY_COLUMNS
@@ -83,17 +83,20 @@ _SCHEMA = {
         f"CREATE TABLE IF NOT EXISTS {_META_TABLE} (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     ],
 }
+# 3: rows grouped by workload were written as group_by "job" (the label's old name).
+_WORKLOAD_RENAME = [f"UPDATE {table} SET group_by = 'workload' WHERE group_by = 'job'"
+                    for table in (_DAYS_TABLE, _VALUES_TABLE)]
 #: backend -> version -> statements taking a store from version-1 to version.
 _MIGRATIONS: dict[str, dict[int, list[str]]] = {
     # 2: the GPU model joins the key (rows written before it have model "").
-    "sqlite": {2: [
+    "sqlite": {3: _WORKLOAD_RENAME, 2: [
         f"ALTER TABLE {_VALUES_TABLE} RENAME TO {_VALUES_TABLE}_v1",
         _SCHEMA["sqlite"][2],
         f"INSERT INTO {_VALUES_TABLE} (group_by, day, group_key, model, metric, value) "
         f"SELECT group_by, day, group_key, '', metric, value FROM {_VALUES_TABLE}_v1",
         f"DROP TABLE {_VALUES_TABLE}_v1",
     ]},
-    "postgresql": {2: [
+    "postgresql": {3: _WORKLOAD_RENAME, 2: [
         f"ALTER TABLE {_VALUES_TABLE} ADD COLUMN IF NOT EXISTS model TEXT NOT NULL DEFAULT ''",
         f"ALTER TABLE {_VALUES_TABLE} DROP CONSTRAINT IF EXISTS {_VALUES_TABLE}_pkey",
         f"ALTER TABLE {_VALUES_TABLE} ADD PRIMARY KEY (group_by, day, group_key, model, metric)",
