@@ -27,7 +27,7 @@ scrape the exporter and the analyzer without ``honor_labels``; ``job``/``instanc
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +67,9 @@ def render_rules(rf: RuleFile, runbook_base: str = RUNBOOK_BASE_URL) -> str:
     return dump(rf.to_dict(runbook_base), "rules.py", rf.header)
 
 
-def render_alertmanager(scale: float = 1.0, webhook_urls: Mapping[str, str] | None = None) -> str:
-    return dump(alertmanager.config(Timing(scale), webhook_urls), "alertmanager.py")
+def render_alertmanager(scale: float = 1.0, webhook_urls: Mapping[str, str] | None = None,
+                        owners: Sequence[tuple[str, str]] = ()) -> str:
+    return dump(alertmanager.config(Timing(scale), webhook_urls, owners), "alertmanager.py")
 
 
 def _write(path: Path, text: str) -> Path:
@@ -83,12 +84,13 @@ def generate(
     scale: float = 1.0,
     webhook_urls: dict[str, str] | None = None,
     runbook_base: str = RUNBOOK_BASE_URL,
+    owners: Sequence[tuple[str, str]] = (),
     **options: str,
 ) -> list[Path]:
     """Write the rule files and ``alertmanager.yml`` into ``out_dir``; returns their paths."""
     out_dir = Path(out_dir)
     paths = [_write(out_dir / rf.name, render_rules(rf, runbook_base)) for rf in rule_files(Timing(scale), **options)]
-    paths.append(_write(out_dir / "alertmanager.yml", render_alertmanager(scale, webhook_urls)))
+    paths.append(_write(out_dir / "alertmanager.yml", render_alertmanager(scale, webhook_urls, owners)))
     return paths
 
 

@@ -21,7 +21,7 @@ its whole ``hostname``; a critical alert mutes the warning of the same alertname
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from alerts.rules import (
@@ -30,6 +30,7 @@ from alerts.rules import (
     EXPORTER_DOWN,
     FELL_OFF_BUS,
     GPU_SYMPTOM_ALERTS,
+    HARDWARE_ALERTS,
     Timing,
     alternatives,
     fmt_duration,
@@ -53,23 +54,35 @@ ANY_RECEIVER = "*"
 THERMAL_ALERTS = ("GpuThermalThrottling", "GpuNearThermalLimit")
 
 
-def webhook_url_map(webhook_urls: Mapping[str, str] | None = None) -> dict[str, str]:
+def webhook_url_map(webhook_urls: Mapping[str, str] | None = None,
+                    extra: Sequence[str] = ()) -> dict[str, str]:
+    receivers = (*RECEIVERS, *extra)
     urls = dict(webhook_urls or {})
-    unknown = set(urls) - set(RECEIVERS) - {ANY_RECEIVER}
+    unknown = set(urls) - set(receivers) - {ANY_RECEIVER}
     if unknown:
-        raise ValueError(f"unknown receivers {sorted(unknown)}; known: {', '.join(RECEIVERS)}")
+        raise ValueError(f"unknown receivers {sorted(unknown)}; known: {', '.join(receivers)}")
     fallback = urls.get(ANY_RECEIVER)
-    return {r: urls.get(r) or fallback or f"{DEFAULT_WEBHOOK_BASE}/{r}" for r in RECEIVERS}
+    return {r: urls.get(r) or fallback or f"{DEFAULT_WEBHOOK_BASE}/{r}" for r in receivers}
 
 
-def config(timing: Timing | None = None, webhook_urls: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The Alertmanager configuration as a dict (YAML-ready)."""
+def config(timing: Timing | None = None, webhook_urls: Mapping[str, str] | None = None,
+           owners: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """The Alertmanager configuration as a dict (YAML-ready).
+
+    ``owners``: (namespace regex, receiver) pairs: a hardware alert of a GPU a matching namespace
+    holds (the alert's ``namespace`` label) goes to that receiver instead of the team's, e.g. an
+    inference service's PCIe fault to its own on-call rather than training's."""
     t = timing or Timing()
+    clash = sorted({r for _, r in owners} & set(RECEIVERS))
+    if clash:
+        raise ValueError(f"owner receivers must be new receivers, not {clash}")
 
     def d(seconds: float) -> str:
         return fmt_duration(max(seconds * t.scale, 0.1))
 
-    urls = webhook_url_map(webhook_urls)
+    extra = tuple(dict.fromkeys(r for _, r in owners))
+    urls = webhook_url_map(webhook_urls, extra)
+    hardware = alternatives(HARDWARE_ALERTS)
 
     def route(receiver: str, *matchers: str, **extra: Any) -> dict[str, Any]:
         return {"receiver": receiver, "matchers": list(matchers), **extra}
@@ -89,6 +102,8 @@ def config(timing: Timing | None = None, webhook_urls: Mapping[str, str] | None 
                       group_wait=d(300), group_interval=d(1800), repeat_interval=d(24 * 3600)),
                 route(FACILITIES_TICKET, f'alertname=~"{alternatives(THERMAL_ALERTS)}"', 'team!="facilities"',
                       **{"continue": True}),
+                *(route(receiver, f'namespace=~"{pattern}"', f'alertname=~"{hardware}"', group_wait=d(10))
+                  for pattern, receiver in owners),
                 route(TRAINING_PAGE, 'team="training"', 'severity="critical"', group_wait=d(10),
                       repeat_interval=d(3600)),
                 route(TRAINING_TICKET, 'team="training"'),
@@ -112,6 +127,7 @@ def config(timing: Timing | None = None, webhook_urls: Mapping[str, str] | None 
              "equal": ["alertname", HOSTNAME, GPU]},
         ],
         "receivers": [
-            {"name": r, "webhook_configs": [{"url": urls[r], "send_resolved": r != INFO_LOG}]} for r in RECEIVERS
+            {"name": r, "webhook_configs": [{"url": urls[r], "send_resolved": r != INFO_LOG}]}
+            for r in (*RECEIVERS, *extra)
         ],
     }

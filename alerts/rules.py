@@ -93,6 +93,11 @@ GPU_SYMPTOM_ALERTS = (
     "GpuNearThermalLimit", "GpuPcieLinkDowngraded", "GpuNvlinkErrors",
 )
 FELL_OFF_BUS = "GpuFellOffBus"
+#: Alerts about one GPU's hardware (they carry who holds the GPU: routing can send them to its owners).
+HARDWARE_ALERTS = (
+    "GpuXidError", "GpuUncorrectableEcc", "GpuRowRemapFailure", "GpuThermalThrottling", "GpuNearThermalLimit",
+    "GpuNvlinkErrors", "GpuPcieLinkDowngraded", FELL_OFF_BUS,
+)
 GPU_MISSING = "GpuMissing"
 #: kube-state-metrics' GPU capacity of a node (the device plugin's ``nvidia.com/gpu``), keyed by ``node``.
 KUBE_NODE_CAPACITY = "kube_node_status_capacity"

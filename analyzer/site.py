@@ -19,6 +19,17 @@ A workload's class is the first class with a glob matching its job, namespace or
 (case-insensitive). Workloads no class matches are *unclassified*: their gap is reported as
 such, never as headroom or as waste.
 
+``alerting``: what ``python -m alerts --site FILE --out DIR`` generates for this site::
+
+    alerting:
+      exporter_job: gpu-exporter          # scrape job names (defaults: truegpu-exporter, ...)
+      runbook_base: https://wiki.example/gpu-runbooks
+      receivers:                          # Alertmanager receiver -> webhook URL ("*": all others)
+        "*": https://alerts.example/hook
+        serving-oncall: https://pager.example/serving
+      owners:                             # hardware alerts of GPUs these namespaces hold
+        - {namespace: "serving|inference-.*", receiver: serving-oncall}
+
 Built-in floors (calibration: AcmeTrace, NSDI 2024, production DCGM telemetry of two LLM
 clusters: busy GPUs run at ~60 % SM activity while reporting ~95 % GPU util):
 
@@ -34,15 +45,16 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 #: Labels a class can match on (allocation labels of the tidy frame).
 MATCH_LABELS: tuple[str, ...] = ("job", "namespace", "pod")
 #: Sections a site config may hold (a typo is an error, never silently ignored).
-SECTIONS: tuple[str, ...] = ("workload_classes",)
+SECTIONS: tuple[str, ...] = ("workload_classes", "alerting")
 #: The class of workloads no class matches.
 UNCLASSIFIED = "unclassified"
 
@@ -84,10 +96,27 @@ DEFAULT_CLASSES: tuple[WorkloadClass, ...] = (
 
 
 @dataclass(frozen=True)
+class Alerting:
+    """What ``python -m alerts --site FILE`` generates for this site (None: the generator's default)."""
+
+    #: Prometheus scrape job names the health alerts select.
+    exporter_job: str | None = None
+    analyzer_job: str | None = None
+    dcgm_job: str | None = None
+    #: Where ``runbook_url`` annotations point.
+    runbook_base: str | None = None
+    #: Alertmanager receiver -> webhook URL ("*" for every receiver not named).
+    receivers: Mapping[str, str] = field(default_factory=dict)
+    #: (namespace regex, receiver): hardware alerts of GPUs those namespaces hold go to that receiver.
+    owners: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     """Everything site-specific; ``default_site()`` when no file is given."""
 
     workload_classes: tuple[WorkloadClass, ...] = DEFAULT_CLASSES
+    alerting: Alerting = field(default_factory=Alerting)
     #: Where it came from (a path, or "defaults").
     source: str = "defaults"
 
@@ -157,7 +186,47 @@ def parse_site(data: Any, origin: str = "site config") -> SiteConfig:
     if len(set(names)) != len(names):
         raise ValueError(f"{origin}: workload class names repeat: {names}")
     classes = (*mine, *(c for c in DEFAULT_CLASSES if c.name not in names))
-    return SiteConfig(workload_classes=classes, source=origin)
+    return SiteConfig(workload_classes=classes, alerting=_alerting(data.get("alerting"), f"{origin}: alerting"),
+                      source=origin)
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _alerting(raw: Any, where: str) -> Alerting:
+    if raw is None:
+        return Alerting()
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: expected a mapping")
+    keys = ("exporter_job", "analyzer_job", "dcgm_job", "runbook_base", "receivers", "owners")
+    unknown = [k for k in raw if k not in keys]
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown} (known: {', '.join(keys)})")
+    receivers = raw.get("receivers") or {}
+    if not isinstance(receivers, Mapping):
+        raise ValueError(f"{where}.receivers: expected receiver -> webhook URL")
+    for name, url in receivers.items():
+        if not _text(url, f"{where}.receivers.{name}").startswith(("http://", "https://")):
+            raise ValueError(f"{where}.receivers.{name}: a webhook URL starts with http:// or https://, got {url!r}")
+    owners = []
+    for i, entry in enumerate(raw.get("owners") or []):
+        at = f"{where}.owners[{i}]"
+        if not isinstance(entry, Mapping) or set(entry) != {"namespace", "receiver"}:
+            raise ValueError(f"{at}: expected {{namespace: REGEX, receiver: NAME}}, got {entry!r}")
+        pattern, receiver = _text(entry["namespace"], at), _text(entry["receiver"], at)
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"{at}: namespace is not a valid regular expression: {exc}") from None
+        if receiver not in receivers and "*" not in receivers:
+            raise ValueError(f"{at}: receiver {receiver!r} has no webhook URL under receivers")
+        owners.append((pattern, receiver))
+    jobs = {k: _text(raw[k], f"{where}.{k}") for k in ("exporter_job", "analyzer_job", "dcgm_job", "runbook_base")
+            if raw.get(k) is not None}
+    return Alerting(**jobs, receivers={str(k): str(v) for k, v in receivers.items()}, owners=tuple(owners))
 
 
 def load_site(path: str | Path | None) -> SiteConfig:

@@ -78,6 +78,56 @@ def test_webhook_urls_override():
         webhook_url_map({"pager": "http://c"})
 
 
+SITE = """
+alerting:
+  exporter_job: gpu-exporter
+  runbook_base: https://wiki.example/gpu-runbooks
+  receivers:
+    "*": https://alerts.example/hook
+    serving-oncall: https://pager.example/serving
+  owners:
+    - {namespace: "serving|inference-.*", receiver: serving-oncall}
+"""
+
+
+def test_site_config_routes_hardware_alerts_to_the_gpus_owner(amtool, tmp_path):
+    """``python -m alerts --site``: the site's job names, runbook URLs and receivers, and an inference
+    service's hardware alert routed to its own on-call (real amtool), everything else as before."""
+    from alerts.__main__ import main
+
+    site = tmp_path / "site.yaml"
+    site.write_text(SITE)
+    assert main(["--site", str(site), "--out", str(tmp_path / "out")]) == 0
+    am = tmp_path / "out" / "alertmanager.yml"
+    assert _amtool(amtool, "check-config", str(am)).returncode == 0
+    for labels, receiver in (
+        (["alertname=GpuPcieLinkDowngraded", "namespace=serving", "team=training", "severity=warning"],
+         "serving-oncall"),
+        (["alertname=GpuXidError", "namespace=inference-eu", "team=training", "severity=critical"], "serving-oncall"),
+        (["alertname=GpuPcieLinkDowngraded", "namespace=llm", "team=training", "severity=warning"],
+         "training-ticket"),
+        (["alertname=GpuStraggler", "namespace=serving", "team=training", "severity=critical"], "training-page"),
+    ):
+        out = _amtool(amtool, "config", "routes", "test", f"--config.file={am}", f"--verify.receivers={receiver}",
+                      *labels)
+        assert out.returncode == 0, (labels, out.stdout + out.stderr)
+    cfg = yaml.safe_load(am.read_text())
+    urls = {r["name"]: r["webhook_configs"][0]["url"] for r in cfg["receivers"]}
+    assert urls["serving-oncall"] == "https://pager.example/serving" and urls["sre-page"] == "https://alerts.example/hook"
+    rules = (tmp_path / "out" / "truegpu.yaml").read_text()
+    assert 'up{job="gpu-exporter"}' in rules and "https://wiki.example/gpu-runbooks/GpuXidError.md" in rules
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(SITE.replace("receiver: serving-oncall", "receiver: nobody"))
+    assert main(["--site", str(bad), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_hardware_alerts_are_the_per_gpu_hardware_group():
+    from alerts.rules import HARDWARE_ALERTS, Timing, truegpu_hardware
+
+    names = {r.alert for r in truegpu_hardware(Timing()).rules} - {"GpuMissing"}
+    assert names == set(HARDWARE_ALERTS)
+
+
 class _Hook(BaseHTTPRequestHandler):
     received: ClassVar[list[dict]] = []
 

@@ -204,7 +204,7 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Callable[..., Stack]]:
     started: list[Stack] = []
     tmpdirs: list[tempfile.TemporaryDirectory] = []
 
-    def start(scenario: str | Path, *exporter_args: str) -> Stack:
+    def start(scenario: str | Path, *exporter_args: str, owners: tuple[tuple[str, str], ...] = ()) -> Stack:
         tmpdir = tempfile.TemporaryDirectory(prefix="truegpu-e2e-")
         tmpdirs.append(tmpdir)
         tmp = Path(tmpdir.name)
@@ -212,8 +212,9 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Callable[..., Stack]]:
         started.append(s)
 
         # 1. generated rules and Alertmanager config, every receiver pointed at the webhook
-        hooks = {r: f"{s.hook.url}/{r}" for r in RECEIVERS}
-        paths = generate(tmp / "generated", scale=SCALE, webhook_urls=hooks, exporter_job=EXPORTER_JOB)
+        hooks = {r: f"{s.hook.url}/{r}" for r in (*RECEIVERS, *(r for _, r in owners))}
+        paths = generate(tmp / "generated", scale=SCALE, webhook_urls=hooks, exporter_job=EXPORTER_JOB,
+                         owners=owners)
         s.rule_files = [p for p in paths if p.name != "alertmanager.yml"]
         am_yml = tmp / "generated" / "alertmanager.yml"
         s.am_config = yaml.safe_load(am_yml.read_text())
@@ -299,6 +300,24 @@ def test_pcie_downgrade_reaches_training_ticket(stack):
     # idle GPUs that dropped their link generation to save power are not alerted: nothing else arrives
     others = [(r, a["labels"]) for r, a in s.hook.alerts() if _gpu(a["labels"]) != target]
     assert not others, s.state()
+
+
+def test_hardware_alert_routed_to_the_gpus_owner(stack):
+    """With the site's owner routes, the serving GPU's PCIe fault reaches the service's own on-call,
+    carrying who holds the GPU, and not training's ticket queue."""
+    fault = _fault("pcie-downgrade", "pcie_downgrade")
+    s = stack("pcie-downgrade", owners=(("serving", "serving-oncall"),))
+
+    def arrived() -> list[tuple[str, dict]]:
+        return [(r, a) for r, a in s.hook.alerts("firing") if a["labels"]["alertname"] == "GpuPcieLinkDowngraded"]
+
+    got = s.wait_until("GpuPcieLinkDowngraded at the owner's webhook", arrived, timeout=30)
+    for receiver, alert in got:
+        labels = alert["labels"]
+        assert receiver == "serving-oncall", s.state()
+        assert _gpu(labels) == (fault["hostname"], fault["gpu"]), s.state()
+        assert labels["namespace"] == "serving" and labels[S.WORKLOAD] == "chat-serve", labels
+    assert not [r for r, _ in s.hook.alerts() if r == "training-ticket"], s.state()
 
 
 def test_gpu_fell_off_bus_pages_training_and_inhibits(stack, tmp_path):

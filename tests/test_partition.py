@@ -208,6 +208,20 @@ def test_site_config_errors_name_the_entry(data, message):
         parse_site(data, "site.yaml")
 
 
+@pytest.mark.parametrize(("alerting", "message"), [
+    ("x", r"alerting: expected a mapping"),
+    ({"exporter_jobs": "a"}, r"unknown key\(s\) \['exporter_jobs'\]"),
+    ({"receivers": {"a": "ftp://x"}}, r"alerting.receivers.a: a webhook URL starts with http"),
+    ({"receivers": {"a": "http://x"}, "owners": [{"namespace": "(", "receiver": "a"}]},
+     r"owners\[0\]: namespace is not a valid regular expression"),
+    ({"owners": [{"namespace": "x", "receiver": "b"}]}, r"receiver 'b' has no webhook URL"),
+    ({"owners": [{"namespace": "x"}]}, r"owners\[0\]: expected"),
+])
+def test_site_alerting_errors_name_the_entry(alerting, message):
+    with pytest.raises(ValueError, match=message):
+        parse_site({"alerting": alerting}, "site.yaml")
+
+
 def test_site_file_and_cli(tmp_path, capsys):
     with pytest.raises(ValueError, match="cannot read site config"):
         load_site(tmp_path / "missing.yaml")
