@@ -12,7 +12,8 @@ Entry points
     ``webhook_urls`` maps receiver names (:data:`alerts.alertmanager.RECEIVERS`, or ``"*"`` for
     all of them) to webhook URLs. ``options``: ``exporter_job``, ``analyzer_job``, ``dcgm_job``
     (the scrape job names ``up`` is selected by), ``runbook_base`` (where ``runbook_url``
-    points). dcgm rules read both host spellings (``Hostname``/``hostname``) and the 1.x names.
+    points), ``dashboard_base`` (the Grafana ``dashboard_url`` opens). dcgm rules read both host
+    spellings (``Hostname``/``hostname``) and the 1.x names.
 
 ``python -m alerts``
     Regenerates the committed files: ``alerts/generated/*.yaml``, ``alerts/alertmanager.yml``
@@ -34,7 +35,7 @@ from typing import Any
 import yaml
 
 from alerts import alertmanager
-from alerts.rules import RUNBOOK_BASE_URL, RuleFile, Timing, rule_files
+from alerts.rules import DASHBOARD_BASE_URL, RUNBOOK_BASE_URL, Links, RuleFile, Timing, rule_files
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = Path(__file__).resolve().parent
@@ -63,8 +64,8 @@ def dump(data: Any, source: str, header: str = "") -> str:
     return _BANNER.format(source=source) + comment + body
 
 
-def render_rules(rf: RuleFile, runbook_base: str = RUNBOOK_BASE_URL) -> str:
-    return dump(rf.to_dict(runbook_base), "rules.py", rf.header)
+def render_rules(rf: RuleFile, runbook_base: str = RUNBOOK_BASE_URL, dashboard_base: str = DASHBOARD_BASE_URL) -> str:
+    return dump(rf.to_dict(Links(runbook_base, dashboard_base, rf.dialect)), "rules.py", rf.header)
 
 
 def render_alertmanager(scale: float = 1.0, webhook_urls: Mapping[str, str] | None = None,
@@ -84,12 +85,14 @@ def generate(
     scale: float = 1.0,
     webhook_urls: dict[str, str] | None = None,
     runbook_base: str = RUNBOOK_BASE_URL,
+    dashboard_base: str = DASHBOARD_BASE_URL,
     owners: Sequence[tuple[str, str]] = (),
     **options: str,
 ) -> list[Path]:
     """Write the rule files and ``alertmanager.yml`` into ``out_dir``; returns their paths."""
     out_dir = Path(out_dir)
-    paths = [_write(out_dir / rf.name, render_rules(rf, runbook_base)) for rf in rule_files(Timing(scale), **options)]
+    paths = [_write(out_dir / rf.name, render_rules(rf, runbook_base, dashboard_base))
+             for rf in rule_files(Timing(scale), **options)]
     paths.append(_write(out_dir / "alertmanager.yml", render_alertmanager(scale, webhook_urls, owners)))
     return paths
 

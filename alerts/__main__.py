@@ -41,7 +41,8 @@ def _site(parser: argparse.ArgumentParser, site_file: str | None, out: str | Non
     try:
         a = load_site(site_file).alerting
         options = {k: v for k, v in (("exporter_job", a.exporter_job), ("analyzer_job", a.analyzer_job),
-                                     ("dcgm_job", a.dcgm_job), ("runbook_base", a.runbook_base)) if v}
+                                     ("dcgm_job", a.dcgm_job), ("runbook_base", a.runbook_base),
+                                     ("dashboard_base", a.dashboard_base)) if v}
         paths = generate(Path(out), webhook_urls=dict(a.receivers), owners=a.owners, **options)
     except ValueError as exc:
         print(f"python -m alerts: error: {exc}", file=sys.stderr)

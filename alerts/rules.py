@@ -34,6 +34,8 @@ TEAMS = ("training", "sre", "facilities", "finops")
 
 #: Where ``runbook_url`` annotations point; ``docs/runbooks/<alertname>.md`` in this repository.
 RUNBOOK_BASE_URL = "https://github.com/truegpu/truegpu/blob/main/docs/runbooks"
+#: Where ``dashboard_url`` annotations point: the compose stack's Grafana (a site config sets its own).
+DASHBOARD_BASE_URL = "http://localhost:3000"
 #: Prometheus scrape job names the health alerts select (deploy/prometheus.yml).
 EXPORTER_JOB = "truegpu-exporter"
 ANALYZER_JOB = "truegpu-analyzer"
@@ -162,12 +164,45 @@ class Timing:
 
 # Rule model -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Links:
+    """Where the annotations point: runbooks (``<runbook_base>/<alert>.md``) and Grafana
+    (``<dashboard_base>/d/<dialect>-<dashboard>?var-...``, the generated dashboards' UIDs)."""
+
+    runbook_base: str = RUNBOOK_BASE_URL
+    dashboard_base: str = DASHBOARD_BASE_URL
+    dialect: str = "truegpu"
+
+
+#: Dashboard (dashboards/<key>.py) an alert opens on, and the variables it fills from the alert's labels.
+DASHBOARD_OF: dict[str, str] = {
+    **dict.fromkeys(("GpuXidError", "GpuUncorrectableEcc", "GpuRowRemapFailure", "GpuNvlinkErrors",
+                     "GpuPcieLinkDowngraded", "GpuFellOffBus", "GpuMissing", "GpuDegraded", "GpuFault"), "health"),
+    **dict.fromkeys(("GpuThermalThrottling", "GpuNearThermalLimit", "GpuThermal"), "thermal"),
+    **dict.fromkeys(("GpuStraggler",), "job"),
+    **dict.fromkeys(("GpuIdleMasking", "GpuIdleAllocated"), "finops"),
+    **dict.fromkeys(("TruegpuExporterDown", "DcgmExporterDown", "TruegpuCollectionFailing",
+                     "TruegpuCollectionStale", "TruegpuCollectionSlow", "TruegpuAnalyzerDown"), "fleet"),
+}
+_DASHBOARD_VARS: dict[str, tuple[str, ...]] = {
+    "health": ("hostname", "gpu"), "thermal": ("hostname", "gpu"), "job": ("namespace", "workload"),
+    "finops": ("namespace",), "fleet": ("hostname",),
+}
+
+
+def dashboard_url(alert: str, links: Links) -> str:
+    """The alert's dashboard with its variables set from the alert's labels (those it has)."""
+    key = DASHBOARD_OF[alert]
+    params = "".join(f"{{{{ with $labels.{v} }}}}&var-{v}={{{{ . }}}}{{{{ end }}}}" for v in _DASHBOARD_VARS[key])
+    return f"{links.dashboard_base}/d/{links.dialect}-{key}?orgId=1{params}"
+
+
+@dataclass(frozen=True)
 class Record:
     record: str
     expr: str
     labels: dict[str, str] = field(default_factory=dict)
 
-    def to_dict(self, runbook_base: str) -> dict[str, Any]:
+    def to_dict(self, links: Links) -> dict[str, Any]:
         out: dict[str, Any] = {"record": self.record, "expr": self.expr}
         if self.labels:
             out["labels"] = dict(self.labels)
@@ -195,11 +230,12 @@ class Alert:
     def non_default_fields(self) -> tuple[str, ...]:
         return tuple(f for f in self.dcgm_fields if f not in DCGM_DEFAULT_FIELDS)
 
-    def to_dict(self, runbook_base: str) -> dict[str, Any]:
+    def to_dict(self, links: Links) -> dict[str, Any]:
         annotations = {
             "summary": self.summary,
             "description": self.description,
-            "runbook_url": f"{runbook_base}/{self.alert}.md",
+            "runbook_url": f"{links.runbook_base}/{self.alert}.md",
+            "dashboard_url": dashboard_url(self.alert, links),
         }
         if self.non_default_fields:
             annotations["dcgm_counters"] = (
@@ -219,8 +255,8 @@ class Group:
     name: str
     rules: tuple[Record | Alert, ...]
 
-    def to_dict(self, runbook_base: str) -> dict[str, Any]:
-        return {"name": self.name, "rules": [r.to_dict(runbook_base) for r in self.rules]}
+    def to_dict(self, links: Links) -> dict[str, Any]:
+        return {"name": self.name, "rules": [r.to_dict(links) for r in self.rules]}
 
 
 @dataclass(frozen=True)
@@ -228,6 +264,8 @@ class RuleFile:
     name: str
     header: str
     groups: tuple[Group, ...]
+    #: Which dashboards (``<dialect>-<key>``) its alerts link to.
+    dialect: str = "truegpu"
 
     def alerts(self) -> list[Alert]:
         return [r for g in self.groups for r in g.rules if isinstance(r, Alert)]
@@ -235,8 +273,8 @@ class RuleFile:
     def records(self) -> list[Record]:
         return [r for g in self.groups for r in g.rules if isinstance(r, Record)]
 
-    def to_dict(self, runbook_base: str) -> dict[str, Any]:
-        return {"groups": [g.to_dict(runbook_base) for g in self.groups]}
+    def to_dict(self, links: Links) -> dict[str, Any]:
+        return {"groups": [g.to_dict(links) for g in self.groups]}
 
 
 # PromQL helpers -------------------------------------------------------------------------------
@@ -425,7 +463,8 @@ def gpu_missing(t: Timing, reporting: str, instance_label: str, dialect: dict[st
                  dialect or {}, fields)
 
 
-def exporter_down(t: Timing, job: str, presence: str, alert: str, norm: Any = lambda e: e) -> Alert:
+def exporter_down(t: Timing, job: str, presence: str, alert: str, norm: Any = lambda e: e,
+                  labels: dict[str, str] | None = None) -> Alert:
     """``up == 0`` for the job, carrying ``hostname`` remembered from the target's last hour of data.
 
     ``presence`` is a selector (already matching ``job``) of a series every target sends; ``norm``
@@ -436,7 +475,7 @@ def exporter_down(t: Timing, job: str, presence: str, alert: str, norm: Any = la
     return Alert(alert, expr, t.hold(300), "warning", "sre", "Exporter {{ $labels.instance }} is down",
                  f"Prometheus cannot scrape {{{{ $labels.instance }}}} (job {{{{ $labels.job }}}}"
                  f"{{{{ with $labels.hostname }}}}, host {{{{ . }}}}{{{{ end }}}}) for {t.hold(300)}: "
-                 "the GPUs there are unobserved.")
+                 "the GPUs there are unobserved.", labels or {})
 
 
 def collection_health(t: Timing, exporter_job: str) -> tuple[Alert, ...]:
@@ -643,7 +682,7 @@ def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB) -> RuleFile:
         gpu_missing(t, d(fb_used), "GPU_I_ID", dialect, (fb_used,)),
     ))
     health = Group("dcgm-exporter", (
-        exporter_down(t, dcgm_job, dcgm_sel(gpu_temp, job=dcgm_job), DCGM_EXPORTER_DOWN, dcgm_norm),))
+        exporter_down(t, dcgm_job, dcgm_sel(gpu_temp, job=dcgm_job), DCGM_EXPORTER_DOWN, dcgm_norm, dialect),))
     file = RuleFile("dcgm.yaml", "NVIDIA dcgm-exporter metrics (DCGM_FI_*)", (recording, hardware, health))
     needs = [f"{a.alert} ({a.labels.get('severity', a.severity)}): {', '.join(a.non_default_fields)}"
              for a in file.alerts() if a.non_default_fields]
@@ -654,7 +693,7 @@ def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB) -> RuleFile:
         "Alerts needing counters beyond dcgm-exporter's default list (add them to its counters CSV):\n"
         + "\n".join(f"  {n}" for n in dict.fromkeys(needs))
     )
-    return RuleFile(file.name, header, file.groups)
+    return RuleFile(file.name, header, file.groups, dialect="dcgm")
 
 
 # Analyzer findings and health -----------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 
 from alerts.rules import (
     ANALYZER_JOB,
+    DASHBOARD_BASE_URL,
     DCGM_FLEET_EFFECTIVE_UTILIZATION,
     DCGM_FLEET_MASKING_GAP,
     DCGM_GPU_EFFECTIVE_UTILIZATION,
@@ -70,8 +71,28 @@ def annotations(alert: str, summary: str, description: str, **extra: str) -> dic
     return {"summary": summary, "description": description, "runbook_url": f"{RUNBOOK_BASE_URL}/{alert}.md", **extra}
 
 
+#: Dashboard key per alert and the variables its link fills (written out here, not taken from the rules).
+_DASHBOARDS = {
+    "GpuXidError": "health", "GpuUncorrectableEcc": "health", "GpuRowRemapFailure": "health",
+    "GpuNvlinkErrors": "health", "GpuPcieLinkDowngraded": "health", "GpuFellOffBus": "health",
+    "GpuMissing": "health", "GpuDegraded": "health", "GpuThermalThrottling": "thermal",
+    "GpuNearThermalLimit": "thermal", "GpuStraggler": "job", "GpuIdleMasking": "finops",
+    "GpuIdleAllocated": "finops",
+}
+_VARS = {"health": ("hostname", "gpu"), "thermal": ("hostname", "gpu"), "job": ("namespace", S.WORKLOAD),
+         "finops": ("namespace",), "fleet": ("hostname",)}
+
+
 def expect(labels: Labels, severity: str, team: str, ann: dict[str, str], **extra: str) -> dict[str, Any]:
-    return {"exp_labels": {**labels, "severity": severity, "team": team, **extra}, "exp_annotations": ann}
+    """One expected alert; its ``dashboard_url`` opens the alert's dashboard on the alert's host, GPU or workload."""
+    alert = ann["runbook_url"].rsplit("/", 1)[1].removesuffix(".md")
+    got = {**labels, **extra}
+    key = _DASHBOARDS.get(alert, "fleet")
+    dialect = "dcgm" if got.get("dialect") == "dcgm" else "truegpu"
+    params = "".join(f"&var-{v}={got[v]}" for v in _VARS[key] if got.get(v))
+    url = f"{DASHBOARD_BASE_URL}/d/{dialect}-{key}?orgId=1{params}"
+    return {"exp_labels": {**labels, "severity": severity, "team": team, **extra},
+            "exp_annotations": {**ann, "dashboard_url": url}}
 
 
 def check(at: str, alert: str, *alerts: dict[str, Any]) -> dict[str, Any]:
@@ -641,7 +662,7 @@ def dcgm_tests(sp: Spelling) -> list[dict[str, Any]]:
     ], alerts=[
         check("3m", "DcgmExporterDown"),
         check("20m", "DcgmExporterDown", expect(
-            {**job, "instance": "10.0.0.1:9400", S.HOSTNAME: HOST}, "warning", "sre", annotations(
+            {**job, "instance": "10.0.0.1:9400", S.HOSTNAME: HOST, "dialect": "dcgm"}, "warning", "sre", annotations(
                 "DcgmExporterDown", "Exporter 10.0.0.1:9400 is down",
                 f"Prometheus cannot scrape 10.0.0.1:9400 (job {DCGM_JOB}, host {HOST}) for 5m: the GPUs there are "
                 "unobserved."))),

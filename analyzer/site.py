@@ -24,6 +24,7 @@ such, never as headroom or as waste.
     alerting:
       exporter_job: gpu-exporter          # scrape job names (defaults: truegpu-exporter, ...)
       runbook_base: https://wiki.example/gpu-runbooks
+      dashboard_base: https://grafana.example       # dashboard_url: <base>/d/<uid>?var-...
       receivers:                          # Alertmanager receiver -> webhook URL ("*": all others)
         "*": https://alerts.example/hook
         serving-oncall: https://pager.example/serving
@@ -103,8 +104,9 @@ class Alerting:
     exporter_job: str | None = None
     analyzer_job: str | None = None
     dcgm_job: str | None = None
-    #: Where ``runbook_url`` annotations point.
+    #: Where ``runbook_url`` and ``dashboard_url`` (Grafana) annotations point.
     runbook_base: str | None = None
+    dashboard_base: str | None = None
     #: Alertmanager receiver -> webhook URL ("*" for every receiver not named).
     receivers: Mapping[str, str] = field(default_factory=dict)
     #: (namespace regex, receiver): hardware alerts of GPUs those namespaces hold go to that receiver.
@@ -201,7 +203,7 @@ def _alerting(raw: Any, where: str) -> Alerting:
         return Alerting()
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where}: expected a mapping")
-    keys = ("exporter_job", "analyzer_job", "dcgm_job", "runbook_base", "receivers", "owners")
+    keys = ("exporter_job", "analyzer_job", "dcgm_job", "runbook_base", "dashboard_base", "receivers", "owners")
     unknown = [k for k in raw if k not in keys]
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown} (known: {', '.join(keys)})")
@@ -224,7 +226,8 @@ def _alerting(raw: Any, where: str) -> Alerting:
         if receiver not in receivers and "*" not in receivers:
             raise ValueError(f"{at}: receiver {receiver!r} has no webhook URL under receivers")
         owners.append((pattern, receiver))
-    jobs = {k: _text(raw[k], f"{where}.{k}") for k in ("exporter_job", "analyzer_job", "dcgm_job", "runbook_base")
+    jobs = {k: _text(raw[k], f"{where}.{k}")
+            for k in ("exporter_job", "analyzer_job", "dcgm_job", "runbook_base", "dashboard_base")
             if raw.get(k) is not None}
     return Alerting(**jobs, receivers={str(k): str(v) for k, v in receivers.items()}, owners=tuple(owners))
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import alerts
-from alerts import GENERATED, RUNBOOKS, TESTS, committed_files, generate
+from alerts import GENERATED, ROOT, RUNBOOKS, TESTS, committed_files, generate
 from alerts.rules import SEVERITIES, TEAMS, Timing, fmt_duration, record_names, rule_files
 from alerts.unittests import test_files as unit_test_files
 from analyzer import output_schema as O
@@ -114,6 +114,7 @@ def test_unit_tests_catch_a_fell_off_bus_alert_for_a_whole_node(promtool, tmp_pa
 
 
 def test_alerts_have_routing_labels_annotations_and_runbooks():
+    dashboard_uids = {p.stem for p in (ROOT / "dashboards" / "generated").glob("*.json")}
     names = set()
     for rule_file in RULE_FILES:
         for rule in _alerts(rule_file):
@@ -124,6 +125,10 @@ def test_alerts_have_routing_labels_annotations_and_runbooks():
             assert {"summary", "description", "runbook_url"} <= set(ann), rule["alert"]
             assert "$labels" in ann["summary"] + ann["description"], rule["alert"]
             assert ann["runbook_url"].endswith(f"/{rule['alert']}.md")
+            # every alert opens a generated dashboard of its own dialect, on the alert's host/GPU/workload
+            uid = re.search(r"/d/([a-z-]+)\?", ann["dashboard_url"]).group(1)
+            assert uid in dashboard_uids and uid.startswith("dcgm-" if rule_file == "dcgm.yaml" else "truegpu-"), \
+                (rule["alert"], uid)
     required = {"GpuIdleMasking", "GpuIdleAllocated", "GpuStraggler", "GpuDegraded", "GpuXidError",
                 "GpuUncorrectableEcc", "GpuRowRemapFailure", "GpuThermalThrottling", "GpuNearThermalLimit",
                 "GpuNvlinkErrors", "GpuPcieLinkDowngraded", "GpuFellOffBus", "TruegpuExporterDown",
