@@ -51,7 +51,7 @@ RECEIVERS: tuple[str, ...] = (
 DEFAULT_WEBHOOK_BASE = "http://127.0.0.1:5001"
 #: ``webhook_urls`` key that sets the URL of every receiver not named explicitly.
 ANY_RECEIVER = "*"
-THERMAL_ALERTS = ("GpuThermalThrottling", "GpuNearThermalLimit")
+THERMAL_ALERTS = ("GpuThermalThrottling", "GpuNearThermalLimit", "GpuThermal")
 
 
 def webhook_url_map(webhook_urls: Mapping[str, str] | None = None,
@@ -125,6 +125,10 @@ def config(timing: Timing | None = None, webhook_urls: Mapping[str, str] | None 
             {"source_matchers": ['severity="critical"'],
              "target_matchers": ['severity="warning"'],
              "equal": ["alertname", HOSTNAME, GPU]},
+            # the analyzer's critical thermal finding says more than the exporter rules' warnings
+            {"source_matchers": ['alertname="GpuThermal"', 'severity="critical"'],
+             "target_matchers": ['alertname=~"GpuThermalThrottling|GpuNearThermalLimit"'],
+             "equal": [HOSTNAME, GPU]},
         ],
         "receivers": [
             {"name": r, "webhook_configs": [{"url": urls[r], "send_resolved": r != INFO_LOG}]}

@@ -92,7 +92,7 @@ INFO_XIDS: tuple[int, ...] = tuple(sorted(c for c, x in CATALOGUE.items() if x.s
 #: Alerts that a fallen-off GPU or a down exporter makes meaningless (inhibition targets).
 GPU_SYMPTOM_ALERTS = (
     "GpuStraggler", "GpuDegraded", "GpuIdleMasking", "GpuIdleAllocated", "GpuThermalThrottling",
-    "GpuNearThermalLimit", "GpuPcieLinkDowngraded", "GpuNvlinkErrors",
+    "GpuNearThermalLimit", "GpuThermal", "GpuPcieLinkDowngraded", "GpuNvlinkErrors",
 )
 FELL_OFF_BUS = "GpuFellOffBus"
 #: Alerts about one GPU's hardware (they carry who holds the GPU: routing can send them to its owners).
@@ -714,10 +714,15 @@ def analyzer_file(t: Timing, analyzer_job: str = ANALYZER_JOB) -> RuleFile:
               "Allocated GPU idle: " + SHORT_REF,
               f"{where} is allocated but idle ({score}): release it or fix the job's input pipeline."),
     ]
-    for alert, kind, what in (("GpuStraggler", F.STRAGGLER, "is the straggler slowing its training gang"),
-                              ("GpuDegraded", F.DEGRADED_GPU, "runs degraded (power cap, PCIe or NVLink)")):
+    # The alert's severity is the finding's: what the analyzer calls critical pages, never a ticket.
+    for alert, kind, team, what in (
+        ("GpuStraggler", F.STRAGGLER, "training", "is the straggler slowing its training gang"),
+        ("GpuDegraded", F.DEGRADED_GPU, "training", "runs degraded (power cap, PCIe or NVLink)"),
+        ("GpuFault", F.GPU_FAULT, "training", "has a hardware fault (XID, ECC, NVLink, PCIe, lost GPU)"),
+        ("GpuThermal", F.THERMAL, "sre", "runs hot or throttles for heat (GPU, node or rack)"),
+    ):
         for sev, match in (("critical", "critical"), ("warning", "!=critical")):
-            rules.append(Alert(alert, finding(kind, severity=match), t.hold(300), sev, "training",
+            rules.append(Alert(alert, finding(kind, severity=match), t.hold(300), sev, team,
                                f"{alert.removeprefix('Gpu')}: " + SHORT_REF,
                                f"{where} {what} ({score}); see the analyzer's finding for the evidence."))
     stale = t.seconds(ANALYZER_STALE_SECONDS)

@@ -75,7 +75,8 @@ def annotations(alert: str, summary: str, description: str, **extra: str) -> dic
 _DASHBOARDS = {
     "GpuXidError": "health", "GpuUncorrectableEcc": "health", "GpuRowRemapFailure": "health",
     "GpuNvlinkErrors": "health", "GpuPcieLinkDowngraded": "health", "GpuFellOffBus": "health",
-    "GpuMissing": "health", "GpuDegraded": "health", "GpuThermalThrottling": "thermal",
+    "GpuMissing": "health", "GpuDegraded": "health", "GpuFault": "health", "GpuThermal": "thermal",
+    "GpuThermalThrottling": "thermal",
     "GpuNearThermalLimit": "thermal", "GpuStraggler": "job", "GpuIdleMasking": "finops",
     "GpuIdleAllocated": "finops",
 }
@@ -706,12 +707,15 @@ def analyzer_tests() -> list[dict[str, Any]]:
             "pipeline."))),
     ])
 
-    gangs = case("GpuStraggler and GpuDegraded: the finding's severity decides page or ticket", [
+    gangs = case("GpuStraggler, GpuDegraded, GpuFault, GpuThermal: the finding's severity decides page or ticket", [
         *open_finding(finding("straggler", "critical"), "1x20", "0.9"),
         *open_finding(finding("straggler", "warning", 1), "1x20", "0.4"),
         *open_finding(finding("degraded_gpu", "critical", 2), "1x20", "0.7"),
         *open_finding(finding("degraded_gpu", "info", 3), "1x20", "0.2"),
-        *open_finding(finding("thermal", "critical", 4), "1x20", "0.9"),  # not these alerts' kind
+        *open_finding(finding("thermal", "critical", 4), "1x20", "0.9"),   # a critical thermal finding pages
+        *open_finding(finding("thermal", "warning", 6), "1x20", "0.5"),
+        *open_finding(finding("gpu_fault", "critical", 7), "1x20", "1"),
+        *open_finding(finding("gpu_fault", "warning", 8), "1x20", "0.6"),
         *open_finding(finding("straggler", "critical", 5), "1x2 stale", "0.9"),  # a blip shorter than for:
     ], alerts=[
         check("4m", "GpuStraggler"),
@@ -734,6 +738,20 @@ def analyzer_tests() -> list[dict[str, Any]]:
                   "GpuDegraded", "Degraded: GPU 3 of node-1",
                   "GPU 3 on node-1 (workload ml/train) runs degraded (power cap, PCIe or NVLink) (score 20%); see the "
                   "analyzer's finding for the evidence."))),
+        check("4m", "GpuThermal"),
+        check("10m", "GpuThermal", *(
+            expect(alert_labels(finding("thermal", "", n), ""), sev, "sre", annotations(
+                "GpuThermal", f"Thermal: GPU {n} of node-1",
+                f"GPU {n} on node-1 (workload ml/train) runs hot or throttles for heat (GPU, node or rack) (score "
+                f"{pct}); see the analyzer's finding for the evidence."))
+            for n, sev, pct in ((4, "critical", "90%"), (6, "warning", "50%")))),
+        check("10m", "GpuFault", *(
+            expect(alert_labels(finding("gpu_fault", "", n), ""), sev, "training", annotations(
+                "GpuFault", f"Fault: GPU {n} of node-1",
+                f"GPU {n} on node-1 (workload ml/train) has a hardware fault (XID, ECC, NVLink, PCIe, lost GPU) "
+                f"(score {pct}); see the analyzer's finding for the evidence."))
+            for n, sev, pct in ((7, "critical", "100%"), (8, "warning", "60%")))),
+        check("4m", "GpuFault"),
     ])
 
     job = {"job": ANALYZER_JOB, "instance": "analyzer:8000"}

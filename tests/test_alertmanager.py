@@ -39,15 +39,20 @@ def test_amtool_check_config(amtool):
 
 
 ROUTES = [
-    ({"alertname": "GpuStraggler", "severity": "critical", "team": "training", "job": "train"}, "training-page"),
-    ({"alertname": "GpuStraggler", "severity": "warning", "team": "training", "job": "train"}, "training-ticket"),
+    ({"alertname": "GpuStraggler", "severity": "critical", "team": "training", "workload": "train"}, "training-page"),
+    ({"alertname": "GpuStraggler", "severity": "warning", "team": "training", "workload": "train"},
+     "training-ticket"),
+    # the analyzer's thermal and fault findings page when it calls them critical
+    ({"alertname": "GpuThermal", "severity": "critical", "team": "sre"}, "facilities-ticket,sre-page"),
+    ({"alertname": "GpuThermal", "severity": "warning", "team": "sre"}, "facilities-ticket,sre-ticket"),
+    ({"alertname": "GpuFault", "severity": "critical", "team": "training"}, "training-page"),
     ({"alertname": "GpuXidError", "severity": "critical", "team": "training", "hostname": "n1"}, "training-page"),
     ({"alertname": "GpuXidError", "severity": "info", "team": "training", "hostname": "n1"}, "info-log"),
     ({"alertname": "GpuFellOffBus", "severity": "critical", "team": "training"}, "training-page"),
     ({"alertname": "GpuPcieLinkDowngraded", "severity": "warning", "team": "training"}, "training-ticket"),
     ({"alertname": "GpuThermalThrottling", "severity": "warning", "team": "sre"}, "facilities-ticket,sre-ticket"),
     ({"alertname": "GpuNearThermalLimit", "severity": "warning", "team": "facilities"}, "facilities-ticket"),
-    ({"alertname": "GpuIdleMasking", "severity": "warning", "team": "finops", "job": "train"}, "finops-ticket"),
+    ({"alertname": "GpuIdleMasking", "severity": "warning", "team": "finops", "workload": "train"}, "finops-ticket"),
     ({"alertname": "GpuIdleAllocated", "severity": "warning", "team": "finops"}, "finops-ticket"),
     ({"alertname": "TruegpuExporterDown", "severity": "warning", "team": "sre"}, "sre-ticket"),
     ({"alertname": "TruegpuAnalyzerDown", "severity": "warning", "team": "sre"}, "sre-ticket"),

@@ -113,6 +113,19 @@ def test_unit_tests_catch_a_fell_off_bus_alert_for_a_whole_node(promtool, tmp_pa
     assert out.returncode != 0 and "GpuFellOffBus" in out.stdout + out.stderr
 
 
+def test_alert_severities_follow_the_analyzer_findings():
+    """Every finding kind with an alert has a critical one for critical findings and a warning for the
+    rest: a problem the analyzer calls critical is never a ticket-only warning."""
+    kinds: dict[str, set[str]] = {}
+    for rule in _alerts("analyzer.yaml"):
+        match = re.search(r'kind="([a-z_]+)", severity(!?=)"([a-z]+)"', rule["expr"])
+        if match:
+            kind, op, severity = match.groups()
+            kinds.setdefault(kind, set()).add(f"{op}{severity}->{rule['labels']['severity']}")
+    assert set(kinds) == {"straggler", "degraded_gpu", "gpu_fault", "thermal"}
+    assert all(v == {"=critical->critical", "!=critical->warning"} for v in kinds.values()), kinds
+
+
 def test_alerts_have_routing_labels_annotations_and_runbooks():
     dashboard_uids = {p.stem for p in (ROOT / "dashboards" / "generated").glob("*.json")}
     names = set()
