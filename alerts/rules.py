@@ -363,14 +363,15 @@ def _new_counter_events(selector: str, window: str) -> str:
     return f"increase({selector}[{window}]) > 0 or max without () ({selector} > 0 unless {selector} offset {window})"
 
 
-def with_owner(expr: str) -> str:
-    """A per-GPU alert with the ``namespace``/``workload`` holding the GPU (from truegpu_gpu_allocation_info),
-    so routing can send it to the workload's owners; GPUs nobody holds keep their labels as they are.
-    One holder per GPU (a shared or MIG-split GPU: any one of them)."""
-    holder = (f"topk by ({GPU_BY}) (1, max by ({GPU_BY}, {NAMESPACE}, {WORKLOAD}) "
-              f"({S.GPU_ALLOCATION_INFO.name}))")
-    return (f"({expr}) * on ({GPU_BY}) group_left ({NAMESPACE}, {WORKLOAD}) {holder} "
-            f"or (({expr}) unless on ({GPU_BY}) {holder})")
+def with_owner(expr: str, key: str = GPU_BY, holders: str = S.GPU_ALLOCATION_INFO.name,
+               owner: str = f"{NAMESPACE}, {WORKLOAD}") -> str:
+    """A per-GPU alert with who holds the GPU (``owner`` labels of the ``holders`` series, e.g. the
+    ``namespace``/``workload`` of truegpu_gpu_allocation_info), so routing can send it to the
+    workload's owners; GPUs nobody holds keep their labels as they are. One holder per GPU (a
+    shared or MIG-split GPU: any one of them)."""
+    holder = f"topk by ({key}) (1, group by ({key}, {owner}) ({holders}))"  # value 1: $value stays the alert's
+    return (f"({expr}) * on ({key}) group_left ({owner}) {holder} "
+            f"or (({expr}) unless on ({key}) {holder})")
 
 
 def truegpu_hardware(t: Timing) -> Group:
@@ -679,6 +680,15 @@ def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB) -> RuleFile:
               t.hold(60), "critical", "training", SHORT_REF + " fell off the bus",
               f"{DCGM_GPU_REF} stopped reporting while its node's exporter is up: the GPU is lost (XID 79 or "
               "similar); drain the node and reset or reseat the GPU.", dialect, (gpu_temp,)),
+    ))
+    # Aggregated per-GPU alerts lose dcgm-exporter's pod labels: join the pod holding the GPU back
+    # (from the memory series it attributes); the per-series XID/row-remap alerts keep their own.
+    holders = d(fb_used, namespace="!=")
+    owned = ("GpuUncorrectableEcc", "GpuThermalThrottling", "GpuNearThermalLimit", "GpuNvlinkErrors",
+             "GpuPcieLinkDowngraded", "GpuFellOffBus")
+    hardware = Group(hardware.name, (
+        *(replace(a, expr=with_owner(a.expr, g, holders, "namespace, pod"))
+          if a.alert in owned or "xid_source" in a.labels else a for a in hardware.rules),
         gpu_missing(t, d(fb_used), "GPU_I_ID", dialect, (fb_used,)),
     ))
     health = Group("dcgm-exporter", (

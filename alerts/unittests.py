@@ -551,17 +551,20 @@ def dcgm_tests(sp: Spelling) -> list[dict[str, Any]]:
     dbe = f(S.ECC_ERRORS, type="uncorrectable", scope="volatile")
     sbe = f(S.ECC_ERRORS, type="correctable", scope="volatile")
     rows = f(S.REMAPPED_ROWS, type="uncorrectable")
-    ecc = case("dcgm GpuUncorrectableEcc", [
+    pod0 = {"namespace": "serving", "pod": "chat-0", "container": "vllm"}
+    ecc = case("dcgm GpuUncorrectableEcc, carrying the pod that holds the GPU where dcgm-exporter says", [
         series(dbe, dgpu(0), "0 0 1x20"),
+        series(f(S.MEMORY_USED), dgpu(0, **pod0), "100x22"),   # dcgm-exporter's pod attribution
         series(rows, dgpu(1), "0 0 1x20"),
         series(sbe, dgpu(2), "0 5 10 15x20"),
         series(dbe, dgpu(2), "0x22"),
     ], alerts=[
         check("5m", "GpuUncorrectableEcc", *(
-            expect(_d(_gpu_keys(dgpu(n))), "critical", "training", annotations(
+            expect(_d(_gpu_keys(dgpu(n)), **owner), "critical", "training", annotations(
                 "GpuUncorrectableEcc", f"Uncorrectable ECC error on {short(n)}",
                 f"{ref(n)} had 1 uncorrectable memory error(s) in the last 10m: drain the GPU and reset it to apply "
-                "the row remap.", **_dcgm_counters("GpuUncorrectableEcc"))) for n in (0, 1))),
+                "the row remap.", **_dcgm_counters("GpuUncorrectableEcc")))
+            for n, owner in ((0, {"namespace": "serving", "pod": "chat-0"}), (1, {})))),
         check("20m", "GpuUncorrectableEcc"),
     ])
 
