@@ -287,6 +287,29 @@ ENERGY = Metric(
     nvml="nvmlDeviceGetTotalEnergyConsumption() / 1000 (mJ)",
     dcgm=(DcgmField("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 1e-3),),
 )
+CLOCK_VIOLATION = Metric(
+    "truegpu_clock_violation_seconds_total", "counter", "seconds",
+    "Time the clocks were held below their target by a power or thermal policy since the driver loaded "
+    "(reason=power|thermal): how long throttling really lasted, between scrapes too.",
+    labels=("reason",),
+    nvml="nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_POWER|THERMAL).violationTime / 1e9 (ns)",
+    dcgm=(DcgmField("DCGM_FI_DEV_POWER_VIOLATION", 1e-9, (("reason", "power"),)),
+          DcgmField("DCGM_FI_DEV_THERMAL_VIOLATION", 1e-9, (("reason", "thermal"),))),
+)
+FAN_SPEED = Metric(
+    "truegpu_fan_speed_ratio", "gauge", "ratio",
+    "Fan speed as a share of its maximum; absent on passively cooled data-centre GPUs (the chassis fans "
+    "cool them), never 0.",
+    nvml="nvmlDeviceGetFanSpeed() / 100",
+    dcgm=(DcgmField("DCGM_FI_DEV_FAN_SPEED", _PCT),),
+)
+PERFORMANCE_STATE = Metric(
+    "truegpu_performance_state", "gauge", "",
+    "Performance state, 0 (P0: maximum performance) to 15 (P15: minimum); a busy GPU out of P0 is held back.",
+    nvml="nvmlDeviceGetPerformanceState() (32 = unknown: left out)",
+    dcgm=(DcgmField("DCGM_FI_DEV_PSTATE"),),
+    valid=(0.0, 15.0),
+)
 TEMPERATURE = Metric(
     "truegpu_temperature_celsius", "gauge", "celsius",
     "Temperature of the GPU die (sensor=gpu) or of the HBM stacks (sensor=memory).",

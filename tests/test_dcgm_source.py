@@ -509,6 +509,15 @@ def test_ignored_series_are_published_by_the_collector(endpoint: Endpoint) -> No
     assert ignored[("DCGM_FI_DEV_POWER_USAGE", "mig_repeat")] == 3.0
 
 
+def test_fans_pstate_and_violation_time() -> None:
+    r = DcgmSource("http://127.0.0.1:1/metrics", hostname="h").convert(body(
+        DCGM_FI_DEV_FAN_SPEED=38, DCGM_FI_DEV_PSTATE=0, DCGM_FI_DEV_POWER_VIOLATION=2_500_000_000,
+        DCGM_FI_DEV_THERMAL_VIOLATION=0))
+    assert r.ignored == {} and one(r, schema.FAN_SPEED) == 0.38 and one(r, schema.PERFORMANCE_STATE) == 0.0
+    assert one(r, schema.CLOCK_VIOLATION, reason="power") == pytest.approx(2.5)  # ns -> s
+    assert one(r, schema.CLOCK_VIOLATION, reason="thermal") == 0.0
+
+
 def test_percent_is_an_exact_ratio() -> None:
     r = DcgmSource("http://127.0.0.1:1/metrics", hostname="h").convert(body(DCGM_FI_DEV_GPU_UTIL=57))
     assert repr(one(r, GPU_UTILIZATION)) == "0.57"  # 57 / 100, not 57 * 0.01 = 0.5700000000000001

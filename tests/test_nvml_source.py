@@ -205,6 +205,23 @@ def test_video_engines_as_ratios_and_absent_where_the_gpu_has_none(node) -> None
     assert ("1",) not in enc and ("1",) in dec
 
 
+def test_fans_pstate_and_violation_time_where_the_gpu_has_them(node) -> None:
+    import pynvml as real
+
+    fake, source, clock = node
+    fake.gpus[0].fan_pct, fake.gpus[0].pstate = 45, 2
+    fake.gpus[0].violation_ns = {real.NVML_PERF_POLICY_POWER: 3_500_000_000, real.NVML_PERF_POLICY_THERMAL: 0}
+    fake.gpus[1].pstate = real.NVML_PSTATE_UNKNOWN
+    clock.advance(1)
+    reading = source.collect()
+    assert reading.up and reading.errors == []
+    assert series(reading, schema.FAN_SPEED) == {("0",): 0.45}  # the others are passively cooled: absent
+    pstates = series(reading, schema.PERFORMANCE_STATE)
+    assert pstates[("0",)] == 2.0 and ("1",) not in pstates  # unknown P-state left out, never 32
+    held = series(reading, schema.CLOCK_VIOLATION)
+    assert held[("0", "power")] == 3.5 and held[("0", "thermal")] == 0.0
+
+
 def test_not_supported_omits_only_that_family_and_is_not_retried(node) -> None:
     fake, source, clock = node
     fake.gpus[3].not_supported = {"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetRemappedRows"}
@@ -418,7 +435,7 @@ def test_fake_pynvml_matches_the_real_binding() -> None:
         fake.module.nvmlDeviceGetCount()
     fake.module.nvmlInit()
     with pytest.raises(real.NVMLError_FunctionNotFound):  # a real function the fake does not model
-        fake.module.nvmlDeviceGetFanSpeed(fake.module.nvmlDeviceGetHandleByIndex(0))
+        fake.module.nvmlDeviceGetNumFans(fake.module.nvmlDeviceGetHandleByIndex(0))
 
 
 def test_nvlink_errors_summed_over_links_from_fields_or_per_link_calls(node) -> None:

@@ -515,6 +515,16 @@ class NvmlSource(Source):
         energy = call(gpu, "energy", errors, nv.nvmlDeviceGetTotalEnergyConsumption, h)
         if energy is not None:
             add((schema.ENERGY, base, energy / 1000.0))
+        fan = call(gpu, "fan", errors, nv.nvmlDeviceGetFanSpeed, h)  # NOT_SUPPORTED when passively cooled
+        if fan is not None:
+            add((schema.FAN_SPEED, base, fan / 100.0))
+        pstate = call(gpu, "pstate", errors, nv.nvmlDeviceGetPerformanceState, h)
+        if pstate is not None and pstate != nv.NVML_PSTATE_UNKNOWN:
+            add((schema.PERFORMANCE_STATE, base, float(pstate)))
+        for reason, policy in (("power", nv.NVML_PERF_POLICY_POWER), ("thermal", nv.NVML_PERF_POLICY_THERMAL)):
+            held = call(gpu, f"violation_{reason}", errors, nv.nvmlDeviceGetViolationStatus, h, policy)
+            if held is not None:
+                add((schema.CLOCK_VIOLATION, {**base, "reason": reason}, held.violationTime / 1e9))
         temp = call(gpu, "temperature", errors, nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
         if temp is not None:
             add((schema.TEMPERATURE, {**base, "sensor": "gpu"}, float(temp)))

@@ -111,6 +111,11 @@ class FakeGpu:
     power_limit_mw: int = 700_000
     energy_mj: int = 0
     temp_gpu: int = 35
+    #: Fan percent; None: passively cooled (SXM/OAM modules), nvmlDeviceGetFanSpeed is NOT_SUPPORTED.
+    fan_pct: int | None = None
+    pstate: int = 0  # NVML_PSTATE_UNKNOWN (32) is what some drivers answer for a GPU they cannot read
+    #: perf policy (real.NVML_PERF_POLICY_*) -> violation nanoseconds since the driver loaded.
+    violation_ns: dict[int, int] = field(default_factory=dict)
     temp_mem: int | None = 40  # None: field NVML_FI_DEV_MEMORY_TEMP answers NOT_SUPPORTED
     sm_clock: int = 1980
     mem_clock: int = 2619
@@ -359,6 +364,24 @@ class FakeNvml:
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: object) -> int:
         return self._dev(handle, "nvmlDeviceGetTotalEnergyConsumption").energy_mj
+
+    def nvmlDeviceGetFanSpeed(self, handle: object) -> int:
+        gpu = self._dev(handle, "nvmlDeviceGetFanSpeed")
+        if gpu.fan_pct is None:
+            raise _error(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.fan_pct
+
+    def nvmlDeviceGetPerformanceState(self, handle: object) -> int:
+        return self._dev(handle, "nvmlDeviceGetPerformanceState").pstate
+
+    def nvmlDeviceGetViolationStatus(self, device: object, perfPolicyType: int) -> real.c_nvmlViolationTime_t:
+        gpu = self._dev(device, "nvmlDeviceGetViolationStatus")
+        if perfPolicyType not in range(real.NVML_PERF_POLICY_COUNT):
+            raise _error(real.NVML_ERROR_INVALID_ARGUMENT)
+        out = real.c_nvmlViolationTime_t()
+        out.referenceTime = int(self.clock() * 1e6)
+        out.violationTime = gpu.violation_ns.get(perfPolicyType, 0)
+        return out
 
     def nvmlDeviceGetTemperature(self, handle: object, sensor: int) -> int:
         gpu = self._dev(handle, "nvmlDeviceGetTemperature")
