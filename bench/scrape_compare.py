@@ -24,6 +24,9 @@ def bare_registry(reading: Reading, source: str) -> CollectorRegistry:
     families[S.COLLECT_DURATION] = [({"source": source}, 0.001)]
     families[S.SOURCE_LAST_SUCCESS] = [({"source": source}, time.time())]
     families[S.EXPORTER_ERRORS] = [({"source": source, "kind": "source_failed"}, 0.0)]
+    if reading.ignored:  # what the source read but left out, accounted for as the exporter does
+        families[S.SOURCE_IGNORED_SERIES] = [({"source": source, "field": f, "reason": r}, float(n))
+                                             for (f, r), n in reading.ignored.items()]
     for metric, samples in families.items():
         names = sorted({k for labels, _ in samples for k in labels})
         if metric.type == "counter":

@@ -319,6 +319,7 @@ class DcgmSource(Source):
             # A line seen before (same name and labels, only the value differs) is a lookup
             # and a float(); see promtext.parse_line for why the prefix is a safe key.
             prefix, _, vt = line.rpartition(" ")
+            series = prefix  # name and labels: the series, to find one printed twice
             ent = cache.get(prefix)
             if ent is not None:
                 if ent.__class__ is str:  # a comment line seen before (the entry is the whole line)
@@ -365,7 +366,6 @@ class DcgmSource(Source):
                 # NaN, +-Inf or DCGM's "blank"/not supported marker: unknown, never a value
                 reading.ignore(line.split("{", 1)[0].split(" ", 1)[0], BLANK)
                 continue
-            series = line.rpartition(" ")[0]
             if series in page:
                 duplicates.append(lineno)
                 reading.ignore(line.split("{", 1)[0].split(" ", 1)[0], DUPLICATE)
