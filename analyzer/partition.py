@@ -86,7 +86,8 @@ def row_classes(fleet: Fleet, site: SiteConfig) -> tuple[np.ndarray, np.ndarray]
         hit &= todo
         if hit.any():
             name[hit] = cls.name
-            floor[hit] = per_category(models[hit], cls.floor_for, cls.floor).astype(np.float64)
+            # evaluated per model category over all rows (cheap), then taken where the class matched
+            floor[hit] = per_category(models, cls.floor_for, cls.floor).astype(np.float64)[hit]
             todo &= ~hit
     return name, floor
 

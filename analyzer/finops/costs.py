@@ -313,12 +313,17 @@ def cost_report(
     ts = fr["timestamp"].to_numpy(dtype=np.float64) if len(fr) else np.zeros(0)
     day = np.floor(ts / 86400.0).astype(np.int64)
     model = per_category(fr["model"], str, "") if len(fr) else np.zeros(0, object)
-    parts = pd.DataFrame(cols)
-    if len(parts):
-        detail = parts.groupby([day, keys, model], sort=True).sum()
-        detail.index.names = ["day", "group", "model"]
-        detail = detail.reset_index()
-        detail["day"] = [datetime.fromtimestamp(int(d) * 86400, UTC).strftime("%Y-%m-%d") for d in detail["day"]]
+    if len(fr):
+        # Sums per (day, group, model) with bincount: no row-level DataFrame of ~30 columns to build.
+        codes, uniques = zip(*(pd.factorize(a, sort=True) for a in (day, keys, model)), strict=True)
+        combined = (codes[0] * len(uniques[1]) + codes[1]) * len(uniques[2]) + codes[2]
+        found, ids = np.unique(combined, return_inverse=True)
+        detail = pd.DataFrame({c: np.bincount(ids, weights=v, minlength=len(found)) for c, v in cols.items()})
+        m, k = len(uniques[2]), len(uniques[1])
+        detail.insert(0, "model", np.asarray(uniques[2], dtype=object)[found % m])
+        detail.insert(0, "group", np.asarray(uniques[1], dtype=object)[(found // m) % k])
+        detail.insert(0, "day", [datetime.fromtimestamp(int(d) * 86400, UTC).strftime("%Y-%m-%d")
+                                 for d in np.asarray(uniques[0])[found // (m * k)]])
     else:
         detail = pd.DataFrame({c: pd.Series(dtype="float64") for c in _SUM_COLUMNS})
         for c in ("day", "group", "model"):
