@@ -741,20 +741,16 @@ def analyzer_tests() -> list[dict[str, Any]]:
                   "GpuDegraded", "Degraded: GPU 3 of node-1",
                   "GPU 3 on node-1 (workload ml/train) runs degraded (power cap, PCIe or NVLink) (score 20%); see the "
                   "analyzer's finding for the evidence."))),
-        check("4m", "GpuThermal"),
-        check("10m", "GpuThermal", *(
-            expect(alert_labels(finding("thermal", "", n), ""), sev, "sre", annotations(
-                "GpuThermal", f"Thermal: GPU {n} of node-1",
-                f"GPU {n} on node-1 (workload ml/train) runs hot or throttles for heat (GPU, node or rack) (score "
-                f"{pct}); see the analyzer's finding for the evidence."))
-            for n, sev, pct in ((4, "critical", "90%"), (6, "warning", "50%")))),
-        check("10m", "GpuFault", *(
-            expect(alert_labels(finding("gpu_fault", "", n), ""), sev, "training", annotations(
-                "GpuFault", f"Fault: GPU {n} of node-1",
-                f"GPU {n} on node-1 (workload ml/train) has a hardware fault (XID, ECC, NVLink, PCIe, lost GPU) "
-                f"(score {pct}); see the analyzer's finding for the evidence."))
-            for n, sev, pct in ((7, "critical", "100%"), (8, "warning", "60%")))),
-        check("4m", "GpuFault"),
+        *(c for alert, kind, team, what, cases in (
+            ("GpuThermal", "thermal", "sre", "runs hot or throttles for heat (GPU, node or rack)",
+             ((4, "critical", "90%"), (6, "warning", "50%"))),
+            ("GpuFault", "gpu_fault", "training", "has a hardware fault (XID, ECC, NVLink, PCIe, lost GPU)",
+             ((7, "critical", "100%"), (8, "warning", "60%"))),
+        ) for c in (check("4m", alert), check("10m", alert, *(
+            expect(alert_labels(finding(kind, "", n), ""), sev, team, annotations(
+                alert, f"{alert.removeprefix('Gpu')}: GPU {n} of node-1",
+                f"GPU {n} on node-1 (workload ml/train) {what} (score {pct}); see the analyzer's finding for the "
+                "evidence.")) for n, sev, pct in cases)))),
     ])
 
     job = {"job": ANALYZER_JOB, "instance": "analyzer:8000"}

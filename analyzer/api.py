@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from analyzer.findings import JSON_SCHEMA_VERSION, KINDS, Finding, rfc3339, sort_findings
 from analyzer.finops.costs import GROUP_BY
+from analyzer.signals import ALLOCATION_COLUMN_OF, ALLOCATION_LABELS
 from exporter.schema import WORKLOAD
 
 if TYPE_CHECKING:
@@ -50,8 +51,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Level = Literal["gpu", "node", "workload", "namespace", "model", "fleet"]
-#: API level -> analyzer.scores level (the workload is the frame's "job" column).
-_SCORE_LEVEL = {WORKLOAD: "job"}
 GroupBy = Literal[GROUP_BY]  # the one list, analyzer.finops.costs.GROUP_BY
 Severity = Literal["critical", "warning", "info"]
 CostFormat = Literal["json", "csv", "html"]
@@ -625,14 +624,14 @@ def create_app(service: AnalyzerService, settings: ApiSettings | None = None) ->
 
         cur = current(service)
         _, sc = _need_scores(cur)
-        scores_level = _SCORE_LEVEL.get(level, level)
+        scores_level = ALLOCATION_COLUMN_OF.get(level, level)
         table = (sc.allocated if allocated_only else sc.levels).get(scores_level)
         rows: list[dict[str, Any]] = []
         split = _split(sc.partition, scores_level)
         if table is not None:
             keys = list(LEVELS[scores_level])
             for rec in table.to_dict("records"):
-                row: dict[str, Any] = {(WORKLOAD if k == "job" else k): _text(rec.get(k)) for k in keys}
+                row: dict[str, Any] = {ALLOCATION_LABELS.get(k, k): _text(rec.get(k)) for k in keys}
                 row.update({c: _num(rec.get(c)) for c in AGG_COLUMNS})
                 row.update(split.get(_text(rec.get(keys[0])) if keys else None, {}))
                 rows.append(row)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from exporter.schema import WORKLOAD
+from analyzer.signals import ALLOCATION_LABELS
 
 #: Version of the JSON truegpu writes (analyze --json, the API): 2 names the workload ``workload``
 #: (``job`` in 1) in findings, filters, levels and cost groups.
@@ -58,7 +58,7 @@ class Finding:
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict: RFC 3339 UTC times, ``gpu`` an integer or null, finite numbers only. The
         workload is ``workload`` (the attribute is ``job``), as on every label and API field."""
-        out = {(WORKLOAD if k == "job" else k): v for k, v in asdict(self).items()}
+        out = {ALLOCATION_LABELS.get(k, k): v for k, v in asdict(self).items()}
         out["start"] = rfc3339(self.start)
         out["end"] = None if self.end is None else rfc3339(self.end)
         out["evidence"] = json_ready(self.evidence, digits=4)

@@ -85,3 +85,5 @@ ALLOCATION_COLUMNS: tuple[str, ...] = ("namespace", "pod", "container", "job")
 #: Frame column -> the allocation info label it comes from (the workload is ``workload`` on the wire).
 ALLOCATION_LABELS: dict[str, str] = {"namespace": "namespace", "pod": "pod", "container": "container",
                                      "job": S.WORKLOAD}
+#: The inverse (``workload`` -> the frame's ``job``): what an API level or a cost group names.
+ALLOCATION_COLUMN_OF: dict[str, str] = {label: col for col, label in ALLOCATION_LABELS.items()}

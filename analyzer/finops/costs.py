@@ -55,7 +55,7 @@ from analyzer.finops.catalog import DEFAULT_BILLING_ACCOUNT, Catalog
 from analyzer.frame import Fleet
 from analyzer.partition import ATTAINABLE, LEVERS, NORMAL, PARTS, WASTE, per_category, row_parts
 from analyzer.scores import Scores
-from analyzer.signals import ALLOCATION_COLUMNS, ALLOCATION_LABELS
+from analyzer.signals import ALLOCATION_COLUMN_OF, ALLOCATION_COLUMNS, ALLOCATION_LABELS
 from analyzer.site import SiteConfig
 from exporter.schema import WORKLOAD
 
@@ -169,10 +169,6 @@ def _team_of(team_map: Mapping[str, str] | None) -> Any:
 # ------------------------------------------------------------------ per-row split
 
 
-#: group_by -> the tidy frame's column holding it (the workload is the frame's "job" column).
-_COLUMN_OF = {WORKLOAD: "job"}
-
-
 def _group_keys(fleet: Fleet, group_by: str, alloc: np.ndarray, team_label: str,
                 team_map: Mapping[str, str] | None) -> np.ndarray:
     fr = fleet.frame
@@ -187,7 +183,7 @@ def _group_keys(fleet: Fleet, group_by: str, alloc: np.ndarray, team_label: str,
         uuid = per_category(fr["uuid"], lambda v: v or UNKNOWN_GROUP, UNKNOWN_GROUP)
         inst = per_category(fr["gpu_instance"], str, "") if "gpu_instance" in fr.columns else np.full(n, "", object)
         return np.where(inst != "", uuid + "/" + inst, uuid)
-    col = team_label if group_by == "team" else _COLUMN_OF.get(group_by, group_by)
+    col = team_label if group_by == "team" else ALLOCATION_COLUMN_OF.get(group_by, group_by)
     if col not in fr.columns:
         keys = np.full(n, UNKNOWN_GROUP if group_by != "team" else UNMAPPED, dtype=object)
     elif group_by == "team":

@@ -364,11 +364,11 @@ class DcgmSource(Source):
                 dcgm_samples += 1
             if value - value != 0 or (value >= _SENTINEL_MIN and is_dcgm_sentinel(value)):
                 # NaN, +-Inf or DCGM's "blank"/not supported marker: unknown, never a value
-                reading.ignore(line.split("{", 1)[0].split(" ", 1)[0], BLANK)
+                reading.ignore(_name_of(line), BLANK)
                 continue
             if series in page:
                 duplicates.append(lineno)
-                reading.ignore(line.split("{", 1)[0].split(" ", 1)[0], DUPLICATE)
+                reading.ignore(_name_of(line), DUPLICATE)
                 continue
             page.add(series)
             if how == _NO_IDENT:
@@ -385,7 +385,7 @@ class DcgmSource(Source):
             if how == _VALUE:  # reading.add, inlined
                 if ent[9] is not None:
                     if ent[9] in repeats:
-                        reading.ignore(line.split("{", 1)[0], MIG_REPEAT)
+                        reading.ignore(_name_of(line), MIG_REPEAT)
                         continue
                     repeats.add(ent[9])
                 lst = by_metric.get(ent[4])
@@ -600,6 +600,11 @@ class DcgmSource(Source):
             if xid != 0 and xid != prev and key not in skip:
                 counts = self._xid_counts.setdefault(key, {})
                 counts[str(xid)] = counts.get(str(xid), 0.0) + 1.0
+
+
+def _name_of(line: str) -> str:
+    """The field name of a sample line (what truegpu_exporter_ignored_series names)."""
+    return line.split("{", 1)[0].split(" ", 1)[0]
 
 
 def _lines(numbers: list[int], limit: int = 10) -> str:
