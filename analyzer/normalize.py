@@ -66,6 +66,9 @@ def normalize(
     _check_columns(long)
     notes = _report_notes(report)
     data = _Input(long, job_label)
+    absent = _absent(report.missing, data.dialect) if report is not None else []
+    if absent:
+        notes.append(f"queried but absent from the source: {', '.join(absent)}")
     grid = data.grid(step, start, end, notes)
     devices = data.devices()
     check_rows(len(devices), grid.T, grid.step)
@@ -120,9 +123,23 @@ def _report_notes(report: IngestReport | None) -> list[str]:
             f"values; averaged): {parts}; first: {report.conflict_example}"
         )
     notes.extend(f"ingest warning: {w}" for w in report.warnings)
-    if report.missing:
-        notes.append(f"queried but absent from the source: {', '.join(report.missing)}")
     return notes
+
+
+def _absent(missing: list[str], dialect: str) -> list[str]:
+    """The input's fields that are absent, each named once: a dcgm field counts as absent only when
+    none of its spellings (current, lower-case, 1.x) is there, and the other dialect's names are left
+    out (a dcgm-exporter page lacks every truegpu_* name by design)."""
+    gone = set(missing)
+    out = set()
+    for name in missing:
+        of = D.dialect_of(name)
+        if dialect in ("truegpu", "dcgm") and of not in (None, dialect):
+            continue
+        field_name = S.DCGM_1X_NAMES.get(name, name).upper() if of == "dcgm" else name
+        if of != "dcgm" or gone.issuperset(S.dcgm_spellings(field_name)):
+            out.add(field_name)
+    return sorted(out)
 
 
 # Series-level view of the input ------------------------------------------------------------

@@ -373,6 +373,19 @@ def test_gaps_are_unknown_not_zero():
     assert (f["gpu"] == "1").sum() == 6 and f.loc[f["gpu"] == "1", "power"].notna().sum() == 1
 
 
+def test_absent_fields_named_once_in_the_inputs_dialect():
+    """A field counts as absent only when none of its spellings is there, once, by its current name;
+    a dcgm page is not told it lacks truegpu_* names."""
+    labels = {"gpu": "0", "UUID": "GPU-0", "Hostname": "n1"}
+    sm = S.SM_ACTIVE.dcgm[0].field
+    report = IngestReport(missing=sorted({*S.dcgm_spellings(sm), "dcgm_fi_dev_gpu_temp", "dcgm_gpu_temp",
+                                          S.SM_ACTIVE.name, S.POWER.name}))
+    fleet = normalize(long_frame((S.GPU_UTILIZATION.dcgm[0].field, labels, times(2), [50, 50]),
+                                 ("DCGM_FI_DEV_GPU_TEMP", labels, times(2), [40, 40])), report=report)
+    (note,) = [n for n in fleet.notes if n.startswith("queried but absent")]
+    assert note == f"queried but absent from the source: {sm}"
+
+
 def test_workload_label_and_the_older_job_spellings():
     """Allocation info says ``workload`` now; data from before says ``job`` (honor_labels) or
     ``exported_job`` (Prometheus renamed it next to its own scrape ``job``): all three are read."""
