@@ -79,7 +79,7 @@ class DcgmField:
 
 
 #: The short names of dcgm-exporter 1.x (NVIDIA gpu-monitoring-tools) -> today's field. Only fields
-#: truegpu maps are listed; the other 1.x names (violation counters, retired pages) are "not in the contract".
+#: truegpu maps are listed; the other 1.x names (violation counters) are "not in the contract".
 DCGM_1X_NAMES: dict[str, str] = {
     "dcgm_sm_clock": "DCGM_FI_DEV_SM_CLOCK", "dcgm_memory_clock": "DCGM_FI_DEV_MEM_CLOCK",
     "dcgm_memory_temp": "DCGM_FI_DEV_MEMORY_TEMP", "dcgm_gpu_temp": "DCGM_FI_DEV_GPU_TEMP",
@@ -99,6 +99,8 @@ DCGM_1X_NAMES: dict[str, str] = {
     "dcgm_nvlink_replay_error_count_total": "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
     "dcgm_nvlink_recovery_error_count_total": "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
     "dcgm_nvlink_bandwidth_total": "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "dcgm_retired_pages_sbe": "DCGM_FI_DEV_RETIRED_SBE", "dcgm_retired_pages_dbe": "DCGM_FI_DEV_RETIRED_DBE",
+    "dcgm_retired_pages_pending": "DCGM_FI_DEV_RETIRED_PENDING",
 }
 
 
@@ -190,6 +192,23 @@ TOPOLOGY_LINKS = ("nvlink", "pcie_switch", "host_bridge", "numa", "system")
 ECC_TYPES = ("correctable", "uncorrectable")
 ECC_SCOPES = ("volatile", "aggregate")
 NVLINK_ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
+#: ``cause`` of retired pages: nvmlPageRetirementCause_t MULTIPLE_SINGLE_BIT_ECC_ERRORS (the same address
+#: corrected twice) and DOUBLE_BIT_ECC_ERROR, in that (NVML) order.
+RETIREMENT_CAUSES = ("single_bit_ecc", "double_bit_ecc")
+#: ``availability`` buckets of the row remapper histogram (nvmlRowRemapperHistogramValues_t fields, most
+#: spare rows left first).
+ROW_REMAP_AVAILABILITY = ("max", "high", "partial", "low", "none")
+#: nvmlDeviceGpuRecoveryAction_t (NVML_GPU_RECOVERY_ACTION_*): code -> what the GPU needs to recover.
+GPU_RECOVERY_ACTIONS: dict[int, str] = {
+    0: "none",
+    1: "gpu_reset",
+    2: "node_reboot",
+    3: "drain_p2p",
+    4: "drain_and_reset",
+    5: "recover_imex_domain",
+    6: "bus_reset",
+    7: "system_reboot",
+}
 DIRECTIONS = ("tx", "rx")
 
 MIB = 1024 * 1024
@@ -451,6 +470,53 @@ ROW_REMAP_FAILURE = Metric(
     dcgm=(DcgmField("DCGM_FI_DEV_ROW_REMAP_FAILURE"),),
     valid=(0.0, 1.0),
 )
+ROW_REMAP_BANKS = Metric(
+    "truegpu_row_remap_banks", "gauge", "",
+    "Memory banks by the spare rows they have left for row remapping (Ampere and newer), "
+    "availability=max (every spare left)|high|partial|low|none (no spare left: the next row to fail "
+    "there cannot be remapped). Banks moving towards none foretell a row-remap failure.",
+    labels=("availability",),
+    nvml="nvmlDeviceGetRowRemapperHistogram() .max/.high/.partial/.low/.none",
+    dcgm=(
+        DcgmField("DCGM_FI_DEV_BANKS_REMAP_ROWS_AVAIL_MAX", labels=(("availability", "max"),)),
+        DcgmField("DCGM_FI_DEV_BANKS_REMAP_ROWS_AVAIL_HIGH", labels=(("availability", "high"),)),
+        DcgmField("DCGM_FI_DEV_BANKS_REMAP_ROWS_AVAIL_PARTIAL", labels=(("availability", "partial"),)),
+        DcgmField("DCGM_FI_DEV_BANKS_REMAP_ROWS_AVAIL_LOW", labels=(("availability", "low"),)),
+        DcgmField("DCGM_FI_DEV_BANKS_REMAP_ROWS_AVAIL_NONE", labels=(("availability", "none"),)),
+    ),
+)
+RETIRED_PAGES = Metric(
+    "truegpu_retired_pages_total", "counter", "",
+    "Device-memory pages retired by dynamic page retirement, a lifetime count kept in the InfoROM "
+    "(pending ones included), cause=single_bit_ecc (the same address corrected twice)|double_bit_ecc. "
+    "Before Ampere only: newer GPUs remap rows instead (truegpu_remapped_rows_total) and omit it.",
+    labels=("cause",),
+    nvml="len(nvmlDeviceGetRetiredPages(NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS"
+    "|DOUBLE_BIT_ECC_ERROR))",
+    dcgm=(
+        DcgmField("DCGM_FI_DEV_RETIRED_SBE", labels=(("cause", "single_bit_ecc"),)),
+        DcgmField("DCGM_FI_DEV_RETIRED_DBE", labels=(("cause", "double_bit_ecc"),)),
+    ),
+)
+RETIRED_PAGES_PENDING = Metric(
+    "truegpu_retired_pages_pending", "gauge", "",
+    "1 when retired pages are pending: they are set aside only once the GPU is reset or the driver "
+    "reloaded. Before Ampere only.",
+    nvml="nvmlDeviceGetRetiredPagesPendingStatus()",
+    dcgm=(DcgmField("DCGM_FI_DEV_RETIRED_PENDING"),),
+    valid=(0.0, 1.0),
+)
+GPU_RECOVERY_ACTION = Metric(
+    "truegpu_gpu_recovery_action", "gauge", "",
+    "What the driver says this GPU needs before it can be trusted again, as the code of "
+    "nvmlDeviceGpuRecoveryAction_t: "
+    + ", ".join(f"{code} {action}" for code, action in GPU_RECOVERY_ACTIONS.items())
+    + "; any other non-zero code is an action newer than this contract. Absent where the driver "
+    "or GPU does not report it.",
+    nvml="field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION",
+    dcgm=(DcgmField("DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"),),
+    valid=(0.0, 255.0),
+)
 NVLINK_ERRORS = Metric(
     "truegpu_nvlink_errors_total", "counter", "",
     "NVLink errors summed over links, type=crc_flit|crc_data|replay|recovery.",
@@ -599,6 +665,11 @@ DCGM_FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
 #: A dcgm-exporter DaemonSet pod's name (``<daemonset>-<5-character hash>``): what the host label holds
 #: where dcgm-exporter runs without the node's name, so node history splits whenever the DaemonSet rolls.
 DCGM_EXPORTER_POD = re.compile(r"(?:[a-z0-9-]+-)?dcgm-exporter-[a-z0-9]{5}")
+#: kube-state-metrics' ``kube_pod_info{namespace, pod, node, host_ip, ...} 1`` (one series per pod):
+#: the analyzer maps a DCGM_EXPORTER_POD host back to the node the pod ran on.
+KUBE_POD_INFO = "kube_pod_info"
+KUBE_POD_INFO_POD = "pod"
+KUBE_POD_INFO_NODE = "node"
 #: dcgm-exporter's XID count collector (when enabled): XIDs within a sliding window, one series per
 #: ``xid`` label. Unlike the last-XID gauge, it sees the same XID repeating.
 DCGM_XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
@@ -607,8 +678,8 @@ DCGM_XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
 #: dcp-metrics-included.csv), uncommented lines only. Not enabled there, hence absent from
 #: most users' data: DCGM_FI_PROF_SM_ACTIVE, DCGM_FI_PROF_SM_OCCUPANCY, ECC, NVLink error
 #: counters, clock-event (throttle) reasons, FB_TOTAL, power limit, max clocks, PCIe link
-#: state. Also default but outside the contract (never emitted): ENC/DEC_UTIL,
-#: VGPU_LICENSE_STATUS.
+#: state, retired pages, the row-remap histogram, the GPU recovery action. Also default but
+#: outside the contract (never emitted): ENC/DEC_UTIL, VGPU_LICENSE_STATUS.
 DCGM_DEFAULT_FIELDS: frozenset[str] = frozenset(
     {
         dcgm_field(SM_CLOCK).field,

@@ -518,6 +518,64 @@ def test_fans_pstate_and_violation_time() -> None:
     assert one(r, schema.CLOCK_VIOLATION, reason="thermal") == 0.0
 
 
+def test_retired_pages_row_remap_banks_and_recovery_action() -> None:
+    r = DcgmSource("http://127.0.0.1:1/metrics", hostname="h").convert(body(
+        DCGM_FI_DEV_RETIRED_SBE=3, DCGM_FI_DEV_RETIRED_DBE=1, DCGM_FI_DEV_RETIRED_PENDING=1,
+        DCGM_FI_DEV_BANKS_REMAP_ROWS_AVAIL_MAX=10230, DCGM_FI_DEV_BANKS_REMAP_ROWS_AVAIL_HIGH=6,
+        DCGM_FI_DEV_BANKS_REMAP_ROWS_AVAIL_PARTIAL=3, DCGM_FI_DEV_BANKS_REMAP_ROWS_AVAIL_LOW=1,
+        DCGM_FI_DEV_BANKS_REMAP_ROWS_AVAIL_NONE=0, DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION=2))
+    assert r.up and r.errors == [] and r.ignored == {}
+    assert one(r, schema.RETIRED_PAGES, cause="single_bit_ecc") == 3
+    assert one(r, schema.RETIRED_PAGES, cause="double_bit_ecc") == 1
+    assert one(r, schema.RETIRED_PAGES_PENDING) == 1
+    banks = {labels["availability"]: v for labels, v in r.samples[schema.ROW_REMAP_BANKS]}
+    assert banks == {"max": 10230, "high": 6, "partial": 3, "low": 1, "none": 0}  # a real 0 stays
+    assert one(r, schema.GPU_RECOVERY_ACTION) == 2
+    assert schema.GPU_RECOVERY_ACTIONS[2] == "node_reboot"
+    for metric in (schema.RETIRED_PAGES, schema.ROW_REMAP_BANKS, schema.GPU_RECOVERY_ACTION):
+        assert all(set(labels) == set(metric.all_labels) for labels, _ in r.samples[metric])
+
+
+def test_blank_memory_health_fields_stay_unknown() -> None:
+    """An Ampere GPU answers NOT_SUPPORTED for page retirement, an old driver for the recovery action:
+    DCGM prints its blank markers, which stay unknown (counted as blank), never 0."""
+    not_supported = 9223372036854775794  # DCGM_INT64_NOT_SUPPORTED
+    r = DcgmSource("http://127.0.0.1:1/metrics", hostname="h").convert(body(
+        DCGM_FI_DEV_RETIRED_SBE=not_supported, DCGM_FI_DEV_RETIRED_DBE=not_supported,
+        DCGM_FI_DEV_RETIRED_PENDING=not_supported, DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION="NaN",
+        DCGM_FI_DEV_BANKS_REMAP_ROWS_AVAIL_NONE=2))
+    assert r.up and r.errors == []
+    for metric in (schema.RETIRED_PAGES, schema.RETIRED_PAGES_PENDING, schema.GPU_RECOVERY_ACTION):
+        assert metric not in r.samples, metric.name
+    assert one(r, schema.ROW_REMAP_BANKS, availability="none") == 2
+    assert r.ignored == {(f, "blank"): 1 for f in (
+        "DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_RETIRED_PENDING",
+        "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION")}
+
+
+def test_1x_retired_page_names_are_read() -> None:
+    """dcgm-exporter 1.x (etc/1.x-compatibility-metrics.csv) names them dcgm_retired_pages_sbe/dbe/pending."""
+    labels = 'gpu="0",uuid="GPU-b91e30ac"'
+    page = "\n".join(f"dcgm_retired_pages_{k}{{{labels}}} {v}" for k, v in (("sbe", 4), ("dbe", 0), ("pending", 0)))
+    r = DcgmSource("http://127.0.0.1:1/metrics", hostname="h").convert(page + "\n")
+    assert r.ignored == {} and one(r, schema.RETIRED_PAGES, cause="single_bit_ecc") == 4
+    assert one(r, schema.RETIRED_PAGES, cause="double_bit_ecc") == 0 and one(r, schema.RETIRED_PAGES_PENDING) == 0
+
+
+def test_out_of_range_memory_health_values_are_dropped_by_the_collector(endpoint: Endpoint) -> None:
+    """RETIRED_PENDING is 1 or 0 and the recovery action a small enum: anything else is not published."""
+    endpoint.serve(body(DCGM_FI_DEV_RETIRED_PENDING=7, DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION=4096,
+                        DCGM_FI_DEV_RETIRED_SBE=2))
+    families = {f.name: f for f in TruegpuCollector([source_for(endpoint)]).collect()}
+    assert schema.RETIRED_PAGES_PENDING.name not in families
+    assert schema.GPU_RECOVERY_ACTION.name not in families
+    retired = families[schema.RETIRED_PAGES.family_name].samples
+    assert [(s.labels["cause"], s.value) for s in retired if s.name == schema.RETIRED_PAGES.name] == [
+        ("single_bit_ecc", 2.0)]
+    errors = {s.labels["kind"]: s.value for s in families["truegpu_exporter_errors"].samples}
+    assert errors["out_of_range"] == 2
+
+
 def test_percent_is_an_exact_ratio() -> None:
     r = DcgmSource("http://127.0.0.1:1/metrics", hostname="h").convert(body(DCGM_FI_DEV_GPU_UTIL=57))
     assert repr(one(r, GPU_UTILIZATION)) == "0.57"  # 57 / 100, not 57 * 0.01 = 0.5700000000000001

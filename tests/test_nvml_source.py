@@ -20,6 +20,7 @@ from tests.fakes.fake_pynvml import (
     h100_node,
     h100_sxm,
     mig_h100,
+    v100_pcie,
 )
 
 HOST = "node-1"
@@ -234,6 +235,105 @@ def test_not_supported_omits_only_that_family_and_is_not_retried(node) -> None:
     assert series(reading, schema.POWER)[("3",)] == pytest.approx(450.123)  # the rest of GPU 3 stays
     assert fake.gpus[3].call_counts["nvmlDeviceGetTotalEnergyConsumption"] == 1
     assert fake.gpus[3].call_counts["nvmlDeviceGetRemappedRows"] == 1
+
+
+def test_memory_health_follows_the_architecture(tmp_path) -> None:
+    """Hopper/Ampere: spare-row histogram, no retired pages; Volta: retired pages, no row remapper.
+    The other generation's calls answer NotSupported once, are never asked again and publish nothing."""
+    h100, a100, v100 = h100_sxm(0), a100_pcie_pair()[0], v100_pcie(0)
+    h100.remap_histogram = (10230, 6, 3, 1, 0)
+    a100.remap_histogram = (9000, 0, 0, 1, 2)
+    v100.retired_pages = {
+        real.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS: [0x1A2B000, 0x1A2C000],
+        real.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: [0x3F00000],
+    }
+    v100.retired_pending = True
+    _fake, source, clock = make([h100, a100, v100], sysfs_root=tmp_path)
+    try:
+        for _ in range(3):
+            clock.advance(1)
+            reading = source.collect()
+        assert reading.up and reading.errors == []
+        banks = series(reading, schema.ROW_REMAP_BANKS)
+        assert {k: v for k, v in banks.items() if k[0] == "0"} == {
+            ("0", "max"): 10230, ("0", "high"): 6, ("0", "partial"): 3, ("0", "low"): 1, ("0", "none"): 0}
+        assert banks[("1", "none")] == 2 and banks[("1", "max")] == 9000
+        assert {k[0] for k in banks} == {"0", "1"}  # the V100 has no row remapper: absent, not 0
+        assert series(reading, schema.RETIRED_PAGES) == {("2", "single_bit_ecc"): 2.0, ("2", "double_bit_ecc"): 1.0}
+        assert series(reading, schema.RETIRED_PAGES_PENDING) == {("2",): 1.0}
+        assert {k[0] for k in series(reading, schema.REMAPPED_ROWS)} == {"0", "1"}
+        assert series(reading, schema.TEMPERATURE)[("2", "gpu")] == 52  # the rest of the V100 stays
+        for gpu in (h100, a100):
+            assert gpu.call_counts["nvmlDeviceGetRetiredPages"] == 1
+            assert gpu.call_counts["nvmlDeviceGetRetiredPagesPendingStatus"] == 1
+            assert gpu.call_counts["nvmlDeviceGetRowRemapperHistogram"] == 3
+        assert v100.call_counts["nvmlDeviceGetRowRemapperHistogram"] == 1
+        assert v100.call_counts["nvmlDeviceGetRemappedRows"] == 1
+        assert v100.call_counts["nvmlDeviceGetRetiredPages"] == 3 * 2  # one call per cause
+
+        v100.retired_pending = False  # the driver was reloaded: the pages are set aside
+        v100.retired_pages[real.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR].append(0x4000000)
+        reading = source.collect()
+        assert series(reading, schema.RETIRED_PAGES)[("2", "double_bit_ecc")] == 2.0
+        assert series(reading, schema.RETIRED_PAGES_PENDING) == {("2",): 0.0}
+    finally:
+        source.close()
+
+
+def test_recovery_action_is_the_nvml_code_and_absent_where_unknown(node) -> None:
+    fake, source, clock = node
+    fake.gpus[0].recovery_action = real.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET
+    fake.gpus[1].recovery_action = real.NVML_GPU_RECOVERY_ACTION_GPU_RESET
+    fake.gpus[2].recovery_action = None  # this GPU does not report it: NOT_SUPPORTED
+    # a driver older than the field rejects its ID: left out, neither an error nor 0
+    fake.gpus[3].field_returns = {real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: real.NVML_ERROR_INVALID_ARGUMENT}
+    for _ in range(2):
+        clock.advance(1)
+        reading = source.collect()
+    assert reading.up and reading.errors == []
+    actions = series(reading, schema.GPU_RECOVERY_ACTION)
+    assert actions == {("0",): 4.0, ("1",): 1.0, **{(str(i),): 0.0 for i in range(4, 8)}}
+    assert schema.GPU_RECOVERY_ACTIONS[int(actions[("0",)])] == "drain_and_reset"
+    for i in (2, 3):
+        assert fake.gpus[i].fields_asked.count(real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) == 1
+        assert series(reading, schema.TEMPERATURE)[(str(i), "memory")] == 60  # same batch, still read
+    assert fake.gpus[0].fields_asked.count(real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) == 2
+
+    # any other per-field failure is an error this round, and the field is asked again next round
+    fake.gpus[4].field_returns = {real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: real.NVML_ERROR_UNKNOWN}
+    reading = source.collect()
+    assert [(e.kind, e.gpu) for e in reading.errors] == [("nvml_error", "4")]
+    assert ("4",) not in series(reading, schema.GPU_RECOVERY_ACTION)
+    assert series(reading, schema.POWER)[("4",)] == pytest.approx(450.123)
+    del fake.gpus[4].field_returns[real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
+    assert series(source.collect(), schema.GPU_RECOVERY_ACTION)[("4",)] == 0.0
+
+
+def test_binding_older_than_the_new_calls_omits_them() -> None:
+    """An nvidia-ml-py without the histogram call or the recovery field ID still serves everything else."""
+    clock = VirtualClock()
+    fake = FakeNvml(h100_node(2), clock=clock)
+    del fake.module.nvmlDeviceGetRowRemapperHistogram
+    del fake.module.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+    source = NvmlSource(fake.module, hostname=HOST, clock=clock, sleep=clock.sleep, events=False)
+    try:
+        reading = source.collect()
+        assert reading.up and reading.errors == []
+        assert schema.ROW_REMAP_BANKS not in reading.samples
+        assert schema.GPU_RECOVERY_ACTION not in reading.samples
+        assert series(reading, schema.TEMPERATURE)[("1", "memory")] == 60
+        assert set(series(reading, schema.REMAPPED_ROWS)) == {(g, t) for g in "01" for t in schema.ECC_TYPES}
+    finally:
+        source.close()
+
+
+def test_gpu_lost_while_reading_memory_health_loses_only_that_gpu(node) -> None:
+    fake, source, clock = node
+    fake.gpus[6].raises = {"nvmlDeviceGetRowRemapperHistogram": real.NVMLError(real.NVML_ERROR_GPU_IS_LOST)}
+    clock.advance(1)
+    reading = source.collect()
+    assert [(e.kind, e.gpu) for e in reading.errors] == [("gpu_lost", "6")]
+    assert {k[0] for k in series(reading, schema.ROW_REMAP_BANKS)} == {str(i) for i in range(8)} - {"6"}
 
 
 def test_lost_gpu_loses_only_its_own_series(node) -> None:

@@ -26,7 +26,8 @@ PUBLISHED = {
     "truegpu_remapped_rows_total", "truegpu_row_remap_pending", "truegpu_row_remap_failure",
     "truegpu_nvlink_errors_total", "truegpu_nvlink_links", "truegpu_gpu_info", "truegpu_gpu_topology_info",
     "truegpu_gpu_allocation_info", "truegpu_exporter_source_up", "truegpu_exporter_collect_duration_seconds",
-    "truegpu_exporter_errors_total",
+    "truegpu_exporter_errors_total", "truegpu_retired_pages_total", "truegpu_retired_pages_pending",
+    "truegpu_row_remap_banks", "truegpu_gpu_recovery_action",
 }
 
 

@@ -61,7 +61,8 @@ NVLINK_COUNTERS: tuple[tuple[str, str], ...] = (
     ("NVML_NVLINK_ERROR_DL_REPLAY", "replay"),
     ("NVML_NVLINK_ERROR_DL_RECOVERY", "recovery"),
 )
-#: nvmlDeviceGetFieldValues fields -> (family, label, label value, scale, tag of what it delivers).
+#: nvmlDeviceGetFieldValues fields -> (family, label, label value, scale, tag of what it delivers); an
+#: empty label adds none. Fields the installed binding does not define are never asked for.
 FIELDS: dict[str, tuple[Metric, str, str, float, str]] = {
     "NVML_FI_DEV_MEMORY_TEMP": (schema.TEMPERATURE, "sensor", "memory", 1.0, "memory_temp"),
     "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX": (schema.NVLINK_BYTES, "direction", "tx", KIB, "nvlink_bytes"),
@@ -70,7 +71,13 @@ FIELDS: dict[str, tuple[Metric, str, str, float, str]] = {
     "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": (schema.NVLINK_ERRORS, "type", "crc_data", 1.0, "crc_data"),
     "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": (schema.NVLINK_ERRORS, "type", "replay", 1.0, "replay"),
     "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": (schema.NVLINK_ERRORS, "type", "recovery", 1.0, "recovery"),
+    "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION": (schema.GPU_RECOVERY_ACTION, "", "", 1.0, "recovery_action"),
 }
+#: Field families asked only of GPUs that have NVLinks.
+_NVLINK_FAMILIES = (schema.NVLINK_BYTES, schema.NVLINK_ERRORS)
+#: Per-field answers meaning "this GPU or driver has no such field" (a driver older than the field ID
+#: rejects it as an invalid argument): the field is left out from then on, never reported as 0.
+_FIELD_ABSENT = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_INVALID_ARGUMENT")
 #: Reasons decoded once: (bit, {"reason": name}) for the clock-event family.
 _REASONS = tuple((bit, reason) for bit, reason in schema.CLOCK_EVENT_REASONS.items())
 
@@ -220,7 +227,8 @@ class NvmlSource(Source):
             self._shutdown()
             raise
         self._driver = driver if isinstance(driver, str) else driver.decode()
-        self._field_table = {getattr(nv, name): spec for name, spec in FIELDS.items()}
+        self._field_table = {getattr(nv, name): spec for name, spec in FIELDS.items() if hasattr(nv, name)}
+        self._field_absent = {getattr(nv, code) for code in _FIELD_ABSENT}
         no_gpm: list[str] = []
         for gpu in gpus:
             self._load_static(gpu)
@@ -266,9 +274,9 @@ class NvmlSource(Source):
             gpu.nvlinks = self._discover_links(gpu)
             # NVLink fields take scopeId UINT_MAX for "summed over all links"
             gpu.fields = [
-                (getattr(nv, name), UINT_MAX)
-                for name, spec in FIELDS.items()
-                if gpu.nvlinks or spec[0] is schema.TEMPERATURE
+                (field_id, UINT_MAX)
+                for field_id, spec in self._field_table.items()
+                if gpu.nvlinks or spec[0] not in _NVLINK_FAMILIES
             ]
             gpu.gpm_supported = gpm_supported(nv, h, lambda e: log.debug("GPU %s GPM query: %s", gpu.index, e))
             if gpu.gpm_supported:
@@ -581,7 +589,7 @@ class NvmlSource(Source):
         return values
 
     def _collect_fields(self, gpu: _Gpu, out: list, errors: list[str]) -> set[str]:
-        """Memory temperature and NVLink byte/error counters in one batched call.
+        """Memory temperature, recovery action and NVLink byte/error counters in one batched call.
 
         Returns the tags (``nvlink_bytes``, NVLink error types) it delivered, so the caller
         only falls back to slower per-link calls for what the driver did not give here.
@@ -596,15 +604,17 @@ class NvmlSource(Source):
         keep = []
         table = self._field_table
         for request, v in zip(gpu.fields, values, strict=True):
-            if v.nvmlReturn == nv.NVML_ERROR_NOT_SUPPORTED:
-                log.info("GPU %s: field %s not supported; omitted from now on", gpu.index, v.fieldId)
+            if v.nvmlReturn in self._field_absent:
+                log.info("GPU %s: field %s unavailable (%s); omitted from now on", gpu.index, v.fieldId,
+                         nv.NVMLError(v.nvmlReturn))
                 continue
             keep.append(request)
             if v.nvmlReturn != nv.NVML_SUCCESS:
                 errors.append(f"GPU {gpu.index}: field {v.fieldId}: {nv.NVMLError(v.nvmlReturn)}")
                 continue
             metric, label, label_value, scale, tag = table[v.fieldId]
-            out.append((metric, {**gpu.labels, label: label_value}, _field_value(nv, v) * scale))
+            labels = {**gpu.labels, label: label_value} if label else gpu.labels
+            out.append((metric, labels, _field_value(nv, v) * scale))
             got.add(tag)
         gpu.fields = keep
         return got
@@ -660,6 +670,31 @@ class NvmlSource(Source):
             out.append((schema.REMAPPED_ROWS, {**base, "type": "uncorrectable"}, float(unc)))
             out.append((schema.ROW_REMAP_PENDING, base, 1.0 if pending else 0.0))
             out.append((schema.ROW_REMAP_FAILURE, base, 1.0 if failure else 0.0))
+        self._collect_memory_health(gpu, out, errors)
+
+    def _collect_memory_health(self, gpu: _Gpu, out: list, errors: list[str]) -> None:
+        """Spare-row histogram (Ampere+) and retired pages (before Ampere).
+
+        Each GPU answers NotSupported for the generation it is not, once; from then on the source
+        skips that call, so a GPU costs only the calls its architecture can answer.
+        """
+        nv = self._nv
+        h = gpu.handle
+        base = gpu.labels
+        histogram = getattr(nv, "nvmlDeviceGetRowRemapperHistogram", None)  # absent from old bindings
+        banks = None if histogram is None else self._call(gpu, "row_remap_histogram", errors, histogram, h)
+        if banks is not None:
+            for bucket in schema.ROW_REMAP_AVAILABILITY:
+                out.append((schema.ROW_REMAP_BANKS, {**base, "availability": bucket}, float(getattr(banks, bucket))))
+        causes = (nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+                  nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
+        for cause, label in zip(causes, schema.RETIREMENT_CAUSES, strict=True):
+            pages = self._call(gpu, "retired_pages", errors, nv.nvmlDeviceGetRetiredPages, h, cause)
+            if pages is not None:
+                out.append((schema.RETIRED_PAGES, {**base, "cause": label}, float(len(pages))))
+        pending = self._call(gpu, "retired_pages_pending", errors, nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
+        if pending is not None:
+            out.append((schema.RETIRED_PAGES_PENDING, base, 1.0 if pending == nv.NVML_FEATURE_ENABLED else 0.0))
 
     def _collect_nvlink(self, gpu: _Gpu, out: list, errors: list[str], from_fields: set[str]) -> None:
         nv = self._nv

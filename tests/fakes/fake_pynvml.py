@@ -8,7 +8,12 @@ samples are real ctypes pointers (opaque, never dereferenced), like the real one
 
 Faked behaviour that matters for the exporter:
 - per-call ``NVMLError_NotSupported`` (``FakeGpu.not_supported``) and per-field
-  ``nvmlReturn`` NOT_SUPPORTED in ``nvmlDeviceGetFieldValues`` (memory temperature);
+  ``nvmlReturn`` NOT_SUPPORTED in ``nvmlDeviceGetFieldValues`` (memory temperature, recovery action),
+  or any per-field return code (``field_returns``);
+- memory health by architecture (``FakeGpu.architecture``): page retirement
+  (``nvmlDeviceGetRetiredPages``, ``...PendingStatus``) before Ampere, the row remapper
+  (``nvmlDeviceGetRemappedRows``, ``nvmlDeviceGetRowRemapperHistogram``) from Ampere on; the other
+  generation's calls raise ``NVMLError_NotSupported``, as the real driver does;
 - a GPU that falls off the bus after N device calls (``lost_after``): every later call on it
   raises ``NVMLError_GpuIsLost`` and XID 79 is delivered to registered event sets;
 - slow calls (``slow``: sleep seconds) and gated calls (``gate``: block until released);
@@ -129,13 +134,24 @@ class FakeGpu:
     pcie_width_max: int = 16
     pcie_replays: int = 0
     ecc: dict[tuple[int, int], int] = field(default_factory=dict)  # (error type, counter type) -> count
+    #: nvmlDeviceGetArchitecture; decides which memory-health calls are supported (see the module doc).
+    architecture: int = real.NVML_DEVICE_ARCH_HOPPER
     remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)  # corr, unc, pending, failure
+    #: Banks per spare-row availability: max, high, partial, low, none (nvmlRowRemapperHistogramValues_t).
+    remap_histogram: tuple[int, int, int, int, int] = (10240, 0, 0, 0, 0)
+    #: NVML_PAGE_RETIREMENT_CAUSE_* -> addresses of the pages retired for it (pre-Ampere only).
+    retired_pages: dict[int, list[int]] = field(default_factory=dict)
+    retired_pending: bool = False
+    #: NVML_GPU_RECOVERY_ACTION_* the field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION answers; None: NOT_SUPPORTED
+    #: (a GPU or driver without it).
+    recovery_action: int | None = real.NVML_GPU_RECOVERY_ACTION_NONE
     nvlinks: list[FakeLink] = field(default_factory=list)
     gpm: dict[int, float] = field(default_factory=dict)  # NVML_GPM_METRIC_* -> value
     mig: list[FakeMig] = field(default_factory=list)  # non-empty: MIG mode on
     processes: list[tuple[int, int, int]] = field(default_factory=list)  # pid, used bytes, gi id
     not_supported: set[str] = field(default_factory=set)  # function names raising NotSupported
     unsupported_fields: set[int] = field(default_factory=set)  # NVML_FI_* answering NOT_SUPPORTED
+    field_returns: dict[int, int] = field(default_factory=dict)  # NVML_FI_* -> the nvmlReturn it answers
     fields_asked: list[int] = field(default_factory=list)  # every NVML_FI_* requested, in order
     raises: dict[str, BaseException] = field(default_factory=dict)  # function name -> exception
     slow: dict[str, float] = field(default_factory=dict)  # function name -> seconds it sleeps
@@ -398,12 +414,15 @@ class FakeNvml:
             v = values[i]
             v.fieldId, v.scopeId, v.timestamp = fid, scope, now_us
             gpu.fields_asked.append(fid)
+            if fid in gpu.field_returns:
+                v.nvmlReturn = gpu.field_returns[fid]
+                continue
             value = None if fid in gpu.unsupported_fields else self._field(gpu, fid, scope)
             if value is None:
                 v.nvmlReturn = real.NVML_ERROR_NOT_SUPPORTED
                 continue
             v.nvmlReturn = real.NVML_SUCCESS
-            if fid == real.NVML_FI_DEV_MEMORY_TEMP:
+            if fid in (real.NVML_FI_DEV_MEMORY_TEMP, real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION):
                 v.valueType, v.value.uiVal = real.NVML_VALUE_TYPE_UNSIGNED_INT, value
             else:
                 v.valueType, v.value.ullVal = real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, value
@@ -413,6 +432,8 @@ class FakeNvml:
     def _field(gpu: FakeGpu, fid: int, scope: int) -> int | None:
         if fid == real.NVML_FI_DEV_MEMORY_TEMP:
             return gpu.temp_mem
+        if fid == real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+            return gpu.recovery_action
         if fid in _NVLINK_ERROR_FIELDS:
             return sum(link.errors.get(_NVLINK_ERROR_FIELDS[fid], 0) for link in gpu.nvlinks) if gpu.nvlinks else None
         if fid in (real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
@@ -466,8 +487,42 @@ class FakeNvml:
         gpu = self._dev(handle, "nvmlDeviceGetTotalEccErrors")
         return gpu.ecc.get((errorType, counterType), 0)
 
+    def nvmlDeviceGetArchitecture(self, device: object) -> int:
+        return self._dev(device, "nvmlDeviceGetArchitecture").architecture
+
+    def _row_remapper(self, device: object, fn: str) -> FakeGpu:
+        """Row remapping replaced page retirement with Ampere: NOT_SUPPORTED on older GPUs."""
+        gpu = self._dev(device, fn)
+        if gpu.architecture < real.NVML_DEVICE_ARCH_AMPERE:
+            raise _error(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    def _page_retirement(self, device: object, fn: str) -> FakeGpu:
+        """Dynamic page retirement (Kepler to Turing): NOT_SUPPORTED from Ampere on."""
+        gpu = self._dev(device, fn)
+        if gpu.architecture >= real.NVML_DEVICE_ARCH_AMPERE:
+            raise _error(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
     def nvmlDeviceGetRemappedRows(self, device: object) -> tuple[int, int, int, int]:
-        return self._dev(device, "nvmlDeviceGetRemappedRows").remapped_rows
+        return self._row_remapper(device, "nvmlDeviceGetRemappedRows").remapped_rows
+
+    def nvmlDeviceGetRowRemapperHistogram(self, device: object) -> real.c_nvmlRowRemapperHistogramValues:
+        gpu = self._row_remapper(device, "nvmlDeviceGetRowRemapperHistogram")
+        values = real.c_nvmlRowRemapperHistogramValues()
+        values.max, values.high, values.partial, values.low, values.none = gpu.remap_histogram
+        return values
+
+    def nvmlDeviceGetRetiredPages(self, device: object, sourceFilter: int) -> list[int]:
+        """Addresses of the pages retired for one cause, as the binding returns them (a list of ints)."""
+        gpu = self._page_retirement(device, "nvmlDeviceGetRetiredPages")
+        if sourceFilter not in range(real.NVML_PAGE_RETIREMENT_CAUSE_COUNT):
+            raise _error(real.NVML_ERROR_INVALID_ARGUMENT)
+        return [int(a) for a in gpu.retired_pages.get(sourceFilter, [])]
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: object) -> int:
+        gpu = self._page_retirement(device, "nvmlDeviceGetRetiredPagesPendingStatus")
+        return real.NVML_FEATURE_ENABLED if gpu.retired_pending else real.NVML_FEATURE_DISABLED
 
     # -- NVLink and topology -------------------------------------------------------------------
     def _link(self, device: object, link: int, fn: str) -> FakeLink:
@@ -726,6 +781,7 @@ def _pci_info(bus_id: str) -> real.nvmlPciInfo_t:
 # -- canned machines ---------------------------------------------------------------------------
 H100_SXM = "NVIDIA H100 80GB HBM3"
 A100_PCIE = "NVIDIA A100 80GB PCIe"
+V100_PCIE = "Tesla V100-PCIE-32GB"
 H100_BUS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
 NVSWITCH_BUS = tuple(f"00000000:{b:02X}:00.0" for b in (0x05, 0x06, 0x07, 0x08))
 
@@ -793,6 +849,7 @@ def a100_pcie_pair() -> list[FakeGpu]:
             hostbridge=i,
             pcie_switch=i,
             gpm_supported=False,
+            architecture=real.NVML_DEVICE_ARCH_AMPERE,
             util_gpu=80,
             util_mem=30,
             mem_total=81920 * MIB,
@@ -812,6 +869,31 @@ def a100_pcie_pair() -> list[FakeGpu]:
             nvlinks=[FakeLink(buses[1 - i], remote_type=real.NVML_NVLINK_DEVICE_TYPE_GPU) for _ in range(12)],
         ))
     return gpus
+
+
+def v100_pcie(index: int = 0) -> FakeGpu:
+    """A Tesla V100 PCIe (Volta): page retirement instead of row remapping, no GPM, no MIG, no NVLink."""
+    return FakeGpu(
+        name=V100_PCIE,
+        uuid=f"GPU-{index:08x}-v100-4000-8000-{index:012x}",
+        bus_id=f"00000000:{0x86 + index:02X}:00.0",
+        hostbridge=index,
+        pcie_switch=index,
+        gpm_supported=False,
+        mig_capable=False,
+        architecture=real.NVML_DEVICE_ARCH_VOLTA,
+        util_gpu=70,
+        mem_total=32768 * MIB,
+        mem_used=8_000 * MIB,
+        power_mw=180_000,
+        power_limit_mw=250_000,
+        temp_gpu=52,
+        sm_clock=1380,
+        mem_clock=877,
+        max_sm_clock=1380,
+        pcie_gen=3,
+        pcie_gen_max=3,
+    )
 
 
 def mig_h100(index: int = 0) -> FakeGpu:
