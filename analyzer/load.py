@@ -1,7 +1,8 @@
 """Inputs -> Fleet in one call: OpenMetrics history files or a Prometheus-compatible API.
 
 Both read only the families the signals need (truegpu_* and every dcgm-exporter spelling
-of them, plus the info series), then hand the long frame to ``normalize``.
+of them, plus the info series, and kube_pod_info where the host label holds dcgm-exporter
+pod names), then hand the long frame to ``normalize``.
 
 Prometheus queries push the per-step aggregation to the server so a fleet-day returns one
 point per series and step. Each point is evaluated one millisecond before the END of its
@@ -25,6 +26,7 @@ import pandas as pd
 from analyzer import dialects as D
 from analyzer.budget import check_window
 from analyzer.frame import Fleet
+from analyzer.hosts import exporter_pods, host_values, query_pod_info
 from analyzer.ingest import IngestReport, MetricFilter, PrometheusClient, query_prometheus, read_openmetrics
 from analyzer.ingest.prometheus import MatcherValue
 from analyzer.normalize import normalize
@@ -35,8 +37,9 @@ _EDGE = 0.001
 
 
 def metric_filter() -> MetricFilter:
-    """The families normalize reads, in both dialects and both dcgm-exporter spellings."""
-    return MetricFilter(D.needed_names())
+    """The families normalize reads, in both dialects and both dcgm-exporter spellings, and
+    kube_pod_info (it maps dcgm-exporter pod names in the host label to nodes: analyzer.hosts)."""
+    return MetricFilter(D.needed_names() | {S.KUBE_POD_INFO})
 
 
 def load_files(
@@ -118,7 +121,9 @@ def load_prometheus(
     """Query a Prometheus-compatible API for ``[start, end)`` every ``step`` s and normalize.
 
     Discovers which of the needed names exist (either dialect), then fetches them with the
-    aggregation pushed down. ``matchers`` narrow every selector (e.g. ``{"Hostname": [...]}``);
+    aggregation pushed down. Where the host label holds dcgm-exporter pod names, their
+    kube_pod_info is fetched too (without ``matchers``: they name GPU series' labels) so
+    normalize can map them to nodes. ``matchers`` narrow every selector (e.g. ``{"Hostname": [...]}``);
     ``client_kwargs`` go to PrometheusClient (timeout, bearer_token, basic_auth, ...).
     Raises ValueError naming the URL when the server has no GPU telemetry in the window.
     """
@@ -147,6 +152,12 @@ def load_prometheus(
             long, report = query_prometheus(
                 client, rates, start + step, end, step, matchers, functions={n: "avg_over_time" for n in rates}
             )
+            frames.append(long)
+            reports.append(report)
+        # the host label holds dcgm-exporter pod names: fetch kube_pod_info for them (normalize maps them)
+        pods = exporter_pods(name for frame in frames for name in host_values(frame))
+        if pods:
+            long, report = query_pod_info(client, pods, start + step - _EDGE, end + step - _EDGE, step)
             frames.append(long)
             reports.append(report)
     long = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]

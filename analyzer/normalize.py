@@ -2,8 +2,10 @@
 
 Input: the long frame of analyzer.ingest (``metric``, ``timestamp``, ``value`` + one
 column per label), from truegpu's exporter, from NVIDIA dcgm-exporter (current or 1.x
-spelling) or both. Output: analyzer.frame.Fleet on a regular grid of ``step`` seconds,
-the same frame analyzer.simulated.fleet_from_cluster builds straight from the simulator.
+spelling) or both, plus kube-state-metrics' ``kube_pod_info`` where present (it maps
+dcgm-exporter pod names in the host label to their nodes: analyzer.hosts). Output:
+analyzer.frame.Fleet on a regular grid of ``step`` seconds, the same frame
+analyzer.simulated.fleet_from_cluster builds straight from the simulator.
 
 Resampling semantics (row ``t`` is the interval ``[t, t + step)``):
 
@@ -35,6 +37,7 @@ from analyzer import dialects as D
 from analyzer.budget import BudgetError, check_rows, check_window
 from analyzer.coverage import DATA_SHARE, hold_allocations
 from analyzer.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, empty_frame, gpu_share
+from analyzer.hosts import map_exporter_pods, pod_info
 from analyzer.ingest import IngestReport
 from analyzer.signals import ALLOCATION_COLUMNS, SIGNALS, Signal
 from exporter import schema as S
@@ -65,7 +68,7 @@ def normalize(
     """
     _check_columns(long)
     notes = _report_notes(report)
-    data = _Input(long, job_label)
+    data = _Input(long, job_label, pod_info(long))
     absent = _absent(report.missing, data.dialect) if report is not None else []
     if absent:
         notes.append(f"queried but absent from the source: {', '.join(absent)}")
@@ -160,7 +163,8 @@ class _Grid:
 class _Input:
     """Samples sorted by timeline (metric, device, contract labels) and time, plus a series table."""
 
-    def __init__(self, long: pd.DataFrame, job_label: str | None) -> None:
+    def __init__(self, long: pd.DataFrame, job_label: str | None, pods: pd.DataFrame) -> None:
+        """``pods``: kube_pod_info rows (analyzer.hosts.pod_info) naming dcgm-exporter pods' nodes."""
         self.job_label = job_label
         mcodes, names = _codes(long["metric"])
         keep_name = np.array([n in _NEEDED for n in names], dtype=bool)
@@ -186,7 +190,7 @@ class _Input:
             table[name] = _values(col, first)
         self.table = table
         self.n_series = len(first)
-        self._canonical()
+        self._canonical(pods)
         # timeline: series of one device and one contract label combination, whatever its
         # attribution labels (dcgm-exporter splits a GPU's series by pod; err_code changes)
         parts = [table["metric"], self.own_key] + [table.get(lab, _blank(self.n_series)) for lab in D.SIGNAL_LABELS]
@@ -204,7 +208,7 @@ class _Input:
         used = {d for d in self.dialect_of_series if d}
         self.dialect = "mixed" if len(used) > 1 else (used.pop() if used else "truegpu")
 
-    def _canonical(self) -> None:
+    def _canonical(self, pods: pd.DataFrame) -> None:
         t, n = self.table, self.n_series
         self.notes: list[str] = []
 
@@ -222,14 +226,10 @@ class _Input:
             # dcgm-exporter 1.x has no host label; Prometheus' target label tells hosts apart
             inst_host = np.array([v.rsplit(":", 1)[0] if v else "" for v in t["instance"]], dtype=object)
             host = np.where(host != "", host, inst_host)
-            self.lab["hostname"] = host
-        pods = sorted({h for h in set(host) if h and S.DCGM_EXPORTER_POD.fullmatch(h)})
-        if pods:
-            self.notes.append(
-                f"the host label holds dcgm-exporter pod names, not nodes ({', '.join(pods[:3])}): a node's history "
-                "splits whenever the DaemonSet rolls; run dcgm-exporter with the node name (NODE_NAME from the "
-                "downward API) or relabel the host in Prometheus"
-            )
+        # dcgm-exporter pod names in the host label -> their nodes (kube_pod_info), so a roll joins
+        host, host_notes = map_exporter_pods(host, pods)
+        self.lab["hostname"] = host
+        self.notes.extend(host_notes)
         self.has_gpu = self.lab["gpu"] != ""
         g, i = self.lab["gpu"], self.lab["gpu_instance"]
         self.own_key = np.array([f"{a}\x00{b}\x00{c}" for a, b, c in zip(host, g, i, strict=True)], dtype=object)
