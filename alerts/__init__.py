@@ -2,18 +2,18 @@
 
 Entry points
 ------------
-``generate(out_dir, *, scale=1.0, webhook_urls=None, **options) -> list[Path]``
+``generate(out_dir, *, scale=1.0, site=None, webhook_urls=None) -> list[Path]``
     Writes the rule files (``truegpu.yaml``, ``dcgm.yaml``, ``analyzer.yaml``) and
     ``alertmanager.yml`` into ``out_dir`` and returns their paths. ``scale`` multiplies every
     duration -- ``for:``, rate windows, lookbacks, the analyzer staleness threshold and the
     Alertmanager group/repeat timers -- so the end-to-end test runs these very rules fast
     (``scale=0.01``: ``for: 10m`` becomes ``6s``). Floors: ``for`` >= 1 s (unless 0), windows
     >= 5 s (scrape at least every 2.5 s then), Alertmanager timers >= 100 ms.
-    ``webhook_urls`` maps receiver names (:data:`alerts.alertmanager.RECEIVERS`, or ``"*"`` for
-    all of them) to webhook URLs. ``options``: ``exporter_job``, ``analyzer_job``, ``dcgm_job``
-    (the scrape job names ``up`` is selected by), ``runbook_base`` (where ``runbook_url``
-    points), ``dashboard_base`` (the Grafana ``dashboard_url`` opens). dcgm rules read both host
-    spellings (``Hostname``/``hostname``) and the 1.x names.
+    ``site`` (:mod:`analyzer.site`, default: the built-in one) sets the scrape job names and the
+    cluster label every grouping keeps (``selectors``), the thresholds and hold times shared with the
+    detectors (``thresholds``), runbook/dashboard URLs, receivers and owner routes (``alerting``);
+    ``webhook_urls`` (receiver or ``"*"`` -> URL) replaces the site's receivers. dcgm rules read
+    both host spellings (``Hostname``/``hostname``) and the 1.x names.
 
 ``python -m alerts``
     Regenerates the committed files: ``alerts/generated/*.yaml``, ``alerts/alertmanager.yml``
@@ -28,7 +28,8 @@ scrape the exporter and the analyzer without ``honor_labels``; ``job``/``instanc
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ import yaml
 
 from alerts import alertmanager
 from alerts.rules import DASHBOARD_BASE_URL, RUNBOOK_BASE_URL, Links, RuleFile, Timing, rule_files
+from analyzer.site import SiteConfig, default_site
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = Path(__file__).resolve().parent
@@ -64,13 +66,16 @@ def dump(data: Any, source: str, header: str = "") -> str:
     return _BANNER.format(source=source) + comment + body
 
 
-def render_rules(rf: RuleFile, runbook_base: str = RUNBOOK_BASE_URL, dashboard_base: str = DASHBOARD_BASE_URL) -> str:
-    return dump(rf.to_dict(Links(runbook_base, dashboard_base, rf.dialect)), "rules.py", rf.header)
+def render_rules(rf: RuleFile, links: Links | None = None) -> str:
+    return dump(rf.to_dict(replace(links or Links(), dialect=rf.dialect)), "rules.py", rf.header)
 
 
-def render_alertmanager(scale: float = 1.0, webhook_urls: Mapping[str, str] | None = None,
-                        owners: Sequence[tuple[str, str]] = ()) -> str:
-    return dump(alertmanager.config(Timing(scale), webhook_urls, owners), "alertmanager.py")
+def render_alertmanager(scale: float = 1.0, site: SiteConfig | None = None,
+                        webhook_urls: Mapping[str, str] | None = None) -> str:
+    site = site or default_site()
+    urls = webhook_urls if webhook_urls is not None else site.alerting.receivers
+    return dump(alertmanager.config(Timing(scale), urls, site.alerting.owners, site.selectors.cluster_label),
+                "alertmanager.py")
 
 
 def _write(path: Path, text: str) -> Path:
@@ -79,21 +84,17 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def generate(
-    out_dir: Path,
-    *,
-    scale: float = 1.0,
-    webhook_urls: dict[str, str] | None = None,
-    runbook_base: str = RUNBOOK_BASE_URL,
-    dashboard_base: str = DASHBOARD_BASE_URL,
-    owners: Sequence[tuple[str, str]] = (),
-    **options: str,
-) -> list[Path]:
-    """Write the rule files and ``alertmanager.yml`` into ``out_dir``; returns their paths."""
+def generate(out_dir: Path, *, scale: float = 1.0, site: SiteConfig | None = None,
+             webhook_urls: Mapping[str, str] | None = None) -> list[Path]:
+    """Write the rule files and ``alertmanager.yml`` for ``site`` into ``out_dir``; returns their paths."""
+    site = site or default_site()
     out_dir = Path(out_dir)
-    paths = [_write(out_dir / rf.name, render_rules(rf, runbook_base, dashboard_base))
-             for rf in rule_files(Timing(scale), **options)]
-    paths.append(_write(out_dir / "alertmanager.yml", render_alertmanager(scale, webhook_urls, owners)))
+    a = site.alerting
+    links = Links(a.runbook_base or RUNBOOK_BASE_URL, a.dashboard_base or DASHBOARD_BASE_URL,
+                  cluster_label=site.selectors.cluster_label)
+    paths = [_write(out_dir / rf.name, render_rules(rf, links))
+             for rf in rule_files(Timing(scale), site.selectors, site.thresholds)]
+    paths.append(_write(out_dir / "alertmanager.yml", render_alertmanager(scale, site, webhook_urls)))
     return paths
 
 

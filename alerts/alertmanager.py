@@ -31,6 +31,7 @@ from alerts.rules import (
     FELL_OFF_BUS,
     GPU_SYMPTOM_ALERTS,
     HARDWARE_ALERTS,
+    SELECTORS,
     Timing,
     alternatives,
     fmt_duration,
@@ -66,8 +67,11 @@ def webhook_url_map(webhook_urls: Mapping[str, str] | None = None,
 
 
 def config(timing: Timing | None = None, webhook_urls: Mapping[str, str] | None = None,
-           owners: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+           owners: Sequence[tuple[str, str]] = (), cluster_label: str = SELECTORS.cluster_label) -> dict[str, Any]:
     """The Alertmanager configuration as a dict (YAML-ready).
+
+    Grouping and inhibition keep ``cluster_label`` (when set): host ``gpu-01`` of two clusters is
+    two hosts, and one cluster's lost node never mutes the other's alerts.
 
     ``owners``: (namespace regex, receiver) pairs: a hardware alert of a GPU a matching namespace
     holds (the alert's ``namespace`` label) goes to that receiver instead of the team's, e.g. an
@@ -88,17 +92,19 @@ def config(timing: Timing | None = None, webhook_urls: Mapping[str, str] | None 
         return {"receiver": receiver, "matchers": list(matchers), **extra}
 
     symptoms = alternatives(GPU_SYMPTOM_ALERTS)
+    cluster = [cluster_label] if cluster_label else []
+    gpu, host = [*cluster, HOSTNAME, GPU], [*cluster, HOSTNAME]
     return {
         "global": {"resolve_timeout": d(300)},
         "route": {
             "receiver": SRE_TICKET,
-            "group_by": ["alertname", WORKLOAD, HOSTNAME],
+            "group_by": ["alertname", *cluster, WORKLOAD, HOSTNAME],
             "group_wait": d(30),
             "group_interval": d(300),
             "repeat_interval": d(4 * 3600),
             "routes": [
                 route(INFO_LOG, 'severity="info"', repeat_interval=d(24 * 3600)),
-                route(FINOPS_TICKET, 'team="finops"', group_by=["alertname", "namespace", WORKLOAD],
+                route(FINOPS_TICKET, 'team="finops"', group_by=["alertname", *cluster, "namespace", WORKLOAD],
                       group_wait=d(300), group_interval=d(1800), repeat_interval=d(24 * 3600)),
                 route(FACILITIES_TICKET, f'alertname=~"{alternatives(THERMAL_ALERTS)}"', 'team!="facilities"',
                       **{"continue": True}),
@@ -115,20 +121,20 @@ def config(timing: Timing | None = None, webhook_urls: Mapping[str, str] | None 
         "inhibit_rules": [
             {"source_matchers": [f'alertname="{FELL_OFF_BUS}"'],
              "target_matchers": [f'alertname=~"{symptoms}"'],
-             "equal": [HOSTNAME, GPU]},
+             "equal": gpu},
             {"source_matchers": [f'alertname="{FELL_OFF_BUS}"'],
              "target_matchers": [f'alertname="{COLLECTION_FAILING}"'],
-             "equal": [HOSTNAME]},
+             "equal": host},
             {"source_matchers": [f'alertname=~"{EXPORTER_DOWN}|{DCGM_EXPORTER_DOWN}"'],
              "target_matchers": [f'alertname=~"{symptoms}|{FELL_OFF_BUS}"'],
-             "equal": [HOSTNAME]},
+             "equal": host},
             {"source_matchers": ['severity="critical"'],
              "target_matchers": ['severity="warning"'],
-             "equal": ["alertname", HOSTNAME, GPU]},
+             "equal": ["alertname", *gpu]},
             # the analyzer's critical thermal finding says more than the exporter rules' warnings
             {"source_matchers": ['alertname="GpuThermal"', 'severity="critical"'],
              "target_matchers": ['alertname=~"GpuThermalThrottling|GpuNearThermalLimit"'],
-             "equal": [HOSTNAME, GPU]},
+             "equal": gpu},
         ],
         "receivers": [
             {"name": r, "webhook_configs": [{"url": urls[r], "send_resolved": r != INFO_LOG}]}

@@ -19,12 +19,14 @@ runs these very rules with ``scale=0.01``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from analyzer import findings as F
 from analyzer import output_schema as O
+from analyzer.site import THRESHOLDS, Selectors, Thresholds
 from analyzer.xid import CATALOGUE
 from exporter import schema as S
 from exporter.sources import DEFAULT_DEADLINE
@@ -36,10 +38,10 @@ TEAMS = ("training", "sre", "facilities", "finops")
 RUNBOOK_BASE_URL = "https://github.com/truegpu/truegpu/blob/main/docs/runbooks"
 #: Where ``dashboard_url`` annotations point: the compose stack's Grafana (a site config sets its own).
 DASHBOARD_BASE_URL = "http://localhost:3000"
+#: The built-in selectors and thresholds (analyzer.site: a site config overrides them).
+SELECTORS = Selectors()
 #: Prometheus scrape job names the health alerts select (deploy/prometheus.yml).
-EXPORTER_JOB = "truegpu-exporter"
-ANALYZER_JOB = "truegpu-analyzer"
-DCGM_JOB = "dcgm-exporter"
+EXPORTER_JOB, ANALYZER_JOB, DCGM_JOB = SELECTORS.exporter_job, SELECTORS.analyzer_job, SELECTORS.dcgm_job
 #: dcgm-exporter's host label in older releases (newer ones write ``hostname``): rules read both.
 DCGM_OLD_HOST_LABEL = "Hostname"
 #: dcgm-exporter's GPU UUID label, and its 1.x spelling.
@@ -72,14 +74,7 @@ ALLOCATION_LABEL = "allocation"
 ALLOCATION_ALL = "all"
 ALLOCATION_ALLOCATED = "allocated"
 
-# Thresholds ---------------------------------------------------------------------------------
-#: A GPU counts as busy (for the PCIe-downgrade alert) above this utilization: idle GPUs
-#: legitimately drop their PCIe link to a lower generation to save power.
-BUSY_UTILIZATION = 0.2
-#: Die / HBM temperatures that mean "close to slowing down" (most data-centre GPUs start
-#: thermal slowdown at 85-90 C on the die and ~95 C on HBM).
-GPU_TEMP_LIMIT_CELSIUS = 83
-MEMORY_TEMP_LIMIT_CELSIUS = 90
+# Thresholds (analyzer.site.Thresholds: shared with the detectors) ---------------------------
 #: The analyzer's last success older than this (seconds, before scaling) means it is stuck.
 ANALYZER_STALE_SECONDS = 900
 #: DCGM blank/not-supported markers start here; comparisons exclude them (treated as missing).
@@ -171,6 +166,8 @@ class Links:
     runbook_base: str = RUNBOOK_BASE_URL
     dashboard_base: str = DASHBOARD_BASE_URL
     dialect: str = "truegpu"
+    #: The alert label that fills the dashboards' ``cluster`` variable ("" for none).
+    cluster_label: str = SELECTORS.cluster_label
 
 
 #: Dashboard (dashboards/<key>.py) an alert opens on, and the variables it fills from the alert's labels.
@@ -183,6 +180,8 @@ DASHBOARD_OF: dict[str, str] = {
     **dict.fromkeys(("TruegpuExporterDown", "DcgmExporterDown", "TruegpuCollectionFailing",
                      "TruegpuCollectionStale", "TruegpuCollectionSlow", "TruegpuAnalyzerDown"), "fleet"),
 }
+#: The generated dashboards' cluster variable (filled from the site's cluster label).
+CLUSTER_VARIABLE = "cluster"
 _DASHBOARD_VARS: dict[str, tuple[str, ...]] = {
     "health": ("hostname", "gpu"), "thermal": ("hostname", "gpu"), "job": ("namespace", "workload"),
     "finops": ("namespace",), "fleet": ("hostname",),
@@ -192,7 +191,9 @@ _DASHBOARD_VARS: dict[str, tuple[str, ...]] = {
 def dashboard_url(alert: str, links: Links) -> str:
     """The alert's dashboard with its variables set from the alert's labels (those it has)."""
     key = DASHBOARD_OF[alert]
-    params = "".join(f"{{{{ with $labels.{v} }}}}&var-{v}={{{{ . }}}}{{{{ end }}}}" for v in _DASHBOARD_VARS[key])
+    fills = [(CLUSTER_VARIABLE, links.cluster_label)] if links.cluster_label else []
+    fills += [(v, v) for v in _DASHBOARD_VARS[key]]
+    params = "".join(f"{{{{ with $labels.{label} }}}}&var-{v}={{{{ . }}}}{{{{ end }}}}" for v, label in fills)
     return f"{links.dashboard_base}/d/{links.dialect}-{key}?orgId=1{params}"
 
 
@@ -275,6 +276,27 @@ class RuleFile:
 
     def to_dict(self, links: Links) -> dict[str, Any]:
         return {"groups": [g.to_dict(links) for g in self.groups]}
+
+    def keeping(self, cluster_label: str) -> RuleFile:
+        """Every expression keeps ``cluster_label`` (:func:`keep_cluster`)."""
+        groups = tuple(Group(g.name, tuple(replace(r, expr=keep_cluster(r.expr, cluster_label)) for r in g.rules))
+                       for g in self.groups)
+        return replace(self, groups=groups)
+
+
+_GROUPING = re.compile(r"\b(by|on) \(")
+_BARE_AGGREGATION = re.compile(r"\b(sum|avg|min|max|count|group|topk|bottomk|quantile) \(")
+
+
+def keep_cluster(expr: str, label: str) -> str:
+    """``expr`` with ``label`` in every ``by``/``on`` grouping, and bare aggregations grouped by it: a
+    multi-cluster Prometheus (Thanos, Mimir) never averages, joins or pages across clusters. Where the
+    label is absent the result is the same as without it. The rules are written in one style for this
+    (``agg by (...) (...)``, ``on (...)``, one space before the parenthesis); tests check each file."""
+    if not label:
+        return expr
+    expr = _GROUPING.sub(lambda m: f"{m.group(1)} ({label}, ", expr).replace(f"({label}, )", f"({label})")
+    return _BARE_AGGREGATION.sub(lambda m: f"{m.group(1)} by ({label}) (", expr)
 
 
 # PromQL helpers -------------------------------------------------------------------------------
@@ -374,7 +396,39 @@ def with_owner(expr: str, key: str = GPU_BY, holders: str = S.GPU_ALLOCATION_INF
             f"or (({expr}) unless on ({key}) {holder})")
 
 
-def truegpu_hardware(t: Timing) -> Group:
+def thermal_alerts(t: Timing, th: Thresholds, key: str, clock: str, thermal_reason: str, reasons: str,
+                   gpu_temp: str, memory_temp: str, ref: str, clock_text: str,
+                   labels: dict[str, str] | None = None, fields: tuple[str, ...] = ()) -> tuple[Alert, Alert]:
+    """GpuThermalThrottling (critical: what the thermal detector calls "at the limit") and
+    GpuNearThermalLimit (warning), on the site's shared thresholds and hold times.
+
+    At the limit: a thermal clock-event reason, or -- where throttle reasons are not collected
+    (``reasons`` absent; dcgm-exporter's default counters omit them) -- the die or HBM at its
+    slowdown point, as the detector reads it. ``gpu_temp``/``memory_temp`` are per-GPU (``key``).
+    A GPU is near the limit whenever it is hot and not throttling (one alert or the other)."""
+    gpu_limit, memory_limit = number(th.gpu_temp_limit_celsius), number(th.memory_temp_limit_celsius)
+    hot = f"{gpu_temp} >= {gpu_limit} or {memory_temp} >= {memory_limit}"
+    at_limit = f"{thermal_reason} or (({hot}) unless on ({key}) {reasons})"
+    throttling = f"{clock} and on ({key}) ({at_limit})"
+    near = " or ".join(f'label_replace({expr} > {number(limit)}, "sensor", "{sensor}", "", "")'
+                       for sensor, expr, limit in (("gpu", gpu_temp, th.gpu_temp_near_celsius),
+                                                   ("memory", memory_temp, th.memory_temp_near_celsius)))
+    limit_for, warn_for = t.hold(th.thermal_limit_for_seconds), t.hold(th.thermal_warn_for_seconds)
+    return (
+        Alert("GpuThermalThrottling", throttling, limit_for, "critical", "sre",
+              "Thermal throttling on " + SHORT_REF,
+              f"{ref} has been slowed down for heat for {limit_for} (a thermal clock-event reason, or where "
+              f"those are not collected the die at {gpu_limit} C or HBM at {memory_limit} C or more); "
+              f"its SM clock is at {clock_text}.",
+              labels or {}, fields),
+        Alert("GpuNearThermalLimit", f"({near}) unless on ({key}) ({throttling})", warn_for, "warning", "facilities",
+              "GPU {{ $labels.sensor }} temperature near its limit on " + SHORT_REF,
+              f"{ref}: {{{{ $labels.sensor }}}} temperature {{{{ $value }}}} C for {warn_for}, close to "
+              "thermal slowdown; check airflow and inlet temperature of the rack.", labels or {}, fields),
+    )
+
+
+def truegpu_hardware(t: Timing, th: Thresholds = THRESHOLDS) -> Group:
     w10 = t.window(600)
     xid = S.XID_ERRORS.name
     crit, info = alternatives(CRITICAL_XIDS), alternatives(INFO_XIDS)
@@ -382,13 +436,12 @@ def truegpu_hardware(t: Timing) -> Group:
     ecc = sel(S.ECC_ERRORS.name, type="uncorrectable", scope="volatile")
     rows = sel(S.REMAPPED_ROWS.name, type="uncorrectable")
     clock_event = sel(S.CLOCK_EVENT_ACTIVE.name, reason="=~" + THERMAL)
-    throttled = f"max by ({GPU_BY}) ({clock_event}) > 0"
     temp = S.TEMPERATURE.name
     pcie = []
     for metric, what in ((S.PCIE_LINK_GENERATION, "generation"), (S.PCIE_LINK_WIDTH, "width")):
         cur, mx = sel(metric.name, state="current"), sel(metric.name, state="max")
         pcie.append(f'label_replace(max by ({GPU_BY}) ({cur}) < max by ({GPU_BY}) ({mx}), "link", "{what}", "", "")')
-    busy = f"max by ({GPU_BY}) ({S.GPU_UTILIZATION.name}) > {BUSY_UTILIZATION:g}"
+    busy = f"max by ({GPU_BY}) ({S.GPU_UTILIZATION.name}) > {number(th.busy_utilization)}"
     rules = (
         Alert("GpuXidError", f"{_new_counter_events(sel(xid, xid='=~' + crit), w10)}", "0s", "critical", "training",
               "Critical XID {{ $labels.xid }} on " + SHORT_REF,
@@ -408,18 +461,10 @@ def truegpu_hardware(t: Timing) -> Group:
         Alert("GpuRowRemapFailure", f"{S.ROW_REMAP_FAILURE.name} == 1", "0s", "critical", "training",
               "Row remapping failed on " + SHORT_REF,
               f"{GPU_REF} has no spare HBM rows left to remap memory errors: drain it and RMA it."),
-        Alert("GpuThermalThrottling", f"{GPU_SM_CLOCK_RATIO} and on ({GPU_BY}) ({throttled})", t.hold(600),
-              "warning", "sre", "Thermal throttling on " + SHORT_REF,
-              f"{GPU_REF} has been slowed down for heat for {t.hold(600)}; its SM clock is at "
-              "{{ $value | humanizePercentage }} of maximum."),
-        Alert("GpuNearThermalLimit",
-              f"(max by ({GPU_BY}, sensor) ({sel(temp, sensor='gpu')}) > {GPU_TEMP_LIMIT_CELSIUS} "
-              f"or max by ({GPU_BY}, sensor) ({sel(temp, sensor='memory')}) > {MEMORY_TEMP_LIMIT_CELSIUS}) "
-              f"unless on ({GPU_BY}) ({throttled})",
-              t.hold(900), "warning", "facilities", "GPU {{ $labels.sensor }} temperature near its limit on "
-              + SHORT_REF,
-              f"{GPU_REF}: {{{{ $labels.sensor }}}} temperature {{{{ $value }}}} C for {t.hold(900)}, close to "
-              "thermal slowdown; check airflow and inlet temperature of the rack."),
+        *thermal_alerts(t, th, GPU_BY, GPU_SM_CLOCK_RATIO, f"max by ({GPU_BY}) ({clock_event}) > 0",
+                        sel(S.CLOCK_EVENT_ACTIVE.name), f"max by ({GPU_BY}) ({sel(temp, sensor='gpu')})",
+                        f"max by ({GPU_BY}) ({sel(temp, sensor='memory')})", GPU_REF,
+                        "{{ $value | humanizePercentage }} of maximum"),
         Alert("GpuNvlinkErrors", f"sum by ({GPU_BY}) (increase({S.NVLINK_ERRORS.name}[{w10}])) > 0", t.hold(600),
               "warning", "training", "NVLink errors on " + SHORT_REF,
               f"{GPU_REF} keeps logging NVLink errors ({{{{ $value | humanize }}}} in the last {w10}): "
@@ -509,12 +554,12 @@ def collection_health(t: Timing, exporter_job: str) -> tuple[Alert, ...]:
     )
 
 
-def truegpu_file(t: Timing, exporter_job: str = EXPORTER_JOB) -> RuleFile:
+def truegpu_file(t: Timing, exporter_job: str = EXPORTER_JOB, th: Thresholds = THRESHOLDS) -> RuleFile:
     health = Group("truegpu-exporter", (
         exporter_down(t, exporter_job, sel(S.NODE_INFO.name, job=exporter_job), EXPORTER_DOWN),
         *collection_health(t, exporter_job)))
     return RuleFile("truegpu.yaml", "truegpu exporter metrics (truegpu_*)",
-                    (truegpu_recording(), truegpu_hardware(t), health))
+                    (truegpu_recording(), truegpu_hardware(t, th), health))
 
 
 # dcgm-exporter dialect ---------------------------------------------------------------------
@@ -539,7 +584,7 @@ def dcgm_norm(expr: str) -> str:
     return f'label_replace({host}, "{DCGM_UUID_LABEL}", "$1", "{DCGM_OLD_UUID_LABEL}", "(.+)")'
 
 
-def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB) -> RuleFile:
+def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB, th: Thresholds = THRESHOLDS) -> RuleFile:
     host = S.HOSTNAME
     g = by((host, S.GPU, DCGM_UUID_LABEL))
     sm_active = _field(S.SM_ACTIVE).field
@@ -602,10 +647,7 @@ def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB) -> RuleFile:
     mask = dcgm_norm(dcgm_sel(*reasons))
     thermal_bits = " + ".join(f"floor({mask} / {bit}) % 2" for bit in bits)
     throttled = f"max by ({g}) ({thermal_bits} and {mask} {ok}) > 0"
-    temps = []
-    for sensor, limit in (("gpu", GPU_TEMP_LIMIT_CELSIUS), ("memory", MEMORY_TEMP_LIMIT_CELSIUS)):
-        f = _field(S.TEMPERATURE, sensor=sensor)
-        temps.append(f'label_replace(max by ({g}) ({d(f.field)}) > {limit} {ok}, "sensor", "{sensor}", "", "")')
+    temps = [f"max by ({g}) ({d(_field(S.TEMPERATURE, sensor=sensor).field)}) {ok}" for sensor in ("gpu", "memory")]
     nvlink = [f.field for f in S.NVLINK_ERRORS.dcgm]
     nvlink_sel = dcgm_sel(*nvlink)
     pcie, pcie_fields = [], []
@@ -613,13 +655,14 @@ def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB) -> RuleFile:
         cur, mx = _field(metric, state="current").field, _field(metric, state="max").field
         pcie_fields += [cur, mx]
         pcie.append(f'label_replace(max by ({g}) ({d(cur)}) < max by ({g}) ({d(mx)} {ok}), "link", "{what}", "", "")')
-    busy = f"max by ({g}) ({scaled(d(util.field), util.scale)}) > {BUSY_UTILIZATION:g}"
+    busy = f"max by ({g}) ({scaled(d(util.field), util.scale)}) > {number(th.busy_utilization)}"
     gpu_temp = _field(S.TEMPERATURE, sensor="gpu").field
     fb_used = _field(S.MEMORY_USED).field
     # A GPU seen within the lookback that no longer reports, on a node (a known, non-empty host) whose
     # other GPUs still report now: a whole node or exporter gone is DcgmExporterDown, never this.
     seen = f"max by ({g}) ({d_range('max_over_time', gpu_temp, t.window(FELL_OFF_BUS_LOOKBACK))})"
-    node_up = f'count by ({host}) ({d(gpu_temp)}) unless on ({host}) label_replace(vector(1), "{host}", "", "", "")'
+    named = " or ".join(dcgm_sel(gpu_temp, **{label: "!="}) for label in (host, DCGM_OLD_HOST_LABEL))
+    node_up = f"count by ({host}) ({dcgm_norm(named)})"
     hardware = Group("dcgm-hardware", (
         Alert("GpuXidError", new_xid(xid_class(CRITICAL_XIDS)), "0s", "critical", "training",
               "Critical XID {{ $value }} on " + SHORT_REF,
@@ -656,17 +699,9 @@ def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB) -> RuleFile:
               "Row remapping failed on " + SHORT_REF,
               f"{DCGM_GPU_REF} has no spare HBM rows left to remap memory errors: drain it and RMA it.",
               dialect, (remap_failure,)),
-        Alert("GpuThermalThrottling",
-              f"{scaled(f'max by ({g}) ({d(clock.field)})', clock.scale)} and on ({g}) ({throttled})",
-              t.hold(600), "warning", "sre", "Thermal throttling on " + SHORT_REF,
-              f"{DCGM_GPU_REF} has been slowed down for heat for {t.hold(600)}; its SM clock is at "
-              "{{ $value | humanize }}Hz.", dialect, (clock.field, *reasons)),
-        Alert("GpuNearThermalLimit", f"({temps[0]} or {temps[1]}) unless on ({g}) ({throttled})",
-              t.hold(900), "warning", "facilities",
-              "GPU {{ $labels.sensor }} temperature near its limit on " + SHORT_REF,
-              f"{DCGM_GPU_REF}: {{{{ $labels.sensor }}}} temperature {{{{ $value }}}} C for {t.hold(900)}, close to "
-              "thermal slowdown; check airflow and inlet temperature of the rack.",
-              dialect, tuple(f.field for f in S.TEMPERATURE.dcgm)),
+        *thermal_alerts(t, th, g, scaled(f"max by ({g}) ({d(clock.field)})", clock.scale), throttled,
+                        f"{mask} {ok}", *temps, DCGM_GPU_REF, "{{ $value | humanize }}Hz", dialect,
+                        (clock.field, *(f.field for f in S.TEMPERATURE.dcgm))),
         Alert("GpuNvlinkErrors", f"sum by ({g}) ({dcgm_norm(f'increase({nvlink_sel}[{w10}])')}) > 0", t.hold(600),
               "warning", "training", "NVLink errors on " + SHORT_REF,
               f"{DCGM_GPU_REF} keeps logging NVLink errors ({{{{ $value | humanize }}}} in the last {w10}): "
@@ -750,15 +785,13 @@ def analyzer_file(t: Timing, analyzer_job: str = ANALYZER_JOB) -> RuleFile:
     return RuleFile("analyzer.yaml", "truegpu analyzer findings (truegpu_finding_active) and analyzer health", groups)
 
 
-def rule_files(
-    timing: Timing | None = None,
-    *,
-    exporter_job: str = EXPORTER_JOB,
-    analyzer_job: str = ANALYZER_JOB,
-    dcgm_job: str = DCGM_JOB,
-) -> list[RuleFile]:
+def rule_files(timing: Timing | None = None, selectors: Selectors = SELECTORS,
+               thresholds: Thresholds = THRESHOLDS) -> list[RuleFile]:
+    """The three rule files for a site's selectors (job names, cluster label) and thresholds."""
     t = timing or Timing()
-    return [truegpu_file(t, exporter_job), dcgm_file(t, dcgm_job), analyzer_file(t, analyzer_job)]
+    files = [truegpu_file(t, selectors.exporter_job, thresholds), dcgm_file(t, selectors.dcgm_job, thresholds),
+             analyzer_file(t, selectors.analyzer_job)]
+    return [f.keeping(selectors.cluster_label) for f in files]
 
 
 def alert_names() -> list[str]:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from alerts.rules import (
+    ALLOCATION_ALL,
+    ALLOCATION_LABEL,
     ANALYZER_JOB,
     DASHBOARD_BASE_URL,
     DCGM_FLEET_EFFECTIVE_UTILIZATION,
@@ -90,7 +92,7 @@ def expect(labels: Labels, severity: str, team: str, ann: dict[str, str], **extr
     got = {**labels, **extra}
     key = _DASHBOARDS.get(alert, "fleet")
     dialect = "dcgm" if got.get("dialect") == "dcgm" else "truegpu"
-    params = "".join(f"&var-{v}={got[v]}" for v in _VARS[key] if got.get(v))
+    params = "".join(f"&var-{v}={got[v]}" for v in ("cluster", *_VARS[key]) if got.get(v))
     url = f"{DASHBOARD_BASE_URL}/d/{dialect}-{key}?orgId=1{params}"
     return {"exp_labels": {**labels, "severity": severity, "team": team, **extra},
             "exp_annotations": {**ann, "dashboard_url": url}}
@@ -261,26 +263,37 @@ def truegpu_tests() -> list[dict[str, Any]]:
         series(ev, gpu(2, reason="hw_thermal"), "1x4 0x16"),
         series(S.SM_CLOCK.name, gpu(2), "1500000000x20"),
         series(S.SM_CLOCK_MAX.name, gpu(2), "2000000000x20"),
-        # GPU 3 hot die, GPU 4 hot HBM, GPU 5 warm
-        series(temp, gpu(3, sensor="gpu"), "85x20"),
+        # GPU 3 hot die, GPU 4 hot HBM, GPU 5 warm: no clocks, no throttle reasons
+        series(temp, gpu(3, sensor="gpu"), "84x20"),
         series(temp, gpu(4, sensor="gpu"), "70x20"),
         series(temp, gpu(4, sensor="memory"), "92x20"),
         series(temp, gpu(5, sensor="gpu"), "80x20"),
         series(temp, gpu(5, sensor="memory"), "85x20"),
+        # GPU 6: throttle reasons not collected, die at the 85 C limit: throttling, as the detector reads it
+        series(S.SM_CLOCK.name, gpu(6), "1500000000x20"),
+        series(S.SM_CLOCK_MAX.name, gpu(6), "2000000000x20"),
+        series(temp, gpu(6, sensor="gpu"), "86x20"),
     ], alerts=[
-        check("9m", "GpuThermalThrottling"),
-        check("12m", "GpuThermalThrottling", expect(gpu(0), "warning", "sre", annotations(
-            "GpuThermalThrottling", f"Thermal throttling on {short(0)}",
-            f"{ref(0)} has been slowed down for heat for 10m; its SM clock is at 60% of maximum."))),
-        check("14m", "GpuNearThermalLimit"),
-        check("16m", "GpuNearThermalLimit",
+        check("0m", "GpuThermalThrottling"),
+        check("3m", "GpuThermalThrottling", *(expect(gpu(n), "critical", "sre", annotations(
+            "GpuThermalThrottling", f"Thermal throttling on {short(n)}",
+            f"{ref(n)} has been slowed down for heat for 1m (a thermal clock-event reason, or where those are not "
+            f"collected the die at 85 C or HBM at 95 C or more); its SM clock is at {pct} of maximum."))
+            for n, pct in ((0, "60%"), (2, "75%"), (6, "75%")))),
+        check("6m", "GpuThermalThrottling", *(expect(gpu(n), "critical", "sre", annotations(
+            "GpuThermalThrottling", f"Thermal throttling on {short(n)}",
+            f"{ref(n)} has been slowed down for heat for 1m (a thermal clock-event reason, or where those are not "
+            f"collected the die at 85 C or HBM at 95 C or more); its SM clock is at {pct} of maximum."))
+            for n, pct in ((0, "60%"), (6, "75%")))),
+        check("4m", "GpuNearThermalLimit"),
+        check("6m", "GpuNearThermalLimit",
               expect(gpu(3, sensor="gpu"), "warning", "facilities", annotations(
                   "GpuNearThermalLimit", f"GPU gpu temperature near its limit on {short(3)}",
-                  f"{ref(3)}: gpu temperature 85 C for 15m, close to thermal slowdown; check airflow and inlet "
+                  f"{ref(3)}: gpu temperature 84 C for 5m, close to thermal slowdown; check airflow and inlet "
                   "temperature of the rack.")),
               expect(gpu(4, sensor="memory"), "warning", "facilities", annotations(
                   "GpuNearThermalLimit", f"GPU memory temperature near its limit on {short(4)}",
-                  f"{ref(4)}: memory temperature 92 C for 15m, close to thermal slowdown; check airflow and inlet "
+                  f"{ref(4)}: memory temperature 92 C for 5m, close to thermal slowdown; check airflow and inlet "
                   "temperature of the rack."))),
     ])
 
@@ -396,7 +409,35 @@ def truegpu_tests() -> list[dict[str, Any]]:
                   f"The source dcgm of the exporter on {HOST} (n1:9835) takes 3s per collection for 15m, more than "
                   "half of its 5 s deadline."))),
     ])
-    return [recording, xid_cases, owner, ecc_case, remap, thermal, nvlink, pcie, lost, missing, down, health]
+    return [recording, xid_cases, owner, ecc_case, remap, thermal, nvlink, pcie, lost, missing, down, health,
+            clusters_case()]
+
+
+def clusters_case() -> dict[str, Any]:
+    """Two clusters in one Prometheus (Thanos, Mimir) with the same host names and GPU ids: every
+    grouping keeps ``cluster``, so node and fleet series stay apart and cluster a's missing GPU is
+    not hidden by cluster b's complete node (without it the counts merge: 7 report, 4 expected)."""
+    cap = {"job": "kube-state-metrics", "resource": KUBE_GPU_RESOURCE, "unit": "integer"}
+    inputs = [series(KUBE_NODE_CAPACITY, {**cap, KUBE_NODE_LABEL: HOST, "cluster": c}, "4x30") for c in "ab"]
+    for c, n_gpus, sm in (("a", 3, "0.3"), ("b", 4, "0.6")):
+        for n in range(n_gpus):
+            inputs += [series(S.MEMORY_USED.name, gpu(n, cluster=c), "1x30"),
+                       series(S.SM_ACTIVE.name, gpu(n, cluster=c), f"{sm}x30"),
+                       series(S.SM_CLOCK.name, gpu(n, cluster=c), "1980000000x30"),
+                       series(S.SM_CLOCK_MAX.name, gpu(n, cluster=c), "1980000000x30")]
+    return case("Two clusters, same host names: recording rules and GpuMissing per cluster", inputs, alerts=[
+        check("20m", GPU_MISSING, expect({KUBE_NODE_LABEL: HOST, S.HOSTNAME: HOST, "cluster": "a"}, "critical",
+                                         "training", annotations(
+            GPU_MISSING, f"1 GPU(s) missing on {HOST}",
+            f"Kubernetes counts more GPUs on {HOST} than report from it for 15m (1 missing): a GPU lost before "
+            "Prometheus saw it, or long ago (nvidia-smi on the node lists what the driver sees); drain the node "
+            "and reset or reseat it."))),
+    ], exprs=[
+        samples(NODE_EFFECTIVE_UTILIZATION, "5m", ({"cluster": "a", S.HOSTNAME: HOST}, 0.3),
+                ({"cluster": "b", S.HOSTNAME: HOST}, 0.6)),
+        samples(FLEET_EFFECTIVE_UTILIZATION, "5m", ({ALLOCATION_LABEL: ALLOCATION_ALL, "cluster": "a"}, 0.3),
+                ({ALLOCATION_LABEL: ALLOCATION_ALL, "cluster": "b"}, 0.6)),
+    ])
 
 
 def missing_case(metric: str, gpu_labels: Any, instance_label: str, extra: Labels) -> dict[str, Any]:
@@ -592,27 +633,32 @@ def dcgm_tests(sp: Spelling) -> list[dict[str, Any]]:
         series(clk, dgpu(2), "1100x20"),
         series(reasons, dgpu(3), f"{SENTINEL}x20"),
         series(clk, dgpu(3), "1500x20"),
-        series(gtemp, dgpu(4), "85x20"),
+        series(gtemp, dgpu(4), "84x20"),
         series(mtemp, dgpu(4), "70x20"),
         series(gtemp, dgpu(5), "60x20"),
         series(mtemp, dgpu(5), "92x20"),
         series(gtemp, dgpu(6), "80x20"),
+        # default counters (no throttle reasons): HBM at its 95 C throttle point is throttling
+        series(clk, dgpu(7), "1300x20"),
+        series(gtemp, dgpu(7), "80x20"),
+        series(mtemp, dgpu(7), "96x20"),
     ], alerts=[
-        check("9m", "GpuThermalThrottling"),
-        check("14m", "GpuNearThermalLimit"),
-        check("12m", "GpuThermalThrottling", *(
-            expect(_d(_gpu_keys(dgpu(n))), "warning", "sre", annotations(
+        check("0m", "GpuThermalThrottling"),
+        check("4m", "GpuNearThermalLimit"),
+        check("2m", "GpuThermalThrottling", *(
+            expect(_d(_gpu_keys(dgpu(n))), "critical", "sre", annotations(
                 "GpuThermalThrottling", f"Thermal throttling on {short(n)}",
-                f"{ref(n)} has been slowed down for heat for 10m; its SM clock is at {mhz}Hz.",
-                **_dcgm_counters("GpuThermalThrottling"))) for n, mhz in ((0, "1.2G"), (2, "1.1G")))),
-        check("16m", "GpuNearThermalLimit",
+                f"{ref(n)} has been slowed down for heat for 1m (a thermal clock-event reason, or where those are "
+                f"not collected the die at 85 C or HBM at 95 C or more); its SM clock is at {mhz}Hz.",
+                **_dcgm_counters("GpuThermalThrottling"))) for n, mhz in ((0, "1.2G"), (2, "1.1G"), (7, "1.3G")))),
+        check("6m", "GpuNearThermalLimit",
               expect(_d(_gpu_keys(dgpu(4)), sensor="gpu"), "warning", "facilities", annotations(
                   "GpuNearThermalLimit", f"GPU gpu temperature near its limit on {short(4)}",
-                  f"{ref(4)}: gpu temperature 85 C for 15m, close to thermal slowdown; check airflow and inlet "
+                  f"{ref(4)}: gpu temperature 84 C for 5m, close to thermal slowdown; check airflow and inlet "
                   "temperature of the rack.")),
               expect(_d(_gpu_keys(dgpu(5)), sensor="memory"), "warning", "facilities", annotations(
                   "GpuNearThermalLimit", f"GPU memory temperature near its limit on {short(5)}",
-                  f"{ref(5)}: memory temperature 92 C for 15m, close to thermal slowdown; check airflow and inlet "
+                  f"{ref(5)}: memory temperature 92 C for 5m, close to thermal slowdown; check airflow and inlet "
                   "temperature of the rack."))),
     ])
 

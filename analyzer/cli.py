@@ -208,11 +208,12 @@ def _analyze(fleet: Fleet, kinds: list[str] | None, progress: _Progress, site: A
     from analyzer.detectors import run_detectors
     from analyzer.partition import attach
     from analyzer.scores import compute_scores
+    from analyzer.site import detector_config
 
     progress(f"scoring {fleet.frame.shape[0]:,} rows ({fleet.gpu_count()} GPUs, step {fleet.step:g}s)")
     scores = compute_scores(fleet)
     progress("running detectors")
-    findings = run_detectors(fleet, kinds)
+    findings = run_detectors(fleet, kinds, detector_config(site))
     progress(f"{len(findings)} finding(s)")
     attach(scores, fleet, findings, site, ran=kinds)
     return scores, findings

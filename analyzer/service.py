@@ -302,6 +302,7 @@ class AnalyzerService:
         from analyzer.detectors import run_detectors
         from analyzer.partition import attach
         from analyzer.scores import compute_scores
+        from analyzer.site import detector_config
 
         t0 = time.perf_counter()
         now = self.clock()
@@ -309,7 +310,7 @@ class AnalyzerService:
         try:
             fleet = self.loader(start, end)
             scores = compute_scores(fleet)
-            findings = run_detectors(fleet, self.kinds)
+            findings = run_detectors(fleet, self.kinds, detector_config(self.site))
             attach(scores, fleet, findings, self.site, ran=self.kinds)
             duration = time.perf_counter() - t0
             analysis = Analysis.build(fleet, scores, findings, finished=self.clock(), duration=duration)
@@ -494,6 +495,7 @@ class RollupWriter:
         from analyzer.finops import ROLLUP_GROUP_BY, cost_report, daily_rollups
         from analyzer.finops.store import open_store
         from analyzer.scores import compute_scores
+        from analyzer.site import detector_config
 
         t0 = time.perf_counter()
         fleet = self.loader(start, end)
@@ -501,7 +503,7 @@ class RollupWriter:
             log.warning("rollup: no data for %s .. %s; not written", iso(start), iso(end))
             return 0
         scores = compute_scores(fleet)
-        findings = run_detectors(fleet, self.kinds)
+        findings = run_detectors(fleet, self.kinds, detector_config(self.site))
         written = 0
         with open_store(self.store) as store:
             for group_by in self.group_bys or ROLLUP_GROUP_BY:

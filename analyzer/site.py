@@ -19,10 +19,26 @@ A workload's class is the first class with a glob matching its job, namespace or
 (case-insensitive). Workloads no class matches are *unclassified*: their gap is reported as
 such, never as headroom or as waste.
 
+``selectors``: how this site's Prometheus labels the data (the monitoring mixins' ``_config``)::
+
+    selectors:
+      cluster_label: k8s_cluster          # kept through every rule grouping and dashboard ("" = one cluster)
+      exporter_job: gpu-exporter          # scrape job names (defaults: truegpu-exporter, ...)
+      analyzer_job: truegpu-analyzer
+      dcgm_job: dcgm-exporter
+
+``thresholds``: limits and hold times shared by the alert rules and the analyzer's detectors, so
+an alert and a finding about the same GPU agree on when it starts and how severe it is::
+
+    thresholds:
+      gpu_temp_limit_celsius: 85          # die temperature at the slowdown point (critical)
+      memory_temp_limit_celsius: 95       # HBM throttle point (critical)
+      thermal_limit_for_seconds: 60       # at the limit this long: GpuThermalThrottling / thermal finding
+      thermal_warn_for_seconds: 300       # hot this long: GpuNearThermalLimit / hot-GPU finding
+
 ``alerting``: what ``python -m alerts --site FILE --out DIR`` generates for this site::
 
     alerting:
-      exporter_job: gpu-exporter          # scrape job names (defaults: truegpu-exporter, ...)
       runbook_base: https://wiki.example/gpu-runbooks
       dashboard_base: https://grafana.example       # dashboard_url: <base>/d/<uid>?var-...
       receivers:                          # Alertmanager receiver -> webhook URL ("*": all others)
@@ -48,14 +64,17 @@ import fnmatch
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 #: Labels a class can match on (allocation labels of the tidy frame).
 MATCH_LABELS: tuple[str, ...] = ("job", "namespace", "pod")
 #: Sections a site config may hold (a typo is an error, never silently ignored).
-SECTIONS: tuple[str, ...] = ("workload_classes", "alerting")
+SECTIONS: tuple[str, ...] = ("workload_classes", "selectors", "thresholds", "alerting")
+#: Threshold keys that are ratios (0..1); the others are non-negative numbers.
+_RATIOS = frozenset({"busy_utilization"})
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 #: The class of workloads no class matches.
 UNCLASSIFIED = "unclassified"
 
@@ -97,13 +116,61 @@ DEFAULT_CLASSES: tuple[WorkloadClass, ...] = (
 
 
 @dataclass(frozen=True)
+class Selectors:
+    """How this site's Prometheus labels the data."""
+
+    #: The label telling clusters apart in a multi-cluster Prometheus/Thanos/Mimir (an external or
+    #: target label): every rule grouping and join keeps it, dashboards have a variable for it.
+    #: Where it is absent the groupings behave as without it; "" leaves it out altogether.
+    cluster_label: str = "cluster"
+    #: Prometheus scrape job names the health alerts select (deploy/prometheus.yml).
+    exporter_job: str = "truegpu-exporter"
+    analyzer_job: str = "truegpu-analyzer"
+    dcgm_job: str = "dcgm-exporter"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Limits shared by alert rules and detectors (each names who reads it).
+
+    The slowdown points: H100s manage clocks from their 87 C maximum operating temperature and
+    slow down hard around 85-90 C on the die; HBM3 throttles at ~95 C. One minute at the limit
+    is lost work (a single 15-60 s sample is a transient); heatsinks lag power by 1-3 minutes, so
+    five minutes of running hot rules out load transients.
+    """
+
+    #: Die temperature counted as "at the limit" where throttle reasons are not collected
+    #: (rules: GpuThermalThrottling; thermal detector: ``at_limit_c``).
+    gpu_temp_limit_celsius: float = 85.0
+    #: HBM temperature at its throttle point (rules: GpuThermalThrottling; detector: ``mem_limit_c``).
+    memory_temp_limit_celsius: float = 95.0
+    #: At the limit this long is critical (rules: GpuThermalThrottling ``for``; detector: ``min_throttle_s``).
+    thermal_limit_for_seconds: float = 60.0
+    #: Running hot this long is a warning (rules: GpuNearThermalLimit ``for``; detector: ``min_hot_s``).
+    thermal_warn_for_seconds: float = 300.0
+    #: Rules only (the analyzer judges a hot GPU against its peers at the same load instead): die and
+    #: HBM temperatures that mean "close to slowing down" whatever the load (GpuNearThermalLimit).
+    gpu_temp_near_celsius: float = 83.0
+    memory_temp_near_celsius: float = 90.0
+    #: Rules only: a GPU counts as busy above this utilization (GpuPcieLinkDowngraded: idle GPUs
+    #: legitimately drop their PCIe link to a lower generation to save power).
+    busy_utilization: float = 0.2
+
+    def detector_settings(self) -> dict[str, dict[str, float]]:
+        """The detectors' fields these thresholds set (``run_detectors`` overrides)."""
+        return {"thermal": {"at_limit_c": self.gpu_temp_limit_celsius, "mem_limit_c": self.memory_temp_limit_celsius,
+                            "min_throttle_s": self.thermal_limit_for_seconds,
+                            "min_hot_s": self.thermal_warn_for_seconds}}
+
+
+#: The built-in thresholds (detector dataclass defaults read them).
+THRESHOLDS = Thresholds()
+
+
+@dataclass(frozen=True)
 class Alerting:
     """What ``python -m alerts --site FILE`` generates for this site (None: the generator's default)."""
 
-    #: Prometheus scrape job names the health alerts select.
-    exporter_job: str | None = None
-    analyzer_job: str | None = None
-    dcgm_job: str | None = None
     #: Where ``runbook_url`` and ``dashboard_url`` (Grafana) annotations point.
     runbook_base: str | None = None
     dashboard_base: str | None = None
@@ -118,6 +185,8 @@ class SiteConfig:
     """Everything site-specific; ``default_site()`` when no file is given."""
 
     workload_classes: tuple[WorkloadClass, ...] = DEFAULT_CLASSES
+    selectors: Selectors = field(default_factory=Selectors)
+    thresholds: Thresholds = THRESHOLDS
     alerting: Alerting = field(default_factory=Alerting)
     #: Where it came from (a path, or "defaults").
     source: str = "defaults"
@@ -130,10 +199,10 @@ def default_site() -> SiteConfig:
     return SiteConfig()
 
 
-def _ratio(value: Any, where: str) -> float:
+def _ratio(value: Any, where: str, what: str = "floor") -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(float(value)) \
             or not 0.0 <= float(value) <= 1.0:
-        raise ValueError(f"{where}: floor must be a number in 0..1 (effective utilization), got {value!r}")
+        raise ValueError(f"{where}: {what} must be a number in 0..1, got {value!r}")
     return float(value)
 
 
@@ -188,8 +257,39 @@ def parse_site(data: Any, origin: str = "site config") -> SiteConfig:
     if len(set(names)) != len(names):
         raise ValueError(f"{origin}: workload class names repeat: {names}")
     classes = (*mine, *(c for c in DEFAULT_CLASSES if c.name not in names))
-    return SiteConfig(workload_classes=classes, alerting=_alerting(data.get("alerting"), f"{origin}: alerting"),
-                      source=origin)
+    return SiteConfig(workload_classes=classes,
+                      selectors=_section(Selectors, data.get("selectors"), f"{origin}: selectors"),
+                      thresholds=_section(Thresholds, data.get("thresholds"), f"{origin}: thresholds"),
+                      alerting=_alerting(data.get("alerting"), f"{origin}: alerting"), source=origin)
+
+
+def _section(cls: type, raw: Any, where: str) -> Any:
+    """A flat section of typed keys (the dataclass' fields): unknown keys and wrong types are errors."""
+    if raw is None:
+        return cls()
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: expected a mapping")
+    defaults = cls()
+    known = [f.name for f in fields(cls)]
+    unknown = [k for k in raw if k not in known]
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown} (known: {', '.join(known)})")
+    out: dict[str, Any] = {}
+    for k, v in raw.items():
+        at = f"{where}.{k}"
+        if k == "cluster_label":
+            if not isinstance(v, str) or (v and not _LABEL_NAME.fullmatch(v)):
+                raise ValueError(f"{at}: expected a Prometheus label name (or \"\" for none), got {v!r}")
+            out[k] = v
+        elif isinstance(getattr(defaults, k), str):
+            out[k] = _text(v, at)
+        elif k in _RATIOS:
+            out[k] = _ratio(v, at, "a ratio")
+        elif isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{at}: expected a non-negative number, got {v!r}")
+        else:
+            out[k] = float(v)
+    return cls(**out)
 
 
 def _text(value: Any, where: str) -> str:
@@ -203,7 +303,7 @@ def _alerting(raw: Any, where: str) -> Alerting:
         return Alerting()
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where}: expected a mapping")
-    keys = ("exporter_job", "analyzer_job", "dcgm_job", "runbook_base", "dashboard_base", "receivers", "owners")
+    keys = ("runbook_base", "dashboard_base", "receivers", "owners")
     unknown = [k for k in raw if k not in keys]
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown} (known: {', '.join(keys)})")
@@ -226,10 +326,13 @@ def _alerting(raw: Any, where: str) -> Alerting:
         if receiver not in receivers and "*" not in receivers:
             raise ValueError(f"{at}: receiver {receiver!r} has no webhook URL under receivers")
         owners.append((pattern, receiver))
-    jobs = {k: _text(raw[k], f"{where}.{k}")
-            for k in ("exporter_job", "analyzer_job", "dcgm_job", "runbook_base", "dashboard_base")
-            if raw.get(k) is not None}
-    return Alerting(**jobs, receivers={str(k): str(v) for k, v in receivers.items()}, owners=tuple(owners))
+    links = {k: _text(raw[k], f"{where}.{k}") for k in ("runbook_base", "dashboard_base") if raw.get(k) is not None}
+    return Alerting(**links, receivers={str(k): str(v) for k, v in receivers.items()}, owners=tuple(owners))
+
+
+def detector_config(site: SiteConfig | None) -> dict[str, dict[str, float]]:
+    """``run_detectors`` settings from the site's shared thresholds (the built-in ones for None)."""
+    return (site or default_site()).thresholds.detector_settings()
 
 
 def load_site(path: str | Path | None) -> SiteConfig:

@@ -84,9 +84,15 @@ def test_webhook_urls_override():
 
 
 SITE = """
-alerting:
+selectors:
+  cluster_label: k8s_cluster
   exporter_job: gpu-exporter
+thresholds:
+  gpu_temp_limit_celsius: 83
+  thermal_limit_for_seconds: 120
+alerting:
   runbook_base: https://wiki.example/gpu-runbooks
+  dashboard_base: https://grafana.example
   receivers:
     "*": https://alerts.example/hook
     serving-oncall: https://pager.example/serving
@@ -96,8 +102,9 @@ alerting:
 
 
 def test_site_config_routes_hardware_alerts_to_the_gpus_owner(amtool, tmp_path):
-    """``python -m alerts --site``: the site's job names, runbook URLs and receivers, and an inference
-    service's hardware alert routed to its own on-call (real amtool), everything else as before."""
+    """``python -m alerts --site``: the site's job names, cluster label, thresholds, runbook and
+    dashboard URLs and receivers, and an inference service's hardware alert routed to its own
+    on-call (real amtool), everything else as before."""
     from alerts.__main__ import main
 
     site = tmp_path / "site.yaml"
@@ -121,6 +128,15 @@ def test_site_config_routes_hardware_alerts_to_the_gpus_owner(amtool, tmp_path):
     assert urls["serving-oncall"] == "https://pager.example/serving" and urls["sre-page"] == "https://alerts.example/hook"
     rules = (tmp_path / "out" / "truegpu.yaml").read_text()
     assert 'up{job="gpu-exporter"}' in rules and "https://wiki.example/gpu-runbooks/GpuXidError.md" in rules
+    assert "by (cluster" not in rules and "max by (k8s_cluster, hostname, gpu, uuid)" in rules
+    throttling = next(r for g in yaml.safe_load(rules)["groups"] for r in g["rules"]
+                      if r.get("alert") == "GpuThermalThrottling")
+    assert throttling["for"] == "2m" and '{sensor="gpu"}) >= 83' in throttling["expr"]
+    assert throttling["annotations"]["dashboard_url"].startswith(
+        "https://grafana.example/d/truegpu-thermal?orgId=1{{ with $labels.k8s_cluster }}&var-cluster={{ . }}{{ end }}")
+    assert cfg["route"]["group_by"] == ["alertname", "k8s_cluster", "workload", "hostname"]
+    assert all(rule["equal"][0] in ("k8s_cluster", "alertname") and "k8s_cluster" in rule["equal"]
+               for rule in cfg["inhibit_rules"])
     bad = tmp_path / "bad.yaml"
     bad.write_text(SITE.replace("receiver: serving-oncall", "receiver: nobody"))
     assert main(["--site", str(bad), "--out", str(tmp_path / "x")]) == 2

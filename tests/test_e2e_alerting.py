@@ -35,6 +35,7 @@ import yaml
 from alerts import generate
 from alerts.alertmanager import RECEIVERS
 from alerts.rules import FELL_OFF_BUS, GPU_SYMPTOM_ALERTS, WORKLOAD_EFFECTIVE_UTILIZATION
+from analyzer.site import parse_site
 from exporter import schema as S
 from exporter.simulator.model import Cluster
 from exporter.simulator.scenario import load_scenario
@@ -213,8 +214,10 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Callable[..., Stack]]:
 
         # 1. generated rules and Alertmanager config, every receiver pointed at the webhook
         hooks = {r: f"{s.hook.url}/{r}" for r in (*RECEIVERS, *(r for _, r in owners))}
-        paths = generate(tmp / "generated", scale=SCALE, webhook_urls=hooks, exporter_job=EXPORTER_JOB,
-                         owners=owners)
+        site = parse_site({"selectors": {"exporter_job": EXPORTER_JOB},
+                           "alerting": {"receivers": {"*": s.hook.url},
+                                        "owners": [{"namespace": ns, "receiver": r} for ns, r in owners]}})
+        paths = generate(tmp / "generated", scale=SCALE, site=site, webhook_urls=hooks)
         s.rule_files = [p for p in paths if p.name != "alertmanager.yml"]
         am_yml = tmp / "generated" / "alertmanager.yml"
         s.am_config = yaml.safe_load(am_yml.read_text())

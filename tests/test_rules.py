@@ -12,9 +12,10 @@ import yaml
 
 import alerts
 from alerts import GENERATED, ROOT, RUNBOOKS, TESTS, committed_files, generate
-from alerts.rules import SEVERITIES, TEAMS, Timing, fmt_duration, record_names, rule_files
+from alerts.rules import SEVERITIES, TEAMS, Timing, fmt_duration, keep_cluster, record_names, rule_files
 from alerts.unittests import test_files as unit_test_files
 from analyzer import output_schema as O
+from analyzer.site import parse_site
 from exporter import schema as S
 
 RULE_FILES = ("truegpu.yaml", "dcgm.yaml", "analyzer.yaml")
@@ -86,7 +87,8 @@ def _mutated_run(promtool: str, tmp_path: Path, rule_file: str, old: str, new: s
 
 
 def test_unit_tests_catch_a_pcie_alert_that_ignores_idleness(promtool, tmp_path):
-    busy = " and on (hostname, gpu, uuid) (max by (hostname, gpu, uuid) (truegpu_gpu_utilization_ratio) > 0.2)"
+    key = "cluster, hostname, gpu, uuid"
+    busy = f" and on ({key}) (max by ({key}) (truegpu_gpu_utilization_ratio) > 0.2)"
     out = _mutated_run(promtool, tmp_path, "truegpu.yaml", busy, "")
     assert out.returncode != 0 and "GpuPcieLinkDowngraded" in out.stdout + out.stderr
 
@@ -102,14 +104,14 @@ def test_dcgm_fell_off_bus_needs_the_node_up_on_every_spelling(promtool, tmp_pat
     """Without "its node still reports", a node or exporter gone pages every GPU on it (the old
     ``on (Hostname)`` rule did this on hostname data): each spelling's suite must catch it."""
     text = (GENERATED / "dcgm.yaml").read_text()
-    clause = text[text.index(" and on (hostname) (count by (hostname)"):]
+    clause = text[text.index(" and on (cluster, hostname) (count by (cluster, hostname)"):]
     clause = clause[:clause.index("\n")]
     out = _mutated_run(promtool, tmp_path, "dcgm.yaml", clause, "", test_file)
     assert out.returncode != 0 and "GpuFellOffBus" in out.stdout + out.stderr
 
 
 def test_unit_tests_catch_a_fell_off_bus_alert_for_a_whole_node(promtool, tmp_path):
-    out = _mutated_run(promtool, tmp_path, "truegpu.yaml", " and on (hostname) truegpu_node_info", "")
+    out = _mutated_run(promtool, tmp_path, "truegpu.yaml", " and on (cluster, hostname) truegpu_node_info", "")
     assert out.returncode != 0 and "GpuFellOffBus" in out.stdout + out.stderr
 
 
@@ -165,8 +167,9 @@ def test_hardware_alerts_exist_in_both_dialects():
 
 def test_dcgm_alerts_say_which_need_non_default_counters():
     needs = {r["alert"] for r in _alerts("dcgm.yaml") if "dcgm_counters" in r["annotations"]}
-    assert needs == {"GpuUncorrectableEcc", "GpuThermalThrottling", "GpuNvlinkErrors", "GpuPcieLinkDowngraded",
-                     "GpuXidError"}  # the XID count collector variant (the last-XID gauge is default)
+    # GpuThermalThrottling reads the throttle reasons where collected and the default temperatures otherwise;
+    # GpuXidError: the XID count collector variant (the last-XID gauge is default)
+    assert needs == {"GpuUncorrectableEcc", "GpuNvlinkErrors", "GpuPcieLinkDowngraded", "GpuXidError"}
     header = (GENERATED / "dcgm.yaml").read_text().split("groups:")[0]
     assert "DCGM_FI_PROF_SM_ACTIVE" in header and "GpuNvlinkErrors" in header
 
@@ -203,8 +206,8 @@ def test_scaled_rules_are_the_same_rules_faster(promtool, tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     fast = {(r["alert"], r["labels"]["severity"]): r for r in
             (r for g in _load(tmp_path / "truegpu.yaml")["groups"] for r in g["rules"] if "alert" in r)}
-    assert fast["GpuThermalThrottling", "warning"]["for"] == "6s"
-    assert fast["GpuNearThermalLimit", "warning"]["for"] == "9s"
+    assert fast["GpuThermalThrottling", "critical"]["for"] == "1s"
+    assert fast["GpuNearThermalLimit", "warning"]["for"] == "3s"
     assert fast["GpuFellOffBus", "critical"]["for"] == "1s"
     assert "[6s]" in fast["GpuXidError", "critical"]["expr"]
     assert "[216s]" in fast["GpuFellOffBus", "critical"]["expr"]  # 6 h lookback
@@ -216,12 +219,39 @@ def test_scaled_rules_are_the_same_rules_faster(promtool, tmp_path):
         assert dur.sub("D", (tmp_path / name).read_text()) == dur.sub("D", (GENERATED / name).read_text())
 
 
-def test_generate_options(tmp_path):
-    generate(tmp_path, exporter_job="gpu-exporter", dcgm_job="dcgm", runbook_base="https://rb")
+def test_generate_for_a_site(tmp_path):
+    site = parse_site({"selectors": {"exporter_job": "gpu-exporter", "dcgm_job": "dcgm"},
+                       "alerting": {"runbook_base": "https://rb"}})
+    generate(tmp_path, site=site)
     text = (tmp_path / "truegpu.yaml").read_text()
     assert 'up{job="gpu-exporter"}' in text and "https://rb/GpuFellOffBus.md" in text
     assert 'up{job="dcgm"}' in (tmp_path / "dcgm.yaml").read_text()
     assert alerts.generate is generate
+
+
+def test_clusters_case_fails_on_rules_that_drop_the_cluster_label(promtool, tmp_path):
+    """The committed two-cluster promtool case can fail: on rules generated without a cluster label
+    (``cluster_label: ""``) node and fleet series merge across clusters and GpuMissing is hidden."""
+    generate(tmp_path / "generated", site=parse_site({"selectors": {"cluster_label": ""}}))
+    suite = yaml.safe_load((TESTS / "truegpu_test.yaml").read_text())
+    suite["tests"] = [t for t in suite["tests"] if t["name"].startswith("Two clusters")]
+    assert len(suite["tests"]) == 1
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "t.yaml").write_text(yaml.safe_dump(suite))
+    out = _run([promtool, "test", "rules", "t.yaml"], cwd=tmp_path / "tests")
+    assert out.returncode != 0 and "GpuMissing" in out.stdout + out.stderr
+    assert "node:truegpu_effective_utilization:avg" in out.stdout + out.stderr
+
+
+def test_keep_cluster_puts_the_label_in_every_grouping():
+    expr = 'avg (x) + max by (a) (y) * on (a, b) group_left (c) z or count by () (w) unless on (d) max without () (v)'
+    assert keep_cluster(expr, "k") == ("avg by (k) (x) + max by (k, a) (y) * on (k, a, b) group_left (c) z "
+                                       "or count by (k) (w) unless on (k, d) max without () (v)")
+    assert keep_cluster(expr, "") == expr
+    # every generated expression is in the style keep_cluster relies on (one space before a grouping)
+    for rf in rule_files():
+        for r in [*rf.alerts(), *rf.records()]:
+            assert not re.search(r"\b(by|on|without|ignoring)\(|\b(sum|avg|min|max|count)\(", r.expr), r.expr
 
 
 def test_rule_files_are_built_from_the_same_code():

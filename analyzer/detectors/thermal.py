@@ -69,6 +69,7 @@ from analyzer.detectors import register
 from analyzer.episodes import Episodes, column, find_episodes, format_duration
 from analyzer.findings import THERMAL, Finding
 from analyzer.frame import Fleet
+from analyzer.site import THRESHOLDS
 
 #: Smallest power spread (W) between GPUs of one node that gives a usable slope: ~2 C of
 #: temperature difference at 0.08 K/W, above the sensor's 1 C quantization.
@@ -314,15 +315,16 @@ def _group_reduce(m: np.ndarray, groups: np.ndarray, n_groups: int, how: str) ->
 class Thermal:
     kind = THERMAL
     slowdown_c: float = 87.0
-    at_limit_c: float = 85.0
-    mem_limit_c: float = 95.0
+    #: Shared with the alert rules (analyzer.site.Thresholds; a site config sets both).
+    at_limit_c: float = THRESHOLDS.gpu_temp_limit_celsius
+    mem_limit_c: float = THRESHOLDS.memory_temp_limit_celsius
     warn_c: float = 79.0
     excess_c: float = 5.0
     min_slope_c_per_min: float = 0.2
     eta_horizon_s: float = 1800.0
     trend_window_s: float = 900.0
-    min_throttle_s: float = 60.0
-    min_hot_s: float = 300.0
+    min_throttle_s: float = THRESHOLDS.thermal_limit_for_seconds
+    min_hot_s: float = THRESHOLDS.thermal_warn_for_seconds
     max_gap_steps: int = 2
     max_unknown_steps: int = 2
 

@@ -30,7 +30,7 @@ from analyzer.cli import (
     resolve_range,
 )
 from analyzer.signals import ALLOCATION_COLUMNS
-from analyzer.site import load_site
+from analyzer.site import detector_config, load_site
 from exporter.timeparse import parse_positive_duration
 
 #: Same as analyzer.finops.costs.GROUP_BY (kept here so --help needs no pandas; a test holds them equal).
@@ -145,7 +145,7 @@ def run_report(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
         progress(f"scoring {len(fleet.frame):,} rows")
         scores = compute_scores(fleet)
-        findings = run_detectors(fleet, list(COST_FINDING_KINDS))
+        findings = run_detectors(fleet, list(COST_FINDING_KINDS), detector_config(site))
         report = cost_report(fleet, scores, findings, catalog, group_by=args.group_by,
                              team_label=args.team_label, team_map=team_map, site=site)
     except (ValueError, OSError, PrometheusError, KeyError) as exc:
