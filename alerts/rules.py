@@ -90,9 +90,11 @@ GPU_SYMPTOM_ALERTS = (
     "GpuNearThermalLimit", "GpuThermal", "GpuPcieLinkDowngraded", "GpuNvlinkErrors",
 )
 FELL_OFF_BUS = "GpuFellOffBus"
+RECOVERY_ACTION = "GpuRecoveryActionRequired"
 #: Alerts about one GPU's hardware (they carry who holds the GPU: routing can send them to its owners).
 HARDWARE_ALERTS = (
-    "GpuXidError", "GpuUncorrectableEcc", "GpuRowRemapFailure", "GpuThermalThrottling", "GpuNearThermalLimit",
+    "GpuXidError", "GpuUncorrectableEcc", "GpuRowRemapFailure", RECOVERY_ACTION, "GpuThermalThrottling",
+    "GpuNearThermalLimit",
     "GpuNvlinkErrors", "GpuPcieLinkDowngraded", FELL_OFF_BUS,
 )
 GPU_MISSING = "GpuMissing"
@@ -172,7 +174,7 @@ class Links:
 
 #: Dashboard (dashboards/<key>.py) an alert opens on, and the variables it fills from the alert's labels.
 DASHBOARD_OF: dict[str, str] = {
-    **dict.fromkeys(("GpuXidError", "GpuUncorrectableEcc", "GpuRowRemapFailure", "GpuNvlinkErrors",
+    **dict.fromkeys(("GpuXidError", "GpuUncorrectableEcc", "GpuRowRemapFailure", RECOVERY_ACTION, "GpuNvlinkErrors",
                      "GpuPcieLinkDowngraded", "GpuFellOffBus", "GpuMissing", "GpuDegraded", "GpuFault"), "health"),
     **dict.fromkeys(("GpuThermalThrottling", "GpuNearThermalLimit", "GpuThermal"), "thermal"),
     **dict.fromkeys(("GpuStraggler",), "job"),
@@ -396,6 +398,17 @@ def with_owner(expr: str, key: str = GPU_BY, holders: str = S.GPU_ALLOCATION_INF
             f"or (({expr}) unless on ({key}) {holder})")
 
 
+def recovery_action(expr: str, ref: str, labels: dict[str, str] | None = None,
+                    fields: tuple[str, ...] = ()) -> Alert:
+    """GpuRecoveryActionRequired: the driver says the GPU needs a reset, reboot or drain (``expr``: the
+    recovery-action code, non-zero)."""
+    codes = ", ".join(f"{c} {a.replace('_', ' ')}" for c, a in S.GPU_RECOVERY_ACTIONS.items() if c)
+    return Alert(RECOVERY_ACTION, f"{expr} > 0", "0s", "critical", "training",
+                 "GPU recovery action {{ $value }} required on " + SHORT_REF,
+                 f"{ref} needs recovery action {{{{ $value }}}} ({codes}): drain its work and do what the code "
+                 "says; the GPU cannot be trusted until then.", labels or {}, fields)
+
+
 def thermal_alerts(t: Timing, th: Thresholds, key: str, clock: str, thermal_reason: str, reasons: str,
                    gpu_temp: str, memory_temp: str, ref: str, clock_text: str,
                    labels: dict[str, str] | None = None, fields: tuple[str, ...] = ()) -> tuple[Alert, Alert]:
@@ -461,6 +474,7 @@ def truegpu_hardware(t: Timing, th: Thresholds = THRESHOLDS) -> Group:
         Alert("GpuRowRemapFailure", f"{S.ROW_REMAP_FAILURE.name} == 1", "0s", "critical", "training",
               "Row remapping failed on " + SHORT_REF,
               f"{GPU_REF} has no spare HBM rows left to remap memory errors: drain it and RMA it."),
+        recovery_action(S.GPU_RECOVERY_ACTION.name, GPU_REF),
         *thermal_alerts(t, th, GPU_BY, GPU_SM_CLOCK_RATIO, f"max by ({GPU_BY}) ({clock_event}) > 0",
                         sel(S.CLOCK_EVENT_ACTIVE.name), f"max by ({GPU_BY}) ({sel(temp, sensor='gpu')})",
                         f"max by ({GPU_BY}) ({sel(temp, sensor='memory')})", GPU_REF,
@@ -642,6 +656,7 @@ def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB, th: Thresholds = THRESHOLDS) 
     dbe = _field(S.ECC_ERRORS, type="uncorrectable", scope="volatile").field
     rows = _field(S.REMAPPED_ROWS, type="uncorrectable").field
     remap_failure = _field(S.ROW_REMAP_FAILURE).field
+    recovery = _field(S.GPU_RECOVERY_ACTION).field
     reasons = [f.field for f in S.CLOCK_EVENT_ACTIVE.dcgm]
     bits = [bit for bit, name in S.CLOCK_EVENT_REASONS.items() if name in S.THERMAL_REASONS]
     mask = dcgm_norm(dcgm_sel(*reasons))
@@ -699,6 +714,7 @@ def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB, th: Thresholds = THRESHOLDS) 
               "Row remapping failed on " + SHORT_REF,
               f"{DCGM_GPU_REF} has no spare HBM rows left to remap memory errors: drain it and RMA it.",
               dialect, (remap_failure,)),
+        recovery_action(f"{d(recovery)} {ok}", DCGM_GPU_REF, dialect, (recovery,)),
         *thermal_alerts(t, th, g, scaled(f"max by ({g}) ({d(clock.field)})", clock.scale), throttled,
                         f"{mask} {ok}", *temps, DCGM_GPU_REF, "{{ $value | humanize }}Hz", dialect,
                         (clock.field, *(f.field for f in S.TEMPERATURE.dcgm))),

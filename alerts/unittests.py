@@ -50,6 +50,9 @@ HOST, HOST2 = "node-1", "node-2"
 SENTINEL = "9223372036854775794"  # DCGM int64 NOT_SUPPORTED as old exporters print it
 
 Labels = dict[str, str]
+RECOVERY_TEXT = ("needs recovery action {} (1 gpu reset, 2 node reboot, 3 drain p2p, 4 drain and reset, 5 recover imex "
+                 "domain, 6 bus reset, 7 system reboot): drain its work and do what the code says; the GPU cannot be "
+                 "trusted until then.")
 
 
 def series(name: str, labels: Labels, values: str) -> dict[str, str]:
@@ -76,6 +79,7 @@ def annotations(alert: str, summary: str, description: str, **extra: str) -> dic
 #: Dashboard key per alert and the variables its link fills (written out here, not taken from the rules).
 _DASHBOARDS = {
     "GpuXidError": "health", "GpuUncorrectableEcc": "health", "GpuRowRemapFailure": "health",
+    "GpuRecoveryActionRequired": "health",
     "GpuNvlinkErrors": "health", "GpuPcieLinkDowngraded": "health", "GpuFellOffBus": "health",
     "GpuMissing": "health", "GpuDegraded": "health", "GpuFault": "health", "GpuThermal": "thermal",
     "GpuThermalThrottling": "thermal",
@@ -248,6 +252,16 @@ def truegpu_tests() -> list[dict[str, Any]]:
             f"{ref(0)} has no spare HBM rows left to remap memory errors: drain it and RMA it."))),
     ])
 
+    recovery = case("GpuRecoveryActionRequired: the driver asks for a drain and reset", [
+        series(S.GPU_RECOVERY_ACTION.name, gpu(0), "0 4x5"),
+        series(S.GPU_RECOVERY_ACTION.name, gpu(1), "0x5"),
+    ], alerts=[
+        check("0m", "GpuRecoveryActionRequired"),
+        check("2m", "GpuRecoveryActionRequired", expect(gpu(0), "critical", "training", annotations(
+            "GpuRecoveryActionRequired", f"GPU recovery action 4 required on {short(0)}",
+            f"{ref(0)} {RECOVERY_TEXT.format(4)}"))),
+    ])
+
     ev, temp = S.CLOCK_EVENT_ACTIVE.name, S.TEMPERATURE.name
     thermal = case("GpuThermalThrottling and GpuNearThermalLimit", [
         # GPU 0 throttles for heat all along: throttling, not "near the limit"
@@ -409,7 +423,7 @@ def truegpu_tests() -> list[dict[str, Any]]:
                   f"The source dcgm of the exporter on {HOST} (n1:9835) takes 3s per collection for 15m, more than "
                   "half of its 5 s deadline."))),
     ])
-    return [recording, xid_cases, owner, ecc_case, remap, thermal, nvlink, pcie, lost, missing, down, health,
+    return [recording, xid_cases, owner, ecc_case, remap, recovery, thermal, nvlink, pcie, lost, missing, down, health,
             clusters_case()]
 
 
@@ -621,6 +635,18 @@ def dcgm_tests(sp: Spelling) -> list[dict[str, Any]]:
             f"{ref(0)} has no spare HBM rows left to remap memory errors: drain it and RMA it."))),
     ])
 
+    action = f(S.GPU_RECOVERY_ACTION)
+    recovery = case("dcgm GpuRecoveryActionRequired (a blank marker is no action)", [
+        series(action, dgpu(0), "0 1x5"),
+        series(action, dgpu(1), "0x5"),
+        series(action, dgpu(2), "2147483632x5"),
+    ], alerts=[
+        check("0m", "GpuRecoveryActionRequired"),
+        check("2m", "GpuRecoveryActionRequired", expect(_d(dgpu(0)), "critical", "training", annotations(
+            "GpuRecoveryActionRequired", f"GPU recovery action 1 required on {short(0)}",
+            f"{ref(0)} {RECOVERY_TEXT.format(1)}", **_dcgm_counters("GpuRecoveryActionRequired")))),
+    ])
+
     reasons, old_reasons = (sp.name(x.field) for x in S.CLOCK_EVENT_ACTIVE.dcgm)
     gtemp, mtemp = f(S.TEMPERATURE, sensor="gpu"), f(S.TEMPERATURE, sensor="memory")
     thermal = case("dcgm GpuThermalThrottling (bitmask, both field names) and GpuNearThermalLimit", [
@@ -718,7 +744,7 @@ def dcgm_tests(sp: Spelling) -> list[dict[str, Any]]:
                 "unobserved."))),
     ])
     missing = missing_case(f(S.MEMORY_USED), dgpu, "GPU_I_ID", {"dialect": "dcgm"})
-    return [recording, xid_cases, xid_counted, ecc, remap, thermal, nvlink, pcie, lost, missing, down]
+    return [recording, xid_cases, xid_counted, ecc, remap, recovery, thermal, nvlink, pcie, lost, missing, down]
 
 
 # analyzer findings ---------------------------------------------------------------------------

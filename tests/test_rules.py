@@ -169,7 +169,8 @@ def test_dcgm_alerts_say_which_need_non_default_counters():
     needs = {r["alert"] for r in _alerts("dcgm.yaml") if "dcgm_counters" in r["annotations"]}
     # GpuThermalThrottling reads the throttle reasons where collected and the default temperatures otherwise;
     # GpuXidError: the XID count collector variant (the last-XID gauge is default)
-    assert needs == {"GpuUncorrectableEcc", "GpuNvlinkErrors", "GpuPcieLinkDowngraded", "GpuXidError"}
+    assert needs == {"GpuUncorrectableEcc", "GpuNvlinkErrors", "GpuPcieLinkDowngraded", "GpuXidError",
+                     "GpuRecoveryActionRequired"}
     header = (GENERATED / "dcgm.yaml").read_text().split("groups:")[0]
     assert "DCGM_FI_PROF_SM_ACTIVE" in header and "GpuNvlinkErrors" in header
 
