@@ -39,7 +39,7 @@ import pandas as pd
 from analyzer import output_schema as O
 from analyzer.findings import IDLE_MASKING, STRAGGLER, Finding
 from analyzer.scores import IDLE_UTIL, Scores, allocated_rows
-from analyzer.site import MATCH_LABELS, UNCLASSIFIED, SiteConfig, default_site
+from analyzer.site import UNCLASSIFIED, SiteConfig, default_site
 
 if TYPE_CHECKING:
     from analyzer.frame import Fleet
@@ -80,9 +80,9 @@ def row_classes(fleet: Fleet, site: SiteConfig) -> tuple[np.ndarray, np.ndarray]
     models = fr["model"] if "model" in fr.columns else pd.Series([""] * n, index=fr.index)
     for cls in site.workload_classes:
         hit = np.zeros(n, bool)
-        for label in MATCH_LABELS:
-            if label in fr.columns and cls.match.get(label):
-                hit |= per_category(fr[label], lambda v, c=cls, lb=label: c.matches(lb, v), False).astype(bool)
+        for column in cls.match:
+            if column in fr.columns:
+                hit |= per_category(fr[column], lambda v, c=cls, col=column: c.matches(col, v), False).astype(bool)
         hit &= todo
         if hit.any():
             name[hit] = cls.name

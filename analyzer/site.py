@@ -9,13 +9,13 @@ built-in one replaces it)::
 
     workload_classes:
       - name: training
-        match: {job: ["*train*", "*sft*"], namespace: ["research-*"]}   # globs per allocation label
+        match: {workload: ["*train*", "*sft*"], namespace: ["research-*"]}   # globs per allocation label
         floor: 0.45                    # effective utilization healthy work of the class attains
       - name: inference
         match: {namespace: ["serving", "*-inference"]}
         floor: {default: 0.10, "*H100*": 0.12}                         # per GPU model (globs)
 
-A workload's class is the first class with a glob matching its job, namespace or pod name
+A workload's class is the first class with a glob matching its workload, namespace or pod name
 (case-insensitive). Workloads no class matches are *unclassified*: their gap is reported as
 such, never as headroom or as waste.
 
@@ -68,8 +68,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-#: Labels a class can match on (allocation labels of the tidy frame).
-MATCH_LABELS: tuple[str, ...] = ("job", "namespace", "pod")
+from analyzer.signals import ALLOCATION_COLUMN_OF
+from exporter import schema as S
+
+#: Labels a class can match on, as the site file names them (wire labels: ``workload``, not ``job``).
+MATCH_LABELS: tuple[str, ...] = (S.WORKLOAD, "namespace", "pod")
 #: Sections a site config may hold (a typo is an error, never silently ignored).
 SECTIONS: tuple[str, ...] = ("workload_classes", "selectors", "thresholds", "alerting")
 #: Threshold keys that are ratios (0..1); the others are non-negative numbers.
@@ -84,7 +87,7 @@ class WorkloadClass:
     """A class of workloads and the effective utilization its healthy members attain."""
 
     name: str
-    #: label -> globs (case-insensitive) on the workload's job/namespace/pod name.
+    #: frame column (analyzer.signals.ALLOCATION_COLUMN_OF of a match label) -> globs (case-insensitive).
     match: Mapping[str, tuple[str, ...]]
     #: Effective utilization healthy work of this class attains at least (0..1).
     floor: float
@@ -236,7 +239,7 @@ def _workload_class(raw: Any, where: str) -> WorkloadClass:
             raise ValueError(f"{where}: a floor per GPU model needs a 'default' entry")
         model_floors = [(str(k), _ratio(v, f"{where} floor[{k}]")) for k, v in floor.items() if k != "default"]
         floor = floor["default"]
-    return WorkloadClass(name, {k: _globs(v, f"{where} match.{k}") for k, v in match.items()},
+    return WorkloadClass(name, {ALLOCATION_COLUMN_OF[k]: _globs(v, f"{where} match.{k}") for k, v in match.items()},
                          _ratio(floor, where), tuple(model_floors))
 
 

@@ -165,7 +165,7 @@ def test_class_floors_split_headroom_from_underuse():
     assert p["headroom"][3] == 0.0 and sum(p[w][3] for w in WASTE) == 0.0
     # a site config names the class (and a per-model floor): the same row becomes headroom + underuse
     site = parse_site({"workload_classes": [
-        {"name": "batch", "match": {"job": "myst*"}, "floor": {"default": 0.1, "*H100*": 0.3}}]})
+        {"name": "batch", "match": {"workload": "myst*"}, "floor": {"default": 0.1, "*H100*": 0.3}}]})
     q = _parts_of(rows, site)
     assert q["underused"][3] == pytest.approx(0.1) and q["headroom"][3] == pytest.approx(0.7)
     assert q["unclassified"][3] == 0.0
@@ -195,13 +195,13 @@ def test_row_classes_first_match_in_order_and_built_ins():
 @pytest.mark.parametrize(("data", "message"), [
     ({"workload_clases": []}, r"unknown section\(s\) \['workload_clases'\]"),
     ({"workload_classes": {}}, "must be a list"),
-    ({"workload_classes": [{"name": "a", "match": {"job": "x"}, "floor": 1.5}]},
+    ({"workload_classes": [{"name": "a", "match": {"workload": "x"}, "floor": 1.5}]},
      r"workload_classes\[0\] \(a\).*0\.\.1"),
     ({"workload_classes": [{"name": "a", "match": {"host": "x"}, "floor": 0.5}]}, "match on"),
-    ({"workload_classes": [{"name": "a", "match": {"job": []}, "floor": 0.5}]}, "glob"),
-    ({"workload_classes": [{"name": "a", "match": {"job": "x"}, "floor": {"*": 0.5}}]}, "'default'"),
-    ({"workload_classes": [{"name": UNCLASSIFIED, "match": {"job": "x"}, "floor": 0.5}]}, "other than"),
-    ({"workload_classes": [{"name": "a", "match": {"job": "x"}, "floor": 0.5}] * 2}, "repeat"),
+    ({"workload_classes": [{"name": "a", "match": {"workload": []}, "floor": 0.5}]}, "glob"),
+    ({"workload_classes": [{"name": "a", "match": {"workload": "x"}, "floor": {"*": 0.5}}]}, "'default'"),
+    ({"workload_classes": [{"name": UNCLASSIFIED, "match": {"workload": "x"}, "floor": 0.5}]}, "other than"),
+    ({"workload_classes": [{"name": "a", "match": {"workload": "x"}, "floor": 0.5}] * 2}, "repeat"),
 ])
 def test_site_config_errors_name_the_entry(data, message):
     with pytest.raises(ValueError, match=message):

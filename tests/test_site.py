@@ -8,6 +8,7 @@ import yaml
 from alerts.rules import rule_files
 from analyzer.detectors import make_detector
 from analyzer.site import THRESHOLDS, Thresholds, detector_config, parse_site
+from tests.conftest import ROOT
 
 
 def _alert(files, name: str) -> dict:
@@ -65,3 +66,20 @@ def test_selectors_set_job_names_and_the_cluster_label():
 def test_site_section_errors_name_the_entry(data, message):
     with pytest.raises(ValueError, match=message):
         parse_site(data, "site.yaml")
+
+
+def test_the_example_site_config_is_the_built_in_one_plus_its_own_classes_and_routes(tmp_path):
+    """deploy/site.example.yaml documents every section with the built-in values: it parses, its
+    selectors and thresholds equal the defaults, and the alerts it generates differ from the
+    committed ones only in what its alerting section sets (receivers, owner routes)."""
+    from alerts import GENERATED, generate
+    from analyzer.site import Selectors, load_site
+
+    site = load_site(ROOT / "deploy" / "site.example.yaml")
+    assert site.selectors == Selectors() and site.thresholds == THRESHOLDS
+    assert [c.name for c in site.workload_classes] == ["training", "inference"]
+    assert site.workload_classes[0].match["job"] == ("*train*", "*sft*")  # the site file's `workload`
+    assert site.alerting.owners == (("serving|.*-inference", "serving-oncall"),)
+    generate(tmp_path, site=site)
+    for name in ("truegpu.yaml", "dcgm.yaml", "analyzer.yaml"):
+        assert (tmp_path / name).read_text() == (GENERATED / name).read_text(), name
