@@ -1,9 +1,12 @@
-"""A thin adapter over grafanalib: panels with units, targets, template variables, layout.
+"""A thin adapter over grafanalib: panels with units, targets, template variables, layout, links.
 
-Dashboards are written as lists of :class:`PanelSpec` (title, unit, queries, kind, width);
+Dashboards are written as lists of :class:`PanelSpec` (title, unit, queries, kind, width, and
+where a series or row is a host, GPU or workload a :class:`Drill` to the dashboard about it);
 :func:`dashboard` lays them out left to right on Grafana's 24-column grid, numbers them,
-adds the template variables and notes on panels that need dcgm-exporter fields outside
-its default counter list or the truegpu analyzer, and returns the grafanalib Dashboard.
+adds the template variables (cluster, site/rack where the exporter publishes them, host, GPU,
+namespace, workload), the links to the related dashboards, the analyzer's findings as
+annotations, and notes on panels that need dcgm-exporter fields outside its default counter
+list or the truegpu analyzer, and returns the grafanalib Dashboard.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from dataclasses import dataclass, field
 from grafanalib import core as g
 from grafanalib._gen import DashboardEncoder
 
-from dashboards.queries import ANALYZER_NAMES, DCGM, V_HOSTLABEL, Dialect, dcgm_fields_in
+from analyzer import output_schema as out
+from dashboards.queries import ANALYZER_NAMES, DCGM, RANGE, V_CLUSTER, Dialect, dcgm_fields_in, dcgm_leaf
 from exporter import schema as S
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -59,6 +63,22 @@ class Query:
     instant: bool = False
 
 
+@dataclass(frozen=True)
+class Drill:
+    """A data link from each series (or table row) to the dashboard ``key`` about it, its
+    ``labels`` set as that dashboard's variables (the time range and data source kept)."""
+
+    key: str
+    labels: tuple[str, ...]
+    title: str
+
+
+#: Drill-downs by what a series is: a host, a GPU (to its health), a workload.
+TO_NODE = Drill("node", (S.HOSTNAME,), "Node ${__field.labels.hostname}")
+TO_GPU = Drill("health", (S.HOSTNAME, S.GPU), "GPU health")
+TO_JOB = Drill("job", ("namespace", S.WORKLOAD), "Job")
+
+
 @dataclass
 class PanelSpec:
     title: str
@@ -71,6 +91,7 @@ class PanelSpec:
     stacked: bool = False
     reduce: str = "mean"
     extra: dict = field(default_factory=dict)
+    drill: tuple[Drill, ...] = ()
 
 
 def q(expr: str, legend: str = "", instant: bool = False) -> Query:
@@ -108,9 +129,31 @@ def _targets(spec: PanelSpec) -> list[g.Target]:
     ]
 
 
+def dashboard_uid(dialect: Dialect, key: str) -> str:
+    """``<dialect>-<key>``: alerts.rules.dashboard_url builds its links on these UIDs."""
+    return f"{dialect.name}-{key}"
+
+
+def _data_links(spec: PanelSpec, dialect: Dialect) -> list[dict]:
+    """Grafana data links: a table row's values are ``__data.fields``, a series' are ``__field.labels``."""
+    value = "${__data.fields.%s}" if spec.kind == "table" else "${__field.labels.%s}"
+    links = []
+    for d in spec.drill:
+        names = [(dialect.cluster_label, "cluster")] if dialect.cluster_label else []
+        names += [(label, label) for label in d.labels]
+        params = "".join(f"&var-{var}={value % label}" for label, var in names)
+        title = d.title if spec.kind != "table" else d.title.replace("__field.labels", "__data.fields")
+        links.append({"title": title, "targetBlank": False,
+                      "url": f"/d/{dashboard_uid(dialect, d.key)}?${{__url_time_range}}&${{datasource:queryparam}}"
+                             + params})
+    return links
+
+
 def _panel(spec: PanelSpec, dialect: Dialect, pos: g.GridPos) -> g.Panel:
+    links = _data_links(spec, dialect)
     common = dict(title=spec.title, dataSource=DATASOURCE, targets=_targets(spec),
-                  description=_notes(spec, dialect), gridPos=pos)
+                  description=_notes(spec, dialect), gridPos=pos,
+                  extraJson={"fieldConfig": {"defaults": {"links": links}}} if links else None)
     if spec.kind == "stat":
         return g.Stat(format=spec.unit, reduceCalc=spec.reduce, graphMode="area", noValue="no data", **common)
     if spec.kind == "table":
@@ -121,37 +164,95 @@ def _panel(spec: PanelSpec, dialect: Dialect, pos: g.GridPos) -> g.Panel:
                         stacking={"mode": "normal"} if spec.stacked else {}, **common)
 
 
-def _variable(name: str, label: str, query: str) -> g.Template:
-    return g.Template(name=name, label=label, query=query,
-                      dataSource=DATASOURCE, includeAll=True, multi=True, allValue=ALL, default="All",
-                      refresh=g.REFRESH_ON_TIME_RANGE_CHANGE)
+def _variable(name: str, label: str, query: str, *, all_value: str | None = ALL, regex: str | None = None,
+              hide: int = g.SHOW) -> g.Template:
+    """A multi-value query variable with All (``all_value``: None makes All the list of its values, so
+    variables it depends on narrow the panels too), refreshed on time range change."""
+    t = g.Template(name=name, label=label, query=query, dataSource=DATASOURCE, includeAll=True, multi=True,
+                   allValue=all_value, default="All", regex=regex, hide=hide, refresh=g.REFRESH_ON_TIME_RANGE_CHANGE)
+    t._current = {"selected": True, "text": ["All"], "value": ["$__all"]}
+    return t
+
+
+def _label_of(expr: str, label: str) -> tuple[str, str]:
+    """(query, regex) of a variable listing ``label`` of a PromQL expression (not just a selector)."""
+    return f"query_result({expr})", f'/{label}="([^"]+)"/'
 
 
 def variables(dialect: Dialect) -> list[g.Template]:
+    """datasource, cluster (unless the site has no cluster label), site/rack (truegpu: where
+    truegpu_node_info places the nodes), hostname, gpu, namespace, workload."""
     ds = g.Template(name="datasource", label="Data source", query="prometheus", type="datasource",
                     default="Prometheus")
-    if dialect.dcgm:
-        util = S.GPU_UTILIZATION.dcgm[0].field
-        used = S.MEMORY_USED.dcgm[0].field
-        hostlabel = g.Template(name=V_HOSTLABEL[1:], label="Host label", query="Hostname,hostname",
-                               type="custom", default="Hostname")
-        return [
-            ds, hostlabel,
-            _variable("hostname", "Host", f"label_values({util}, {V_HOSTLABEL})"),
-            _variable("gpu", "GPU", f'label_values({util}{{{V_HOSTLABEL}=~"$hostname"}}, gpu)'),
+    d = dialect
+    if d.dcgm:  # one dashboard for both host labels: the lists are normalised like the panels
+        used_field = S.MEMORY_USED.dcgm[0].field
+        used = dcgm_leaf([used_field], d.cluster_matcher())
+        used_in_ns = dcgm_leaf([used_field], [*d.cluster_matcher(), ("namespace", "=~", "$namespace")])
+        hosts = _label_of(d.values_of(S.GPU_UTILIZATION, S.HOSTNAME), S.HOSTNAME)
+        gpus = _label_of(d.values_of(S.GPU_UTILIZATION, S.GPU, **{S.HOSTNAME: "=~$hostname"}), S.GPU)
+        cluster_source = dcgm_leaf([used_field], [])
+        variables_ = [
+            _variable("hostname", "Host", hosts[0], regex=hosts[1]),
+            _variable("gpu", "GPU", gpus[0], regex=gpus[1]),
             _variable("namespace", "Namespace", f"label_values({used}, namespace)"),
-            _variable(S.WORKLOAD, "Pod (dcgm-exporter has no workload label)",
-                      f'label_values({used}{{namespace=~"$namespace"}}, pod)'),
+            _variable(S.WORKLOAD, "Pod (dcgm-exporter has no workload label)", f"label_values({used_in_ns}, pod)"),
         ]
-    info = S.GPU_INFO.name
-    alloc = S.GPU_ALLOCATION_INFO.name
-    return [
-        ds,
-        _variable("hostname", "Host", f"label_values({info}, hostname)"),
-        _variable("gpu", "GPU", f'label_values({info}{{hostname=~"$hostname"}}, gpu)'),
-        _variable("namespace", "Namespace", f"label_values({alloc}, namespace)"),
-        _variable(S.WORKLOAD, "Workload", f'label_values({alloc}{{namespace=~"$namespace"}}, {S.WORKLOAD})'),
-    ]
+        placement: list[g.Template] = []
+    else:
+        info, alloc, node = S.GPU_INFO.name, S.GPU_ALLOCATION_INFO.name, S.NODE_INFO.name
+        cluster_source = info  # not filtered by $cluster: it lists the clusters
+        site, rack = S.NODE_INFO.labels
+        placement = [
+            _variable(site, "Site", f"label_values({d.selector(node)}, {site})"),
+            _variable(rack, "Rack", f"label_values({d.selector(node, (site, '=~', '$site'))}, {rack})"),
+        ]
+        # Nodes truegpu_node_info places outside the selected site/rack drop out; nodes it does not place stay.
+        elsewhere = f"{d.selector(node, (site, '!~', '$site'))} or {d.selector(node, (rack, '!~', '$rack'))}"
+        # query_result is an instant query: hosts seen anywhere in the range (one that died stays listed).
+        seen = f"max_over_time({d.selector(info)}[{RANGE}])"
+        hosts = _label_of(f"group by ({d.key(S.HOSTNAME)}) ({seen}) unless on ({d.key(S.HOSTNAME)}) ({elsewhere})",
+                          S.HOSTNAME)
+        variables_ = [
+            _variable("hostname", "Host", hosts[0], regex=hosts[1], all_value=None),
+            _variable("gpu", "GPU", f"label_values({d.selector(info, (S.HOSTNAME, '=~', '$hostname'))}, gpu)"),
+            _variable("namespace", "Namespace", f"label_values({d.selector(alloc)}, namespace)"),
+            _variable(S.WORKLOAD, "Workload",
+                      f"label_values({d.selector(alloc, ('namespace', '=~', '$namespace'))}, {S.WORKLOAD})"),
+        ]
+    cluster = [_variable(V_CLUSTER[1:], "Cluster", f"label_values({cluster_source}, {d.cluster_label})")] \
+        if d.cluster_label else []
+    return [ds, *cluster, *placement, *variables_]
+
+
+def dashboard_links(dialect: Dialect, keys: tuple[str, ...], titles: dict[str, str]) -> list[g.DashboardLink]:
+    """Links to the related dashboards of the same dialect, keeping the time range and the variables,
+    and a drop-down of every truegpu dashboard of the dialect."""
+    links = [g.DashboardLink(type="link", title=titles[k], uri=f"/d/{dashboard_uid(dialect, k)}", icon="dashboard",
+                             keepTime=True, includeVars=True, tooltip=f"{titles[k]}, same time range and variables")
+             for k in keys]
+    links.append(g.DashboardLink(type="dashboards", title="truegpu dashboards", tags=["truegpu", dialect.name],
+                                 asDropdown=True, keepTime=True, includeVars=True))
+    return links
+
+
+def findings_annotation(dialect: Dialect, kinds: tuple[str, ...]) -> dict:
+    """The analyzer's open findings of ``kinds`` (analyzer.findings constants) as Grafana annotations,
+    filtered by the dashboard's variables: a region per finding while truegpu_finding_active is 1."""
+    expr = dialect.analyzer(out.FINDING_ACTIVE, kind="=~" + "|".join(kinds))
+    return {
+        "name": "Findings: " + ", ".join(kinds),
+        "datasource": DATASOURCE,
+        "enable": True,
+        "hide": False,
+        "iconColor": "red",
+        "expr": expr,
+        "step": "60s",
+        "titleFormat": "{{kind}} ({{severity}})",
+        "textFormat": "{{hostname}} gpu {{gpu}} {{gpu_instance}} {{rack}} {{namespace}}/{{workload}}",
+        "tagKeys": "kind,severity,hostname,gpu,namespace,workload",
+        "useValueForTime": False,
+    }
 
 
 def layout(specs: list[PanelSpec]) -> list[g.GridPos]:
@@ -166,15 +267,21 @@ def layout(specs: list[PanelSpec]) -> list[g.GridPos]:
     return out
 
 
-def dashboard(*, key: str, title: str, description: str, dialect: Dialect, specs: list[PanelSpec]) -> g.Dashboard:
+def dashboard(*, key: str, title: str, description: str, dialect: Dialect, specs: list[PanelSpec],
+              links: tuple[str, ...] = (), titles: dict[str, str] | None = None,
+              findings: tuple[str, ...] = ()) -> g.Dashboard:
+    """One dashboard: ``links`` are the keys of related dashboards (``titles``: key -> title), ``findings``
+    the analyzer finding kinds shown as annotations."""
     panels = [_panel(s, dialect, p) for s, p in zip(specs, layout(specs), strict=True)]
     variant = "dcgm-exporter" if dialect.name == DCGM else "truegpu exporter"
     return g.Dashboard(
         title=f"truegpu / {title} ({variant})",
-        uid=f"{dialect.name}-{key}",
+        uid=dashboard_uid(dialect, key),
         description=description,
         tags=["truegpu", dialect.name, key],
         panels=panels,
+        links=dashboard_links(dialect, links, titles or {}),
+        annotations=g.Annotations(list=[findings_annotation(dialect, findings)] if findings else []),
         templating=g.Templating(list=variables(dialect)),
         time=g.Time("now-6h", "now"),
         refresh="1m",

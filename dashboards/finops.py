@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from analyzer import findings as F
 from analyzer import output_schema as out
-from dashboards.builder import COST, COUNT, GPU_HOURS, RATIO, PanelSpec, q
+from dashboards.builder import COST, COUNT, GPU_HOURS, RATIO, TO_JOB, PanelSpec, q
 from dashboards.queries import Dialect
 from exporter.schema import WORKLOAD
 
@@ -17,6 +18,9 @@ DESCRIPTION = (
     "run `truegpu serve --prices FILE`); the exact split of the cost into effective work and waste is the "
     "analyzer's cost report (/api/reports/cost). MIG instances count as one GPU each here."
 )
+LINKS = ("fleet", "job")
+#: Idle GPUs: the waste a FinOps view is about.
+FINDINGS = (F.IDLE_ALLOCATED, F.IDLE_MASKING)
 
 
 def panels(d: Dialect) -> list[PanelSpec]:
@@ -25,15 +29,16 @@ def panels(d: Dialect) -> list[PanelSpec]:
     for by, what in (("namespace", "{{namespace}}"), per_workload):
         label = "workload" if WORKLOAD in by else "namespace"
         alloc, eff = d.allocated_gpu_hours(by), d.effective_gpu_hours(by)
+        drill = (TO_JOB,) if label == "workload" else ()
         specs += [
             PanelSpec(f"GPU-hours per {label}: allocated, effective, unused", GPU_HOURS, [
                 q(alloc, f"{what} allocated", instant=True),
                 q(eff, f"{what} effective", instant=True),
                 q(f"({alloc}) - ({eff})", f"{what} unused", instant=True),
             ], kind="table", description="Over the dashboard range. Unused = recoverable waste + normal headroom: "
-                                         "see the analyzer's split below."),
+                                         "see the analyzer's split below.", drill=drill),
             PanelSpec(f"Effective / allocated GPU-hours per {label}", RATIO,
-                      [q(f"({eff}) / ({alloc})", what)],
+                      [q(f"({eff}) / ({alloc})", what)], drill=drill,
                       description="Share of the allocated GPU-hours that did effective work (trailing range)."),
         ]
     specs.append(PanelSpec(
@@ -44,14 +49,15 @@ def panels(d: Dialect) -> list[PanelSpec]:
     ns_parts = d.analyzer(out.NAMESPACE_GPU_SECONDS)
     specs.append(PanelSpec(
         "Analyzer: recoverable waste and normal headroom per namespace", GPU_HOURS,
-        [q(f"sum by (namespace, {out.PART_LABEL}) ({ns_parts}) / 3600", "{{namespace}} {{part}}", instant=True)],
+        [q(f"{d.agg('sum', ns_parts, 'namespace', out.PART_LABEL)} / 3600", "{{namespace}} {{part}}", instant=True)],
         kind="table", description="GPU-hours: " + out.NAMESPACE_GPU_SECONDS.help + " Recoverable: "
         + ", ".join(out.WASTE_PARTS) + "; normal (not waste): " + ", ".join(out.NORMAL_PARTS) + "."))
     specs += [
         PanelSpec("Allocated GPUs per namespace", COUNT,
-                  [q(f"count by (namespace) ({d.allocated()})", "{{namespace}}")], stacked=True),
+                  [q(d.agg("count", d.allocated(), "namespace"), "{{namespace}}")], stacked=True,
+                  description="GPUs (and MIG instances) a pod or job of the namespace holds."),
         PanelSpec("Analyzer: allocated GPUs per workload", COUNT,
                   [q(d.analyzer(out.JOB_ALLOCATED_GPUS), "{{namespace}}/{{workload}}")], stacked=True,
-                  description=out.JOB_ALLOCATED_GPUS.help),
+                  description=out.JOB_ALLOCATED_GPUS.help, drill=(TO_JOB,)),
     ]
     return specs

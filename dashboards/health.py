@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+from analyzer import findings as F
 from analyzer import output_schema as out
-from dashboards.builder import COUNT, NONE, PER_SECOND, PanelSpec, gpu_legend, q
-from dashboards.queries import GPU_KEY, Dialect
+from dashboards.builder import COUNT, NONE, PER_SECOND, TO_JOB, TO_NODE, PanelSpec, gpu_legend, q
+from dashboards.queries import Dialect
 from exporter import schema as S
 
 KEY = "health"
 TITLE = "GPU health"
 DESCRIPTION = "Errors that mean a GPU or its links are failing: XID events, ECC and row remapping, " \
     "NVLink and PCIe errors, degraded PCIe links."
-
-
-def _by_gpu(expr: str, extra: str = "") -> str:
-    return f"max by ({GPU_KEY}{', ' + extra if extra else ''}) ({expr})"
+LINKS = ("fleet", "node", "thermal", "job")
+FINDINGS = (F.GPU_FAULT, F.DEGRADED_GPU)
+#: The fault-findings table also lists topology findings (a GPU's links).
+_FAULT_KINDS = (*FINDINGS, F.TOPOLOGY)
 
 
 def panels(d: Dialect) -> list[PanelSpec]:
+    def _by_gpu(expr: str, *extra: str) -> str:
+        return d.agg("max", expr, S.HOSTNAME, S.GPU, *extra)
+
     xid, meaning = d.xid()
     specs = [
         PanelSpec("XID errors over the range" if meaning == "events" else "Last XID code",
@@ -30,9 +34,10 @@ def panels(d: Dialect) -> list[PanelSpec]:
         PanelSpec("ECC errors over the range", COUNT,
                   [q(_by_gpu(d.increase(S.ECC_ERRORS, scope="volatile"), "type"), gpu_legend("{{type}}"))],
                   width=12, description=S.ECC_ERRORS.help),
-        PanelSpec("Remapped rows", COUNT,
-                  [q(_by_gpu(d.sel(S.REMAPPED_ROWS), "type"), gpu_legend("{{type}}"))], width=8,
-                  description=S.REMAPPED_ROWS.help),
+        PanelSpec("Rows remapped over the range", COUNT,
+                  [q(_by_gpu(d.increase(S.REMAPPED_ROWS), "type"), gpu_legend("{{type}}"))], width=8,
+                  description=S.REMAPPED_ROWS.help + " Rows remapped within the dashboard range (a counter: "
+                  "its increase, not its lifetime total)."),
         PanelSpec("Row remap pending / failed", NONE, [
             q(_by_gpu(d.sel(S.ROW_REMAP_PENDING)), gpu_legend("pending")),
             q(_by_gpu(d.sel(S.ROW_REMAP_FAILURE)), gpu_legend("failed")),
@@ -56,7 +61,10 @@ def panels(d: Dialect) -> list[PanelSpec]:
                                description=S.NVLINK_LINKS.help))
     specs.append(PanelSpec(
         "Open fault findings", NONE,
-        [q(d.analyzer(out.FINDING_SCORE, kind="=~gpu_fault|degraded_gpu|topology"), instant=True)],
-        kind="table", width=12 if d.supports(S.NVLINK_LINKS) else 24,
-        description="Analyzer findings of kind gpu_fault, degraded_gpu and topology with their score (0..1)."))
+        [q(d.analyzer(out.FINDING_SCORE, kind="=~" + "|".join(_FAULT_KINDS)), instant=True)],
+        kind="table", width=12 if d.supports(S.NVLINK_LINKS) else 24, drill=(TO_NODE, TO_JOB),
+        description=f"Analyzer findings of kind {', '.join(_FAULT_KINDS)} with their score (0..1)."))
+    for spec in specs:
+        if spec.queries[0].legend.startswith(gpu_legend()):
+            spec.drill = (TO_NODE,)
     return specs

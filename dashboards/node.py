@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from analyzer import findings as F
 from dashboards.builder import (
     BYTES,
     BYTES_PER_SECOND,
@@ -11,30 +12,32 @@ from dashboards.builder import (
     NONE,
     PER_SECOND,
     RATIO,
+    TO_GPU,
     WATTS,
     PanelSpec,
     gpu_legend,
     q,
     rate_unit,
 )
-from dashboards.queries import GPU_KEY, Dialect
+from dashboards.queries import Dialect
 from exporter import schema as S
 
 KEY = "node"
 TITLE = "Node and GPU drill-down"
 DESCRIPTION = "Every exporter metric for the GPUs of the selected hosts: utilization, memory, power, clocks, " \
     "clock events, interconnect and errors."
+LINKS = ("fleet", "health", "thermal", "job")
+#: Every finding about a GPU or a node.
+FINDINGS = F.KINDS
 
 _RATIOS = (S.GPU_UTILIZATION, S.SM_ACTIVE, S.SM_OCCUPANCY, S.TENSOR_ACTIVE, S.DRAM_ACTIVE,
            S.GRAPHICS_ENGINE_ACTIVE, S.MEMORY_UTILIZATION)
 
 
-def _by_gpu(expr: str, extra: str = "") -> str:
-    by = GPU_KEY + (f", {extra}" if extra else "")
-    return f"max by ({by}) ({expr})"
-
-
 def panels(d: Dialect) -> list[PanelSpec]:
+    def _by_gpu(expr: str, *extra: str) -> str:
+        return d.agg("max", expr, S.HOSTNAME, S.GPU, *extra)
+
     specs = [
         PanelSpec("GPU identity", NONE, [q(d.gpu_identity(), instant=True)], kind="table", width=24, height=6,
                   description="Model and driver of each GPU (truegpu_gpu_info; dcgm-exporter: its labels)."),
@@ -63,17 +66,19 @@ def panels(d: Dialect) -> list[PanelSpec]:
         PanelSpec("SM clock and max", HERTZ, [
             q(_by_gpu(d.sel(S.SM_CLOCK)), gpu_legend()),
             q(_by_gpu(d.sel(S.SM_CLOCK_MAX)), gpu_legend("max")),
-        ], width=8),
-        PanelSpec("Memory clock", HERTZ, [q(_by_gpu(d.sel(S.MEMORY_CLOCK)), gpu_legend())], width=8),
+        ], width=8, description=f"{S.SM_CLOCK.help} {S.SM_CLOCK_MAX.help}"),
+        PanelSpec("Memory clock", HERTZ, [q(_by_gpu(d.sel(S.MEMORY_CLOCK)), gpu_legend())], width=8,
+                  description=S.MEMORY_CLOCK.help),
         PanelSpec("Clock events active", COUNT,
-                  [q(f"sum by (hostname, reason) ({d.clock_events(tuple(S.CLOCK_EVENT_REASONS.values()))}) > 0",
+                  [q(f"{d.agg('sum', d.clock_events(tuple(S.CLOCK_EVENT_REASONS.values())), S.HOSTNAME, 'reason')} > 0",
                      "{{hostname}} {{reason}}")], width=16, stacked=True,
                   description="GPUs per host with each clock-event (throttle) reason active. "
                               + S.CLOCK_EVENT_ACTIVE.help),
         PanelSpec("NVLink throughput", BYTES_PER_SECOND,
-                  [q(d.throughput(S.NVLINK_BYTES, GPU_KEY), gpu_legend())], width=12, description=S.NVLINK_BYTES.help),
+                  [q(d.throughput(S.NVLINK_BYTES, d.gpu_key), gpu_legend())], width=12,
+                  description=S.NVLINK_BYTES.help),
         PanelSpec("PCIe throughput", BYTES_PER_SECOND,
-                  [q(d.throughput(S.PCIE_BYTES, GPU_KEY), gpu_legend())], width=12, description=S.PCIE_BYTES.help),
+                  [q(d.throughput(S.PCIE_BYTES, d.gpu_key), gpu_legend())], width=12, description=S.PCIE_BYTES.help),
         PanelSpec("PCIe link generation / width (current)", NONE, [
             q(_by_gpu(d.sel(S.PCIE_LINK_GENERATION, state="current")), gpu_legend("gen")),
             q(_by_gpu(d.sel(S.PCIE_LINK_WIDTH, state="current")), gpu_legend("width")),
@@ -104,6 +109,10 @@ def panels(d: Dialect) -> list[PanelSpec]:
     if d.supports(S.GPU_TOPOLOGY_INFO):
         specs.append(PanelSpec("GPU topology", NONE, [q(d.sel(S.GPU_TOPOLOGY_INFO), instant=True)], kind="table",
                                width=24, description=S.GPU_TOPOLOGY_INFO.help))
+    # Every per-GPU series and table row opens that GPU's health.
+    for spec in specs:
+        if "gpu{{gpu}}" in spec.queries[0].legend or spec.kind == "table":
+            spec.drill = (TO_GPU,)
     return specs
 
 

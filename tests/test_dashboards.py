@@ -1,9 +1,10 @@
 """Generated Grafana dashboards: no drift, valid structure, and every query answers on real data.
 
 The real-Prometheus test backfills simulated history of the mixed-fleet scenario (truegpu and
-dcgm-exporter dialects, all dcgm counters), of mig-training (hosts renamed so the two do not
-collide) and a few synthetic analyzer series (the analyzer's /metrics is not part of the
-simulator), then runs every query of every panel through /api/v1/query_range.
+dcgm-exporter dialects, all dcgm counters, dcgm-exporter's older ``Hostname`` label), of
+mig-training (hosts renamed so the two do not collide, labelled as a second cluster, dcgm-exporter's
+newer ``hostname`` label) and a few synthetic analyzer series (the analyzer's /metrics is not part
+of the simulator), then runs every query of every panel through /api/v1/query_range.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from tests.realprom import backfilled_prometheus
 
 SPAN = 2 * 3600
 STEP = 60
-VARIABLES = {"datasource", "hostname", "namespace", "workload", "gpu"}
+VARIABLES = {"datasource", "cluster", "hostname", "namespace", "workload", "gpu"}
+#: The cluster label of the second (mig-training) cluster in the backfilled data; mixed-fleet has none.
+MIG_CLUSTER = "mig"
 #: Panels whose queries may legitimately return nothing on the backfilled data, with the reason.
 #: Keep this short: analyzer series are backfilled synthetically instead of being excluded here.
 EXCLUDED: dict[tuple[str, str], str] = {}
@@ -70,9 +73,12 @@ def test_dashboard_structure(name: str) -> None:
     assert variables["datasource"]["type"] == "datasource"
     for v in VARIABLES - {"datasource"}:
         assert variables[v]["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
-        assert variables[v]["includeAll"] and variables[v]["allValue"] == ".*"
-    if name.startswith("dcgm-"):
-        assert variables["hostlabel"]["type"] == "custom"
+        assert variables[v]["includeAll"] and variables[v]["current"]["value"] == ["$__all"]
+        # truegpu: All hosts = the hosts listed (narrowed by site/rack), not every host
+        narrowed = name.startswith("truegpu-") and v == "hostname"
+        assert variables[v]["allValue"] == (None if narrowed else ".*"), v
+    assert "hostlabel" not in variables  # dcgm: both host labels are normalised in the queries
+    assert ("site" in variables and "rack" in variables) == name.startswith("truegpu-")
     ids = [p["id"] for p in _panels(dash)]
     assert len(ids) == len(set(ids)) and len(ids) >= 6
     for p in _panels(dash):
@@ -120,9 +126,13 @@ def test_dcgm_panels_say_when_they_need_non_default_counters() -> None:
 # real Prometheus ------------------------------------------------------------------------------
 
 
-def _rename_hosts(path: Path, prefix: str) -> None:
-    text = path.read_text()
-    path.write_text(re.sub(r'="(dc\d)', rf'="{prefix}\1', text))
+def _rename_hosts(path: Path, prefix: str, cluster: str) -> None:
+    """Hosts renamed ``prefix<host>`` and every sample labelled ``cluster="<cluster>"``: a second cluster."""
+    text = re.sub(r'="(dc\d)', rf'="{prefix}\1', path.read_text())
+    text = re.sub(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})? ",
+                  lambda m: f'{m.group(1)}{{cluster="{cluster}"{"," + m.group(2) if m.group(2) else ""}}} ',
+                  text, flags=re.M)
+    path.write_text(text)
 
 
 def _analyzer_history(path: Path, cluster: Cluster, start: float, end: float) -> None:
@@ -169,20 +179,21 @@ def prometheus(tmp_path_factory, promtool, prometheus_bin):
     end = start + SPAN
     files = [tmp / "truegpu.om", tmp / "dcgm.om", tmp / "mig-truegpu.om", tmp / "mig-dcgm.om", tmp / "analyzer.om"]
     write_history(files[0], cluster, start, end, STEP)
-    write_history(files[1], cluster, start, end, STEP, dialect="dcgm", dcgm_options=DcgmOptions(counters="all"))
+    write_history(files[1], cluster, start, end, STEP, dialect="dcgm",
+                  dcgm_options=DcgmOptions(counters="all", hostname_label="Hostname"))
     mig = Cluster(load_scenario("mig-training"), start=start)
     write_history(files[2], mig, start, end, STEP)
-    write_history(files[3], mig, start, end, STEP, dialect="dcgm", dcgm_options=DcgmOptions(counters="all"))
+    write_history(files[3], mig, start, end, STEP, dialect="dcgm",
+                  dcgm_options=DcgmOptions(counters="all", hostname_label="hostname"))
     for f in files[2:4]:
-        _rename_hosts(f, "mig-")
+        _rename_hosts(f, "mig-", MIG_CLUSTER)
     _analyzer_history(files[4], cluster, start, end)
     with backfilled_prometheus(tmp, files, promtool, prometheus_bin) as url:
         yield url, start, end
 
 
 def _substitute(expr: str, values: dict[str, str]) -> str:
-    builtins = {"$__range": f"{SPAN}s", "$__rate_interval": f"{4 * STEP}s", "$__interval": f"{STEP}s",
-                "$hostlabel": "Hostname"}
+    builtins = {"$__range": f"{SPAN}s", "$__rate_interval": f"{4 * STEP}s", "$__interval": f"{STEP}s"}
     for k, v in {**builtins, **{f"${k}": v for k, v in values.items()}}.items():
         expr = expr.replace(k, v)
     assert not re.search(r"\$(?!1\b)[A-Za-z_]", expr), expr
@@ -197,12 +208,13 @@ def _query_range(url: str, expr: str, start: float, end: float) -> list:
     return body["data"]["result"]
 
 
-ALL_VALUES = {"hostname": ".*", "gpu": ".*", "namespace": ".*", "workload": ".*"}
+ALL_VALUES = {"cluster": ".*", "hostname": ".*", "gpu": ".*", "namespace": ".*", "workload": ".*"}
 #: Real values for a second pass over the drill-down dashboards (dcgm: $workload lists pods): the host and
 #: job of mixed-fleet's thermally throttled straggler.
 SPECIFIC = {
-    "truegpu": {"hostname": "dc1-r1-n01", "gpu": "4|5|6", "namespace": "llm", "workload": "pretrain-7b"},
-    "dcgm": {"hostname": "dc1-r1-n01", "gpu": "4|5|6", "namespace": "llm", "workload": "pretrain-7b-.*"},
+    "truegpu": {"cluster": "", "hostname": "dc1-r1-n01", "gpu": "4|5|6", "namespace": "llm",
+                "workload": "pretrain-7b"},
+    "dcgm": {"cluster": "", "hostname": "dc1-r1-n01", "gpu": "4|5|6", "namespace": "llm", "workload": "pretrain-7b-.*"},
 }
 
 
@@ -290,3 +302,41 @@ def test_dcgm_default_counters_panels_not_marked_return_data(tmp_path, promtool,
                     assert all(results), f"{name}: {p['title']} is empty on default-counter data"
                     checked += 1
     assert checked > 20 and empty_marked > 5
+
+
+def test_the_cluster_variable_separates_clusters(prometheus) -> None:
+    """Per-cluster answers add up to the all-clusters one and never mix: mixed-fleet has no cluster label
+    ($cluster = "" selects it), mig-training is cluster "mig"; both dialects, both dcgm host labels."""
+    url, start, end = prometheus
+    dashboards = _dashboards()
+    for name in ("truegpu-fleet.json", "dcgm-fleet.json"):
+        (panel,) = [p for p in _panels(dashboards[name]) if p["title"] == "Allocated GPUs"]
+        expr = panel["targets"][0]["expr"]  # GPUs reporting utilization, per cluster
+
+        def counts(cluster: str, expr: str = expr) -> dict[str, float]:
+            result = _query_range(url, _substitute(expr, {**ALL_VALUES, "cluster": cluster}), start, end)
+            return {s["metric"].get("cluster", ""): float(s["values"][-1][1]) for s in result}
+
+        everything, mig, rest = counts(".*"), counts(MIG_CLUSTER), counts("")
+        assert set(mig) == {MIG_CLUSTER} and set(rest) == {""}, name
+        assert everything == {**mig, **rest}, name
+        assert mig[MIG_CLUSTER] > 0 and rest[""] > 0, name
+
+
+def test_host_variables_list_every_host_under_either_label(prometheus) -> None:
+    """The host variable's query (query_result, cut by its regex) lists the hosts of both clusters, and in the
+    dcgm variant those written with ``Hostname`` (mixed-fleet) and with ``hostname`` (mig-training) alike."""
+    url, _start, end = prometheus
+    for name in ("truegpu-node.json", "dcgm-node.json"):
+        variables = {v["name"]: v for v in _dashboards()[name]["templating"]["list"]}
+        host = variables["hostname"]
+        query = re.fullmatch(r"query_result\((.*)\)", host["query"], re.S).group(1)
+        values = {"site": ".*", "rack": ".*", **ALL_VALUES}
+        r = requests.get(f"{url}/api/v1/query", params={"query": _substitute(query, values), "time": end - STEP},
+                         timeout=60).json()
+        assert r["status"] == "success", r
+        pattern = re.compile(host["regex"].strip("/"))
+        # Grafana matches the regex against each series as text: {label="value", ...}
+        texts = ["{" + ", ".join(f'{k}="{v}"' for k, v in s["metric"].items()) + "}" for s in r["data"]["result"]]
+        hosts = {pattern.search(text).group(1) for text in texts}
+        assert any(h.startswith("mig-") for h in hosts) and any(h.startswith("dc") for h in hosts), (name, hosts)
