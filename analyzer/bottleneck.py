@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.frame import Fleet
-from analyzer.scores import FALLBACK_SM_PER_UTIL, HIGH, IDLE_UTIL, LOW, allocated_rows
+from analyzer.rows import FALLBACK_SM_PER_UTIL, HIGH, IDLE_UTIL, LOW, allocated_rows
 
 BUSY_UTIL = 0.80
 COMPUTE_SM = 0.45

@@ -38,7 +38,8 @@ import pandas as pd
 
 from analyzer import output_schema as O
 from analyzer.findings import IDLE_MASKING, STRAGGLER, Finding
-from analyzer.scores import IDLE_UTIL, Scores, allocated_rows
+from analyzer.rows import IDLE_UTIL, allocated_rows
+from analyzer.scores import Scores
 from analyzer.site import UNCLASSIFIED, SiteConfig, default_site
 
 if TYPE_CHECKING:

@@ -47,16 +47,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.bottleneck import bottlenecks
 from analyzer.coverage import Coverage, coverage, coverage_unknown, observed_share
 from analyzer.frame import Fleet
+from analyzer.rows import CONFIDENCE, FALLBACK_SM_PER_UTIL, IDLE_UTIL, allocated_rows, mig_rows
 from analyzer.signals import ALLOCATION_COLUMNS
-
-#: Calibrated SM activity per unit of kernel-resident time on busy GPUs (0.60 / 0.95, AcmeTrace).
-FALLBACK_SM_PER_UTIL = 0.63
-#: Kernel-resident fraction below which an allocated GPU counts as idle (util ~0: nothing launched).
-IDLE_UTIL = 0.05
-HIGH, LOW = "high", "low"
-CONFIDENCE = pd.CategoricalDtype([HIGH, LOW])
 
 #: Named aggregation levels -> grouping columns. "gpu" is a device: a whole GPU or a MIG instance.
 LEVELS: dict[str, tuple[str, ...]] = {
@@ -83,31 +78,6 @@ def _col(frame: pd.DataFrame, name: str) -> np.ndarray:
     if name in frame.columns:
         return frame[name].to_numpy(dtype=np.float64, na_value=np.nan)
     return np.full(len(frame), np.nan)
-
-
-def _flag_by_category(series: pd.Series, test: Any) -> np.ndarray:
-    """``test(value)`` per row, evaluated once per category (2.4 M rows, a handful of values)."""
-    if isinstance(series.dtype, pd.CategoricalDtype):
-        per_cat = np.array([bool(test(c)) for c in series.cat.categories] + [False])
-        return per_cat[series.cat.codes.to_numpy()]  # code -1 (NaN) -> the trailing False
-    return np.array([False if pd.isna(v) else bool(test(v)) for v in series], dtype=bool)
-
-
-def mig_rows(frame: pd.DataFrame) -> np.ndarray:
-    """True on MIG instance rows (non-empty gpu_instance)."""
-    if "gpu_instance" not in frame.columns:
-        return np.zeros(len(frame), bool)
-    return _flag_by_category(frame["gpu_instance"], lambda v: str(v) != "")
-
-
-def allocated_rows(frame: pd.DataFrame) -> np.ndarray:
-    """True where any allocation label (namespace/pod/container/job) is known: the GPU is held."""
-    out = np.zeros(len(frame), bool)
-    for c in ALLOCATION_COLUMNS:
-        if c in frame.columns:
-            s = frame[c]
-            out |= (s.cat.codes.to_numpy() >= 0) if isinstance(s.dtype, pd.CategoricalDtype) else s.notna().to_numpy()
-    return out
 
 
 def row_scores(fleet: Fleet) -> pd.DataFrame:
@@ -284,8 +254,6 @@ class Scores:
 
 def compute_scores(fleet: Fleet, *, window: float = 300.0) -> Scores:
     """Row scores, every level's aggregates (all GPUs and allocated only) and bottlenecks."""
-    from analyzer.bottleneck import bottlenecks
-
     rows = row_scores(fleet)
     parts = _parts(fleet, rows)
     levels, allocated = {}, {}

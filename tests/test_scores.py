@@ -10,9 +10,9 @@ import pytest
 
 from analyzer import bottleneck as B
 from analyzer.frame import Fleet
+from analyzer.rows import FALLBACK_SM_PER_UTIL
 from analyzer.scores import (
     AGG_COLUMNS,
-    FALLBACK_SM_PER_UTIL,
     LEVELS,
     aggregate,
     compute_scores,

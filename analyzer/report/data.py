@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 
 from analyzer.frame import Fleet
-from analyzer.scores import IDLE_UTIL, Scores, allocated_rows, mig_rows
+from analyzer.rows import IDLE_UTIL, allocated_rows, mig_rows
+from analyzer.scores import Scores
 
 #: Most points a time-series chart draws; longer windows are averaged into wider buckets.
 MAX_POINTS = 720

@@ -21,7 +21,8 @@ from analyzer.frame import Fleet
 from analyzer.partition import attach
 from analyzer.report import data, svg
 from analyzer.report.svg import esc
-from analyzer.scores import FALLBACK_SM_PER_UTIL, IDLE_UTIL, Scores, fleet_summary, mig_rows
+from analyzer.rows import FALLBACK_SM_PER_UTIL, IDLE_UTIL, mig_rows
+from analyzer.scores import Scores, fleet_summary
 
 UNKNOWN = "unknown"
 REPORTED_COLOR, EFFECTIVE_COLOR, GAP_COLOR, WASTE_COLOR = "#e08a2c", "#2f6db5", "#8e44ad", "#c0504d"
