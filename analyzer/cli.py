@@ -70,9 +70,9 @@ def add_range_arguments(group: argparse._ArgumentGroup, start_default: str, file
 
 
 def add_site_argument(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
-    """--site FILE: the site config (analyzer.site: workload classes...)."""
+    """--site FILE: the site config (analyzer.site: thresholds, detector settings, workload classes...)."""
     group.add_argument("--site", type=Path, metavar="FILE",
-                       help="site config YAML (workload classes and their references; default: built-in)")
+                       help="site config YAML (thresholds, detector settings, workload classes; default: built-in)")
 
 
 def resolve_range(start: float | None, end: float | None, window: float | None,
@@ -141,6 +141,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--json", action="store_true", help="print the full results as JSON")
     e.add_argument("--min-precision", type=float, default=None, help="exit 1 if pooled precision of a kind is lower")
     e.add_argument("--min-recall", type=float, default=None, help="exit 1 if pooled recall of a kind is lower")
+    add_site_argument(e)
     e.set_defaults(func=run_evaluate)
 
 
@@ -205,18 +206,10 @@ def _load(args: argparse.Namespace, progress: _Progress) -> Fleet:
 
 def _analyze(fleet: Fleet, kinds: list[str] | None, progress: _Progress, site: Any = None) -> tuple[
         Any, list[Finding]]:
-    from analyzer.detectors import run_detectors
-    from analyzer.partition import attach
-    from analyzer.scores import compute_scores
-    from analyzer.site import detector_config
+    from analyzer.pipeline import analyze
 
-    progress(f"scoring {fleet.frame.shape[0]:,} rows ({fleet.gpu_count()} GPUs, step {fleet.step:g}s)")
-    scores = compute_scores(fleet)
-    progress("running detectors")
-    findings = run_detectors(fleet, kinds, detector_config(site))
-    progress(f"{len(findings)} finding(s)")
-    attach(scores, fleet, findings, site, ran=kinds)
-    return scores, findings
+    result = analyze(fleet, kinds, site, progress=progress)
+    return result.scores, result.findings
 
 
 def _emit(fleet: Fleet, scores: Any, findings: list[Finding], args: argparse.Namespace, out: TextIO) -> None:
@@ -280,9 +273,10 @@ def run_evaluate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     dialects = ("truegpu", "dcgm") if args.dialect == "both" else (args.dialect,)
     results = []
     try:
+        site = load_site(args.site)
         for dialect in dialects:
             print(f"evaluating {dialect} dialect ...", file=sys.stderr, flush=True)
-            results += evaluate_scenarios(args.scenarios, dialect=dialect, step=args.step, kinds=kinds)
+            results += evaluate_scenarios(args.scenarios, dialect=dialect, step=args.step, kinds=kinds, site=site)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         return _error("evaluate", str(exc).strip("'\""))
     totals = pooled(results)

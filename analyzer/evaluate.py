@@ -41,9 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.detectors import run_detectors
 from analyzer.findings import IDLE_ALLOCATED, IDLE_MASKING, Finding
 from analyzer.frame import Fleet
+from analyzer.pipeline import detect
+from analyzer.site import SiteConfig
 
 #: Kinds judged by default (the detectors that exist so far).
 DEFAULT_KINDS: tuple[str, ...] = (IDLE_MASKING, IDLE_ALLOCATED)
@@ -242,14 +243,16 @@ def evaluate_scenarios(
     config: Mapping[str, Mapping[str, Any]] | None = None,
     *,
     dcgm_counters: str = "all",
+    site: SiteConfig | None = None,
 ) -> list[dict[str, Any]]:
-    """Simulate each scenario, analyze it in ``dialect`` and judge the findings of ``kinds``."""
+    """Simulate each scenario, analyze it in ``dialect`` and judge the findings of ``kinds`` (detector
+    settings: the ``site`` config's, then ``config``)."""
     from exporter.simulator.scenario import list_scenarios
 
     out = []
     for name in (list(names) if names is not None else list_scenarios()):
         cluster, fleet = named_scenario_fleet(name, dialect, step, dcgm_counters=dcgm_counters)
-        findings = run_detectors(fleet, kinds, config)
+        findings = detect(fleet, kinds, site, config)
         res = evaluate(findings, cluster.ground_truth(), kinds, fleet)
         res.update(scenario=name, dialect=dialect, step=step, notes=list(fleet.notes))
         out.append(res)

@@ -299,21 +299,16 @@ class AnalyzerService:
 
     def run_once(self) -> bool:
         """One analysis run; publishes the results on success, records the error otherwise. Never raises."""
-        from analyzer.detectors import run_detectors
-        from analyzer.partition import attach
-        from analyzer.scores import compute_scores
-        from analyzer.site import detector_config
+        from analyzer.pipeline import analyze
 
         t0 = time.perf_counter()
         now = self.clock()
         start, end = self.window_at(now)
         try:
             fleet = self.loader(start, end)
-            scores = compute_scores(fleet)
-            findings = run_detectors(fleet, self.kinds, detector_config(self.site))
-            attach(scores, fleet, findings, self.site, ran=self.kinds)
+            result = analyze(fleet, self.kinds, self.site)
             duration = time.perf_counter() - t0
-            analysis = Analysis.build(fleet, scores, findings, finished=self.clock(), duration=duration)
+            analysis = Analysis.build(fleet, result.scores, result.findings, finished=self.clock(), duration=duration)
         except Exception as exc:  # the loop must survive anything a run does
             duration = time.perf_counter() - t0
             message = short_error(exc)
@@ -491,24 +486,21 @@ class RollupWriter:
 
     def write(self, start: float, end: float) -> int:
         """Analyze [start, end) (within one UTC day) and replace its day's rollups; the rows written."""
-        from analyzer.detectors import run_detectors
         from analyzer.finops import ROLLUP_GROUP_BY, cost_report, daily_rollups
         from analyzer.finops.store import open_store
-        from analyzer.scores import compute_scores
-        from analyzer.site import detector_config
+        from analyzer.pipeline import analyze
 
         t0 = time.perf_counter()
         fleet = self.loader(start, end)
         if fleet.frame.empty:
             log.warning("rollup: no data for %s .. %s; not written", iso(start), iso(end))
             return 0
-        scores = compute_scores(fleet)
-        findings = run_detectors(fleet, self.kinds, detector_config(self.site))
+        result = analyze(fleet, self.kinds, self.site, partition=False)
         written = 0
         with open_store(self.store) as store:
             for group_by in self.group_bys or ROLLUP_GROUP_BY:
-                report = cost_report(fleet, scores, findings, self.catalog, group_by=group_by, team_map=self.team_map,
-                                     site=self.site)
+                report = cost_report(fleet, result.scores, result.findings, self.catalog, group_by=group_by,
+                                     team_map=self.team_map, site=self.site)
                 rows = daily_rollups(report)
                 for day, part in rows.groupby("day", sort=True):
                     extra = [c for c in part.columns if c in ("cluster", "currency")]  # text: not stored

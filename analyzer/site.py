@@ -36,6 +36,13 @@ an alert and a finding about the same GPU agree on when it starts and how severe
       thermal_limit_for_seconds: 60       # at the limit this long: GpuThermalThrottling / thermal finding
       thermal_warn_for_seconds: 300       # hot this long: GpuNearThermalLimit / hot-GPU finding
 
+``detectors``: any documented setting of a detector (its dataclass fields, see each module of
+``analyzer/detectors``), for analyze, serve, report and evaluate alike::
+
+    detectors:
+      straggler: {min_duration_s: 300}
+      idle_masking: {sm_max: 0.25}
+
 ``alerting``: what ``python -m alerts --site FILE --out DIR`` generates for this site::
 
     alerting:
@@ -74,7 +81,7 @@ from exporter import schema as S
 #: Labels a class can match on, as the site file names them (wire labels: ``workload``, not ``job``).
 MATCH_LABELS: tuple[str, ...] = (S.WORKLOAD, "namespace", "pod")
 #: Sections a site config may hold (a typo is an error, never silently ignored).
-SECTIONS: tuple[str, ...] = ("workload_classes", "selectors", "thresholds", "alerting")
+SECTIONS: tuple[str, ...] = ("workload_classes", "selectors", "thresholds", "detectors", "alerting")
 #: Threshold keys that are ratios (0..1); the others are non-negative numbers.
 _RATIOS = frozenset({"busy_utilization"})
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -143,7 +150,8 @@ class Thresholds:
     """
 
     #: Die temperature counted as "at the limit" where throttle reasons are not collected
-    #: (rules: GpuThermalThrottling; thermal detector: ``at_limit_c``).
+    #: (rules: GpuThermalThrottling; thermal detector: ``at_limit_c``; straggler: ``thermal_celsius``,
+    #: the cause it names for a slow GPU that hot).
     gpu_temp_limit_celsius: float = 85.0
     #: HBM temperature at its throttle point (rules: GpuThermalThrottling; detector: ``mem_limit_c``).
     memory_temp_limit_celsius: float = 95.0
@@ -163,7 +171,8 @@ class Thresholds:
         """The detectors' fields these thresholds set (``run_detectors`` overrides)."""
         return {"thermal": {"at_limit_c": self.gpu_temp_limit_celsius, "mem_limit_c": self.memory_temp_limit_celsius,
                             "min_throttle_s": self.thermal_limit_for_seconds,
-                            "min_hot_s": self.thermal_warn_for_seconds}}
+                            "min_hot_s": self.thermal_warn_for_seconds},
+                "straggler": {"thermal_celsius": self.gpu_temp_limit_celsius}}
 
 
 #: The built-in thresholds (detector dataclass defaults read them).
@@ -190,6 +199,9 @@ class SiteConfig:
     workload_classes: tuple[WorkloadClass, ...] = DEFAULT_CLASSES
     selectors: Selectors = field(default_factory=Selectors)
     thresholds: Thresholds = THRESHOLDS
+    #: kind -> {setting: value}: the detectors' documented dataclass fields (checked against the
+    #: registry by analyzer.pipeline.detector_settings, which also merges the thresholds).
+    detectors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     alerting: Alerting = field(default_factory=Alerting)
     #: Where it came from (a path, or "defaults").
     source: str = "defaults"
@@ -263,7 +275,23 @@ def parse_site(data: Any, origin: str = "site config") -> SiteConfig:
     return SiteConfig(workload_classes=classes,
                       selectors=_section(Selectors, data.get("selectors"), f"{origin}: selectors"),
                       thresholds=_section(Thresholds, data.get("thresholds"), f"{origin}: thresholds"),
+                      detectors=_detectors(data.get("detectors"), f"{origin}: detectors"),
                       alerting=_alerting(data.get("alerting"), f"{origin}: alerting"), source=origin)
+
+
+def _detectors(raw: Any, where: str) -> dict[str, dict[str, Any]]:
+    """``{kind: {setting: number or bool}}``; kinds and settings are checked against the registry later."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping) or not all(isinstance(v, Mapping) for v in raw.values()):
+        raise ValueError(f"{where}: expected kind -> {{setting: value}}, got {raw!r}")
+    out: dict[str, dict[str, Any]] = {}
+    for kind, settings in raw.items():
+        for name, value in settings.items():
+            if not isinstance(value, bool | int | float) or (not isinstance(value, bool) and not math.isfinite(value)):
+                raise ValueError(f"{where}.{kind}.{name}: expected a finite number or true/false, got {value!r}")
+        out[str(kind)] = dict(settings)
+    return out
 
 
 def _section(cls: type, raw: Any, where: str) -> Any:
@@ -331,11 +359,6 @@ def _alerting(raw: Any, where: str) -> Alerting:
         owners.append((pattern, receiver))
     links = {k: _text(raw[k], f"{where}.{k}") for k in ("runbook_base", "dashboard_base") if raw.get(k) is not None}
     return Alerting(**links, receivers={str(k): str(v) for k, v in receivers.items()}, owners=tuple(owners))
-
-
-def detector_config(site: SiteConfig | None) -> dict[str, dict[str, float]]:
-    """``run_detectors`` settings from the site's shared thresholds (the built-in ones for None)."""
-    return (site or default_site()).thresholds.detector_settings()
 
 
 def load_site(path: str | Path | None) -> SiteConfig:

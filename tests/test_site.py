@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
 from alerts.rules import rule_files
 from analyzer.detectors import make_detector
-from analyzer.site import THRESHOLDS, Thresholds, detector_config, parse_site
+from analyzer.pipeline import detector_settings
+from analyzer.site import THRESHOLDS, Thresholds, parse_site
 from tests.conftest import ROOT
 
 
@@ -18,16 +21,17 @@ def _alert(files, name: str) -> dict:
 def test_thresholds_set_the_rules_and_the_detector_alike():
     site = parse_site({"thresholds": {"gpu_temp_limit_celsius": 80, "memory_temp_limit_celsius": 92,
                                       "thermal_limit_for_seconds": 180, "thermal_warn_for_seconds": 600}})
-    thermal = make_detector("thermal", detector_config(site)["thermal"])
+    thermal = make_detector("thermal", detector_settings(site)["thermal"])
     assert (thermal.at_limit_c, thermal.mem_limit_c, thermal.min_throttle_s, thermal.min_hot_s) == (80, 92, 180, 600)
     files = rule_files(thresholds=site.thresholds)
     throttling, near = _alert(files, "GpuThermalThrottling"), _alert(files, "GpuNearThermalLimit")
     assert (throttling.for_, near.for_) == ("3m", "10m")
     assert '{sensor="gpu"}) >= 80' in throttling.expr and '{sensor="memory"}) >= 92' in throttling.expr
     # the built-in detector is the built-in rules' (no site config: the same numbers)
-    default = make_detector("thermal", detector_config(None)["thermal"])
+    default = make_detector("thermal", detector_settings(None)["thermal"])
     assert default == make_detector("thermal")
     assert (default.at_limit_c, default.min_throttle_s) == (THRESHOLDS.gpu_temp_limit_celsius, 60)
+    assert make_detector("straggler", detector_settings(site)["straggler"]).thermal_celsius == 80
     assert _alert(rule_files(), "GpuThermalThrottling").for_ == "1m"
 
 
@@ -83,3 +87,36 @@ def test_the_example_site_config_is_the_built_in_one_plus_its_own_classes_and_ro
     generate(tmp_path, site=site)
     for name in ("truegpu.yaml", "dcgm.yaml", "analyzer.yaml"):
         assert (tmp_path / name).read_text() == (GENERATED / name).read_text(), name
+
+
+def test_detectors_section_sets_any_documented_setting_and_names_the_file():
+    site = parse_site({"detectors": {"straggler": {"min_duration_s": 300}, "idle_masking": {"sm_max": 0.25}}},
+                      "site.yaml")
+    settings = detector_settings(site, {"idle_masking": {"util_min": 0.8}})
+    assert make_detector("straggler", settings["straggler"]).min_duration_s == 300
+    masking = make_detector("idle_masking", settings["idle_masking"])
+    assert (masking.sm_max, masking.util_min) == (0.25, 0.8)
+    for bad, message in (
+        ({"nosuch": {"x": 1}}, r"site.yaml: detectors: no detector for kind 'nosuch'"),
+        ({"straggler": {"min_duration": 1}}, r"site.yaml: detectors: straggler: unknown setting\(s\) min_duration"),
+        ({"thermal": {"min_hot_s": 60}}, r"site.yaml: detectors.thermal: min_hot_s come\(s\) from thresholds"),
+        ({"topology": {"min_pods": 2.5}}, r"site.yaml: detectors: topology.min_pods: expected int"),
+        ({"gpu_fault": {"application_xids": 1}}, r"gpu_fault.application_xids: expected bool"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            detector_settings(parse_site({"detectors": bad}, "site.yaml"))
+    with pytest.raises(ValueError, match=r"site.yaml: detectors.straggler.z_min: expected a finite number"):
+        parse_site({"detectors": {"straggler": {"z_min": "3"}}}, "site.yaml")
+
+
+def test_evaluate_reads_the_site_config(tmp_path, capsys):
+    """``truegpu evaluate --site``: a detector setting in the site file changes what evaluate finds."""
+    from truegpu.cli import main
+
+    site = tmp_path / "site.yaml"
+    site.write_text("detectors:\n  idle_masking: {util_min: 1.01}\n")  # nothing can be that busy: no finding
+    args = ["evaluate", "--scenario", "idle-waste", "--dialect", "truegpu", "--kinds", "idle_masking", "--json"]
+    assert main(args) == 0
+    found = json.loads(capsys.readouterr().out)["results"][0]["kinds"]["idle_masking"]["findings"]
+    assert main([*args, "--site", str(site)]) == 0
+    assert found > 0 and json.loads(capsys.readouterr().out)["results"][0]["kinds"]["idle_masking"]["findings"] == 0

@@ -74,11 +74,26 @@ def make_detector(kind: str, config: Mapping[str, Any] | None = None) -> Detecto
         raise ValueError(f"no detector for kind {kind!r} (available: {', '.join(sorted(registry))})")
     cls = registry[kind]
     config = dict(config or {})
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(config) - known)
+    defaults = {f.name: f.default for f in fields(cls)}
+    unknown = sorted(set(config) - set(defaults))
     if unknown:
-        raise ValueError(f"{kind}: unknown setting(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        raise ValueError(f"{kind}: unknown setting(s) {', '.join(unknown)} (known: {', '.join(sorted(defaults))})")
+    for name, value in config.items():
+        if not _same_type(defaults[name], value):
+            raise ValueError(f"{kind}.{name}: expected {type(defaults[name]).__name__} like {defaults[name]!r}, "
+                             f"got {value!r}")
     return cls(**config)
+
+
+def _same_type(default: Any, value: Any) -> bool:
+    """A setting's value fits its field: bools are bools, numbers finite numbers (ints integral)."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, int | float):
+        if not isinstance(value, int | float) or not np.isfinite(value):
+            return False
+        return not isinstance(default, int) or float(value).is_integer()
+    return True
 
 
 def gpu_busy(fleet: Fleet) -> np.ndarray:

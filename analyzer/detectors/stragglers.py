@@ -101,6 +101,7 @@ from analyzer.detectors._peers import Blocks, PeerGroups, peer_groups, persisten
 from analyzer.episodes import column, find_episodes, format_duration
 from analyzer.findings import STRAGGLER, Finding
 from analyzer.frame import Fleet
+from analyzer.site import THRESHOLDS
 
 CAUSES: tuple[str, ...] = ("thermal", "power", "pcie", "nvlink", "input", "unknown")
 _ADVICE = {
@@ -145,7 +146,7 @@ class Straggler:
     mad_floor: float = 0.01
     util_gap: float = 0.05
     same_work: float = 0.8
-    thermal_celsius: float = 85.0
+    thermal_celsius: float = THRESHOLDS.gpu_temp_limit_celsius  #: shared with the rules (analyzer.site)
     power_cap_ratio: float = 0.97
     nvlink_ratio_max: float = 0.67
     nvlink_min_bps: float = 1e9

@@ -30,7 +30,7 @@ from analyzer.cli import (
     resolve_range,
 )
 from analyzer.signals import ALLOCATION_COLUMNS
-from analyzer.site import detector_config, load_site
+from analyzer.site import load_site
 from exporter.timeparse import parse_positive_duration
 
 #: Same as analyzer.finops.costs.GROUP_BY (kept here so --help needs no pandas; a test holds them equal).
@@ -140,13 +140,10 @@ def run_report(args: argparse.Namespace, out: TextIO | None = None) -> int:
         team_map = load_team_map(args.team_map) if args.team_map else None
         site = load_site(args.site)
         fleet = _fleet(args, progress)
-        from analyzer.detectors import run_detectors
-        from analyzer.scores import compute_scores
+        from analyzer.pipeline import analyze
 
-        progress(f"scoring {len(fleet.frame):,} rows")
-        scores = compute_scores(fleet)
-        findings = run_detectors(fleet, list(COST_FINDING_KINDS), detector_config(site))
-        report = cost_report(fleet, scores, findings, catalog, group_by=args.group_by,
+        result = analyze(fleet, list(COST_FINDING_KINDS), site, partition=False, progress=progress)
+        report = cost_report(fleet, result.scores, result.findings, catalog, group_by=args.group_by,
                              team_label=args.team_label, team_map=team_map, site=site)
     except (ValueError, OSError, PrometheusError, KeyError) as exc:
         return _error("report", str(exc).strip("'\""))
