@@ -11,6 +11,13 @@ Three rule files, each a list of groups:
   treat every exporter release (and truegpu's own dialect) alike;
 * ``analyzer.yaml`` -- alerts on the analyzer's published findings and on the analyzer's health.
 
+Each group is built by one function named after it, from keyword-only :class:`Record`/:class:`Alert`
+definitions: ``truegpu_recording``, ``truegpu_hardware``, ``truegpu_exporter``; ``dcgm_recording``,
+``dcgm_hardware``, ``dcgm_exporter``; ``analyzer_findings``, ``analyzer_health``. A hardware group is
+its areas in order -- ``<dialect>_xid``, ``_memory``, ``_thermal``, ``_links``, ``_presence`` -- and both
+dialects build each alert with one shared builder (:func:`xid_alerts`, :func:`uncorrectable_ecc`, ...)
+from a :class:`PerGpu` (how that dialect's series name a GPU), so the two say the same thing.
+
 Every metric name comes from :mod:`exporter.schema` or :mod:`analyzer.output_schema`; the
 recording-rule names below are the public constants dashboards import. Durations (``for:``,
 rate windows, staleness thresholds) pass through :class:`Timing` so that the end-to-end test
@@ -20,7 +27,7 @@ runs these very rules with ``scale=0.01``.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -199,8 +206,10 @@ def dashboard_url(alert: str, links: Links) -> str:
     return f"{links.dashboard_base}/d/{links.dialect}-{key}?orgId=1{params}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Record:
+    """A recording rule; ``record`` is one of the public names above (dashboards read them)."""
+
     record: str
     expr: str
     labels: dict[str, str] = field(default_factory=dict)
@@ -212,8 +221,11 @@ class Record:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Alert:
+    """An alerting rule. Keyword-only: its texts, severity and team are all strings, and a swap of two
+    of them would still build."""
+
     alert: str
     expr: str
     for_: str
@@ -253,8 +265,10 @@ class Alert:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Group:
+    """One named rule group (Prometheus evaluates a group's rules in order)."""
+
     name: str
     rules: tuple[Record | Alert, ...]
 
@@ -262,8 +276,10 @@ class Group:
         return {"name": self.name, "rules": [r.to_dict(links) for r in self.rules]}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RuleFile:
+    """One generated rule file: its groups, and the header comment written above them."""
+
     name: str
     header: str
     groups: tuple[Group, ...]
@@ -281,7 +297,7 @@ class RuleFile:
 
     def keeping(self, cluster_label: str) -> RuleFile:
         """Every expression keeps ``cluster_label`` (:func:`keep_cluster`)."""
-        groups = tuple(Group(g.name, tuple(replace(r, expr=keep_cluster(r.expr, cluster_label)) for r in g.rules))
+        groups = tuple(replace(g, rules=tuple(replace(r, expr=keep_cluster(r.expr, cluster_label)) for r in g.rules))
                        for g in self.groups)
         return replace(self, groups=groups)
 
@@ -303,6 +319,7 @@ def keep_cluster(expr: str, label: str) -> str:
 
 # PromQL helpers -------------------------------------------------------------------------------
 def by(labels: Iterable[str]) -> str:
+    """A grouping's label list (``a, b``), in the one style :func:`keep_cluster` reads."""
     return ", ".join(labels)
 
 
@@ -322,6 +339,7 @@ def sel(name: str, **matchers: str) -> str:
 
 
 def alternatives(values: Iterable[object]) -> str:
+    """A regex alternation (``a|b``) for a ``=~`` matcher."""
     return "|".join(str(v) for v in values)
 
 
@@ -336,6 +354,7 @@ def number(x: float) -> str:
 
 
 def scaled(expr: str, factor: float) -> str:
+    """``expr`` in base units (dcgm-exporter's percent and MHz carry a scale in the contract)."""
     return expr if factor == 1 else f"({expr} * {number(factor)})"
 
 
@@ -351,40 +370,8 @@ THERMAL = alternatives(S.THERMAL_REASONS)
 GPU_REF = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.hostname }}"
 DCGM_GPU_REF = "GPU {{ $labels.gpu }} ({{ $labels.UUID }}) on {{ $labels.hostname }}"
 SHORT_REF = "GPU {{ $labels.gpu }} of {{ $labels.hostname }}"
-
-
-# truegpu dialect ------------------------------------------------------------------------------
-def truegpu_recording() -> Group:
-    sm_active = S.SM_ACTIVE.name
-    alloc = S.GPU_ALLOCATION_INFO.name
-    whole = {S.GPU_INSTANCE: ""}  # whole GPUs only: MIG instances publish no GPU utilization
-    alloc_by = by((*S.GPU_LABELS, S.GPU_INSTANCE, NAMESPACE, WORKLOAD))
-    rules = (
-        Record(GPU_SM_CLOCK_RATIO,
-               f"clamp_max(max by ({GPU_BY}) ({S.SM_CLOCK.name}) / max by ({GPU_BY}) ({S.SM_CLOCK_MAX.name}), 1)"),
-        Record(GPU_EFFECTIVE_UTILIZATION, f"{sm_active} * on ({GPU_BY}) group_left () {GPU_SM_CLOCK_RATIO}"),
-        Record(GPU_MASKING_GAP, f"{sel(S.GPU_UTILIZATION.name, **whole)} - on ({GPU_BY}) {sel(sm_active, **whole)}"),
-        Record(NODE_EFFECTIVE_UTILIZATION, f"avg by ({S.HOSTNAME}) ({GPU_EFFECTIVE_UTILIZATION})"),
-        Record(NODE_MASKING_GAP, f"avg by ({S.HOSTNAME}) ({GPU_MASKING_GAP})"),
-        Record(WORKLOAD_EFFECTIVE_UTILIZATION,
-               f"avg by ({NAMESPACE}, {WORKLOAD}) (max by ({alloc_by}) ({alloc}) "
-               f"* on ({GPU_INSTANCE_BY}) group_left () {GPU_EFFECTIVE_UTILIZATION})"),
-        Record(WORKLOAD_MASKING_GAP,
-               f"avg by ({NAMESPACE}, {WORKLOAD}) (max by ({alloc_by}) ({alloc}) "
-               f"* on ({GPU_INSTANCE_BY}) group_left () {GPU_MASKING_GAP})"),
-        Record(FLEET_EFFECTIVE_UTILIZATION, f"avg ({GPU_EFFECTIVE_UTILIZATION})", {ALLOCATION_LABEL: ALLOCATION_ALL}),
-        Record(FLEET_EFFECTIVE_UTILIZATION, f"avg ({GPU_EFFECTIVE_UTILIZATION} and on ({GPU_INSTANCE_BY}) {alloc})",
-               {ALLOCATION_LABEL: ALLOCATION_ALLOCATED}),
-        Record(FLEET_MASKING_GAP, f"avg ({GPU_MASKING_GAP})", {ALLOCATION_LABEL: ALLOCATION_ALL}),
-        Record(FLEET_MASKING_GAP, f"avg ({GPU_MASKING_GAP} and on ({GPU_BY}) {alloc})",
-               {ALLOCATION_LABEL: ALLOCATION_ALLOCATED}),
-    )
-    return Group("truegpu-recording", rules)
-
-
-def _new_counter_events(selector: str, window: str) -> str:
-    """Events of a counter within ``window``, also when its series first appears with them."""
-    return f"increase({selector}[{window}]) > 0 or max without () ({selector} > 0 unless {selector} offset {window})"
+#: PCIe link properties GpuPcieLinkDowngraded compares with their maximum, and its ``link`` label for each.
+PCIE_LINKS: tuple[tuple[S.Metric, str], ...] = ((S.PCIE_LINK_GENERATION, "generation"), (S.PCIE_LINK_WIDTH, "width"))
 
 
 def with_owner(expr: str, key: str = GPU_BY, holders: str = S.GPU_ALLOCATION_INFO.name,
@@ -398,27 +385,90 @@ def with_owner(expr: str, key: str = GPU_BY, holders: str = S.GPU_ALLOCATION_INF
             f"or (({expr}) unless on ({key}) {holder})")
 
 
-def recovery_action(expr: str, ref: str, labels: dict[str, str] | None = None,
-                    fields: tuple[str, ...] = ()) -> Alert:
-    """GpuRecoveryActionRequired: the driver says the GPU needs a reset, reboot or drain (``expr``: the
+# Per-GPU hardware alerts, both dialects -------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class PerGpu:
+    """How one dialect's per-GPU alerts group, name and label a GPU, and who holds it: the alert
+    builders below take one, so both dialects' alerts say the same thing from different series."""
+
+    #: The labels of one GPU (every per-GPU aggregation groups and joins on them).
+    key: str
+    #: The GPU as a description names it.
+    ref: str
+    #: A series naming who holds each GPU, and the labels that say who (:func:`with_owner`).
+    holders: str
+    owner: str
+    #: Labels every alert of the dialect carries.
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def owned(self, *alerts: Alert) -> tuple[Alert, ...]:
+        """``alerts`` carrying who holds the GPU, so routing can send them to its owners."""
+        return tuple(replace(a, expr=with_owner(a.expr, self.key, self.holders, self.owner)) for a in alerts)
+
+
+#: truegpu's own series: the allocation info names each GPU's workload.
+TRUEGPU_GPUS = PerGpu(key=GPU_BY, ref=GPU_REF, holders=S.GPU_ALLOCATION_INFO.name, owner=f"{NAMESPACE}, {WORKLOAD}")
+
+#: GpuXidError per XID class (analyzer.xid's severities): the summary's name for it and what it means.
+_XID_CLASSES = (
+    ("critical", "Critical XID", "the GPU cannot be trusted until it is drained and reset."),
+    ("warning", "XID", "a driver or hardware error, see the runbook's XID table."),
+    ("info", "Application XID",
+     "usually the job's own bug (illegal memory access, kernel exception); the GPU itself is fine."),
+)
+
+
+def xid_alerts(on: PerGpu, *, critical: str, warning: str, info: str, code: str, events: str,
+               labels: dict[str, str] | None = None, fields: tuple[str, ...] = ()) -> tuple[Alert, ...]:
+    """GpuXidError once per XID class (``critical``/``warning``/``info``: each class's expression), at
+    once (``for: 0s``): an XID is an event. ``code`` names the XID, ``events`` says what was seen."""
+    exprs = {"critical": critical, "warning": warning, "info": info}
+    return tuple(
+        Alert(alert="GpuXidError", expr=exprs[severity], for_="0s", severity=severity, team="training",
+              summary=f"{name} {code} on {SHORT_REF}", description=f"{on.ref} reported {events}: {meaning}",
+              labels=dict(on.labels if labels is None else labels), dcgm_fields=fields)
+        for severity, name, meaning in _XID_CLASSES
+    )
+
+
+def uncorrectable_ecc(on: PerGpu, expr: str, window: str, fields: tuple[str, ...] = ()) -> Alert:
+    """GpuUncorrectableEcc: ``expr`` counts the GPU's uncorrectable errors (or remapped rows) in ``window``."""
+    return Alert(alert="GpuUncorrectableEcc", expr=expr, for_="0s", severity="critical", team="training",
+                 summary="Uncorrectable ECC error on " + SHORT_REF,
+                 description=f"{on.ref} had {{{{ printf \"%.0f\" $value }}}} uncorrectable memory error(s) in the "
+                             f"last {window}: drain the GPU and reset it to apply the row remap.",
+                 labels=dict(on.labels), dcgm_fields=fields)
+
+
+def row_remap_failure(on: PerGpu, failed: str, fields: tuple[str, ...] = ()) -> Alert:
+    """GpuRowRemapFailure: ``failed`` is 1 once the GPU has no spare rows left."""
+    return Alert(alert="GpuRowRemapFailure", expr=f"{failed} == 1", for_="0s", severity="critical", team="training",
+                 summary="Row remapping failed on " + SHORT_REF,
+                 description=f"{on.ref} has no spare HBM rows left to remap memory errors: drain it and RMA it.",
+                 labels=dict(on.labels), dcgm_fields=fields)
+
+
+def recovery_action(on: PerGpu, code: str, fields: tuple[str, ...] = ()) -> Alert:
+    """GpuRecoveryActionRequired: the driver says the GPU needs a reset, reboot or drain (``code``: the
     recovery-action code, non-zero)."""
     codes = ", ".join(f"{c} {a.replace('_', ' ')}" for c, a in S.GPU_RECOVERY_ACTIONS.items() if c)
-    return Alert(RECOVERY_ACTION, f"{expr} > 0", "0s", "critical", "training",
-                 "GPU recovery action {{ $value }} required on " + SHORT_REF,
-                 f"{ref} needs recovery action {{{{ $value }}}} ({codes}): drain its work and do what the code "
-                 "says; the GPU cannot be trusted until then.", labels or {}, fields)
+    return Alert(alert=RECOVERY_ACTION, expr=f"{code} > 0", for_="0s", severity="critical", team="training",
+                 summary="GPU recovery action {{ $value }} required on " + SHORT_REF,
+                 description=f"{on.ref} needs recovery action {{{{ $value }}}} ({codes}): drain its work and do "
+                             "what the code says; the GPU cannot be trusted until then.",
+                 labels=dict(on.labels), dcgm_fields=fields)
 
 
-def thermal_alerts(t: Timing, th: Thresholds, key: str, clock: str, thermal_reason: str, reasons: str,
-                   gpu_temp: str, memory_temp: str, ref: str, clock_text: str,
-                   labels: dict[str, str] | None = None, fields: tuple[str, ...] = ()) -> tuple[Alert, Alert]:
+def thermal_alerts(t: Timing, th: Thresholds, on: PerGpu, *, clock: str, clock_text: str, thermal_reason: str,
+                   reasons: str, gpu_temp: str, memory_temp: str, fields: tuple[str, ...] = ()) -> tuple[Alert, Alert]:
     """GpuThermalThrottling (critical: what the thermal detector calls "at the limit") and
     GpuNearThermalLimit (warning), on the site's shared thresholds and hold times.
 
     At the limit: a thermal clock-event reason, or -- where throttle reasons are not collected
     (``reasons`` absent; dcgm-exporter's default counters omit them) -- the die or HBM at its
-    slowdown point, as the detector reads it. ``gpu_temp``/``memory_temp`` are per-GPU (``key``).
+    slowdown point, as the detector reads it. ``gpu_temp``/``memory_temp`` are per-GPU (``on.key``).
     A GPU is near the limit whenever it is hot and not throttling (one alert or the other)."""
+    key = on.key
     gpu_limit, memory_limit = number(th.gpu_temp_limit_celsius), number(th.memory_temp_limit_celsius)
     hot = f"{gpu_temp} >= {gpu_limit} or {memory_temp} >= {memory_limit}"
     at_limit = f"{thermal_reason} or (({hot}) unless on ({key}) {reasons})"
@@ -428,74 +478,57 @@ def thermal_alerts(t: Timing, th: Thresholds, key: str, clock: str, thermal_reas
                                                    ("memory", memory_temp, th.memory_temp_near_celsius)))
     limit_for, warn_for = t.hold(th.thermal_limit_for_seconds), t.hold(th.thermal_warn_for_seconds)
     return (
-        Alert("GpuThermalThrottling", throttling, limit_for, "critical", "sre",
-              "Thermal throttling on " + SHORT_REF,
-              f"{ref} has been slowed down for heat for {limit_for} (a thermal clock-event reason, or where "
-              f"those are not collected the die at {gpu_limit} C or HBM at {memory_limit} C or more); "
-              f"its SM clock is at {clock_text}.",
-              labels or {}, fields),
-        Alert("GpuNearThermalLimit", f"({near}) unless on ({key}) ({throttling})", warn_for, "warning", "facilities",
-              "GPU {{ $labels.sensor }} temperature near its limit on " + SHORT_REF,
-              f"{ref}: {{{{ $labels.sensor }}}} temperature {{{{ $value }}}} C for {warn_for}, close to "
-              "thermal slowdown; check airflow and inlet temperature of the rack.", labels or {}, fields),
+        Alert(alert="GpuThermalThrottling", expr=throttling, for_=limit_for, severity="critical", team="sre",
+              summary="Thermal throttling on " + SHORT_REF,
+              description=f"{on.ref} has been slowed down for heat for {limit_for} (a thermal clock-event reason, or "
+                          f"where those are not collected the die at {gpu_limit} C or HBM at {memory_limit} C or "
+                          f"more); its SM clock is at {clock_text}.",
+              labels=dict(on.labels), dcgm_fields=fields),
+        Alert(alert="GpuNearThermalLimit", expr=f"({near}) unless on ({key}) ({throttling})", for_=warn_for,
+              severity="warning", team="facilities",
+              summary="GPU {{ $labels.sensor }} temperature near its limit on " + SHORT_REF,
+              description=f"{on.ref}: {{{{ $labels.sensor }}}} temperature {{{{ $value }}}} C for {warn_for}, close "
+                          "to thermal slowdown; check airflow and inlet temperature of the rack.",
+              labels=dict(on.labels), dcgm_fields=fields),
     )
 
 
-def truegpu_hardware(t: Timing, th: Thresholds = THRESHOLDS) -> Group:
-    w10 = t.window(600)
-    xid = S.XID_ERRORS.name
-    crit, info = alternatives(CRITICAL_XIDS), alternatives(INFO_XIDS)
-    xid_events = "{{ printf \"%.0f\" $value }} XID {{ $labels.xid }} event(s) in the last " + w10
-    ecc = sel(S.ECC_ERRORS.name, type="uncorrectable", scope="volatile")
-    rows = sel(S.REMAPPED_ROWS.name, type="uncorrectable")
-    clock_event = sel(S.CLOCK_EVENT_ACTIVE.name, reason="=~" + THERMAL)
-    temp = S.TEMPERATURE.name
-    pcie = []
-    for metric, what in ((S.PCIE_LINK_GENERATION, "generation"), (S.PCIE_LINK_WIDTH, "width")):
-        cur, mx = sel(metric.name, state="current"), sel(metric.name, state="max")
-        pcie.append(f'label_replace(max by ({GPU_BY}) ({cur}) < max by ({GPU_BY}) ({mx}), "link", "{what}", "", "")')
-    busy = f"max by ({GPU_BY}) ({S.GPU_UTILIZATION.name}) > {number(th.busy_utilization)}"
-    rules = (
-        Alert("GpuXidError", f"{_new_counter_events(sel(xid, xid='=~' + crit), w10)}", "0s", "critical", "training",
-              "Critical XID {{ $labels.xid }} on " + SHORT_REF,
-              f"{GPU_REF} reported {xid_events}: the GPU cannot be trusted until it is drained and reset."),
-        Alert("GpuXidError", f"{_new_counter_events(sel(xid, xid='!~' + crit + '|' + info), w10)}", "0s", "warning",
-              "training", "XID {{ $labels.xid }} on " + SHORT_REF,
-              f"{GPU_REF} reported {xid_events}: a driver or hardware error, see the runbook's XID table."),
-        Alert("GpuXidError", f"{_new_counter_events(sel(xid, xid='=~' + info), w10)}", "0s", "info", "training",
-              "Application XID {{ $labels.xid }} on " + SHORT_REF,
-              f"{GPU_REF} reported {xid_events}: usually the job's own bug (illegal memory access, "
-              "kernel exception); the GPU itself is fine."),
-        Alert("GpuUncorrectableEcc",
-              f"sum by ({GPU_BY}) (increase({ecc}[{w10}])) > 0 or sum by ({GPU_BY}) (increase({rows}[{w10}])) > 0",
-              "0s", "critical", "training", "Uncorrectable ECC error on " + SHORT_REF,
-              f"{GPU_REF} had {{{{ printf \"%.0f\" $value }}}} uncorrectable memory error(s) in the last {w10}: "
-              "drain the GPU and reset it to apply the row remap."),
-        Alert("GpuRowRemapFailure", f"{S.ROW_REMAP_FAILURE.name} == 1", "0s", "critical", "training",
-              "Row remapping failed on " + SHORT_REF,
-              f"{GPU_REF} has no spare HBM rows left to remap memory errors: drain it and RMA it."),
-        recovery_action(S.GPU_RECOVERY_ACTION.name, GPU_REF),
-        *thermal_alerts(t, th, GPU_BY, GPU_SM_CLOCK_RATIO, f"max by ({GPU_BY}) ({clock_event}) > 0",
-                        sel(S.CLOCK_EVENT_ACTIVE.name), f"max by ({GPU_BY}) ({sel(temp, sensor='gpu')})",
-                        f"max by ({GPU_BY}) ({sel(temp, sensor='memory')})", GPU_REF,
-                        "{{ $value | humanizePercentage }} of maximum"),
-        Alert("GpuNvlinkErrors", f"sum by ({GPU_BY}) (increase({S.NVLINK_ERRORS.name}[{w10}])) > 0", t.hold(600),
-              "warning", "training", "NVLink errors on " + SHORT_REF,
-              f"{GPU_REF} keeps logging NVLink errors ({{{{ $value | humanize }}}} in the last {w10}): "
-              "collectives over this GPU slow down or fail."),
-        Alert("GpuPcieLinkDowngraded", f"({pcie[0]} or {pcie[1]}) and on ({GPU_BY}) ({busy})", t.hold(600),
-              "warning", "training", "PCIe link downgraded on busy " + SHORT_REF,
-              f"{GPU_REF} runs its PCIe link at {{{{ $labels.link }}}} {{{{ $value }}}}, below its maximum, "
-              "while busy: host-device transfers are slower."),
-        Alert(FELL_OFF_BUS,
-              f"max by ({GPU_BY}) (max_over_time({S.GPU_INFO.name}[{t.window(FELL_OFF_BUS_LOOKBACK)}])) "
-              f"unless on ({GPU_BY}) {S.GPU_INFO.name} and on ({S.HOSTNAME}) {S.NODE_INFO.name}",
-              t.hold(60), "critical", "training", SHORT_REF + " fell off the bus",
-              f"{GPU_REF} stopped reporting while its node's exporter is up: the GPU is lost (XID 79 or "
-              "similar); drain the node and reset or reseat the GPU."),
-    )
-    return Group("truegpu-hardware", (*(replace(a, expr=with_owner(a.expr)) for a in rules),
-                                      gpu_missing(t, S.MEMORY_USED.name, S.GPU_INSTANCE)))
+def nvlink_errors(t: Timing, on: PerGpu, increase: str, window: str, fields: tuple[str, ...] = ()) -> Alert:
+    """GpuNvlinkErrors: ``increase`` (per link and error type, within ``window``) keeps growing."""
+    return Alert(alert="GpuNvlinkErrors", expr=f"sum by ({on.key}) ({increase}) > 0", for_=t.hold(600),
+                 severity="warning", team="training", summary="NVLink errors on " + SHORT_REF,
+                 description=f"{on.ref} keeps logging NVLink errors ({{{{ $value | humanize }}}} in the last "
+                             f"{window}): collectives over this GPU slow down or fail.",
+                 labels=dict(on.labels), dcgm_fields=fields)
+
+
+def pcie_link_downgraded(t: Timing, th: Thresholds, on: PerGpu, *, current: Callable[[S.Metric], str],
+                         maximum: Callable[[S.Metric], str], utilization: str,
+                         fields: tuple[str, ...] = ()) -> Alert:
+    """GpuPcieLinkDowngraded: a link property (``current``/``maximum`` series of each of
+    :data:`PCIE_LINKS`) below its maximum while the GPU is busy (``utilization``, a ratio): an idle
+    GPU lowers its link to save power."""
+    key = on.key
+    below = " or ".join(f'label_replace(max by ({key}) ({current(m)}) < max by ({key}) ({maximum(m)}), '
+                        f'"link", "{what}", "", "")' for m, what in PCIE_LINKS)
+    busy = f"max by ({key}) ({utilization}) > {number(th.busy_utilization)}"
+    return Alert(alert="GpuPcieLinkDowngraded", expr=f"({below}) and on ({key}) ({busy})", for_=t.hold(600),
+                 severity="warning", team="training", summary="PCIe link downgraded on busy " + SHORT_REF,
+                 description=f"{on.ref} runs its PCIe link at {{{{ $labels.link }}}} {{{{ $value }}}}, below its "
+                             "maximum, while busy: host-device transfers are slower.",
+                 labels=dict(on.labels), dcgm_fields=fields)
+
+
+def fell_off_bus(t: Timing, on: PerGpu, *, seen: str, now: str, node_up: str,
+                 fields: tuple[str, ...] = ()) -> Alert:
+    """GpuFellOffBus: a GPU ``seen`` (a range function over the lookback) that is not reporting ``now``,
+    on a node still up (``node_up``, by ``hostname``): a whole node or exporter gone is not this."""
+    return Alert(alert=FELL_OFF_BUS,
+                 expr=f"max by ({on.key}) ({seen}) unless on ({on.key}) {now} and on ({S.HOSTNAME}) {node_up}",
+                 for_=t.hold(60), severity="critical", team="training", summary=SHORT_REF + " fell off the bus",
+                 description=f"{on.ref} stopped reporting while its node's exporter is up: the GPU is lost (XID 79 "
+                             "or similar); drain the node and reset or reseat the GPU.",
+                 labels=dict(on.labels), dcgm_fields=fields)
 
 
 def gpu_missing(t: Timing, reporting: str, instance_label: str, dialect: dict[str, str] | None = None,
@@ -515,15 +548,16 @@ def gpu_missing(t: Timing, reporting: str, instance_label: str, dialect: dict[st
     expr = (f"({cap} - on ({node}) {count(S.GPU)} > 0) "
             f"and on ({node}) ({cap} - on ({node}) {count(by((S.GPU, instance_label)))} > 0)")
     expr = f'label_replace({expr}, "{S.HOSTNAME}", "$1", "{node}", "(.+)")'
-    return Alert(GPU_MISSING, expr, t.hold(900), "critical", "training",
-                 "{{ $value }} GPU(s) missing on {{ $labels.hostname }}",
-                 "Kubernetes counts more GPUs on {{ $labels.hostname }} than report from it for "
-                 f"{t.hold(900)} ({{{{ $value }}}} missing): a GPU lost before Prometheus saw it, or long ago "
-                 "(nvidia-smi on the node lists what the driver sees); drain the node and reset or reseat it.",
-                 dialect or {}, fields)
+    return Alert(alert=GPU_MISSING, expr=expr, for_=t.hold(900), severity="critical", team="training",
+                 summary="{{ $value }} GPU(s) missing on {{ $labels.hostname }}",
+                 description="Kubernetes counts more GPUs on {{ $labels.hostname }} than report from it for "
+                             f"{t.hold(900)} ({{{{ $value }}}} missing): a GPU lost before Prometheus saw it, or long "
+                             "ago (nvidia-smi on the node lists what the driver sees); drain the node and reset or "
+                             "reseat it.",
+                 labels=dialect or {}, dcgm_fields=fields)
 
 
-def exporter_down(t: Timing, job: str, presence: str, alert: str, norm: Any = lambda e: e,
+def exporter_down(t: Timing, job: str, presence: str, alert: str, norm: Callable[[str], str] = lambda e: e,
                   labels: dict[str, str] | None = None) -> Alert:
     """``up == 0`` for the job, carrying ``hostname`` remembered from the target's last hour of data.
 
@@ -532,10 +566,115 @@ def exporter_down(t: Timing, job: str, presence: str, alert: str, norm: Any = la
     up = f"{sel(UP, job=job)} == 0"
     hosts = f"max by ({SCRAPE_JOB}, instance, {S.HOSTNAME}) ({norm(f'last_over_time({presence}[{t.window(3600)}])')})"
     expr = f"{hosts} * on ({SCRAPE_JOB}, instance) group_left () ({up}) or on ({SCRAPE_JOB}, instance) {up}"
-    return Alert(alert, expr, t.hold(300), "warning", "sre", "Exporter {{ $labels.instance }} is down",
-                 f"Prometheus cannot scrape {{{{ $labels.instance }}}} (job {{{{ $labels.job }}}}"
-                 f"{{{{ with $labels.hostname }}}}, host {{{{ . }}}}{{{{ end }}}}) for {t.hold(300)}: "
-                 "the GPUs there are unobserved.", labels or {})
+    return Alert(alert=alert, expr=expr, for_=t.hold(300), severity="warning", team="sre",
+                 summary="Exporter {{ $labels.instance }} is down",
+                 description=f"Prometheus cannot scrape {{{{ $labels.instance }}}} (job {{{{ $labels.job }}}}"
+                             f"{{{{ with $labels.hostname }}}}, host {{{{ . }}}}{{{{ end }}}}) for {t.hold(300)}: "
+                             "the GPUs there are unobserved.",
+                 labels=labels or {})
+
+
+# truegpu dialect ------------------------------------------------------------------------------
+def truegpu_recording() -> Group:
+    """Effective utilization and masking gap per GPU (MIG instance), node, workload and fleet."""
+    sm_active = S.SM_ACTIVE.name
+    alloc = S.GPU_ALLOCATION_INFO.name
+    whole = {S.GPU_INSTANCE: ""}  # whole GPUs only: MIG instances publish no GPU utilization
+    alloc_by = by((*S.GPU_LABELS, S.GPU_INSTANCE, NAMESPACE, WORKLOAD))
+    all_, allocated = {ALLOCATION_LABEL: ALLOCATION_ALL}, {ALLOCATION_LABEL: ALLOCATION_ALLOCATED}
+
+    def per_workload(per_gpu: str) -> str:
+        return (f"avg by ({NAMESPACE}, {WORKLOAD}) (max by ({alloc_by}) ({alloc}) "
+                f"* on ({GPU_INSTANCE_BY}) group_left () {per_gpu})")
+
+    return Group(name="truegpu-recording", rules=(
+        Record(record=GPU_SM_CLOCK_RATIO,
+               expr=f"clamp_max(max by ({GPU_BY}) ({S.SM_CLOCK.name}) / max by ({GPU_BY}) ({S.SM_CLOCK_MAX.name}), 1)"),
+        Record(record=GPU_EFFECTIVE_UTILIZATION,
+               expr=f"{sm_active} * on ({GPU_BY}) group_left () {GPU_SM_CLOCK_RATIO}"),
+        Record(record=GPU_MASKING_GAP,
+               expr=f"{sel(S.GPU_UTILIZATION.name, **whole)} - on ({GPU_BY}) {sel(sm_active, **whole)}"),
+        Record(record=NODE_EFFECTIVE_UTILIZATION, expr=f"avg by ({S.HOSTNAME}) ({GPU_EFFECTIVE_UTILIZATION})"),
+        Record(record=NODE_MASKING_GAP, expr=f"avg by ({S.HOSTNAME}) ({GPU_MASKING_GAP})"),
+        Record(record=WORKLOAD_EFFECTIVE_UTILIZATION, expr=per_workload(GPU_EFFECTIVE_UTILIZATION)),
+        Record(record=WORKLOAD_MASKING_GAP, expr=per_workload(GPU_MASKING_GAP)),
+        Record(record=FLEET_EFFECTIVE_UTILIZATION, expr=f"avg ({GPU_EFFECTIVE_UTILIZATION})", labels=all_),
+        Record(record=FLEET_EFFECTIVE_UTILIZATION,
+               expr=f"avg ({GPU_EFFECTIVE_UTILIZATION} and on ({GPU_INSTANCE_BY}) {alloc})", labels=allocated),
+        Record(record=FLEET_MASKING_GAP, expr=f"avg ({GPU_MASKING_GAP})", labels=dict(all_)),
+        Record(record=FLEET_MASKING_GAP, expr=f"avg ({GPU_MASKING_GAP} and on ({GPU_BY}) {alloc})",
+               labels=dict(allocated)),
+    ))
+
+
+def _new_counter_events(selector: str, window: str) -> str:
+    """Events of a counter within ``window``, also when its series first appears with them."""
+    return f"increase({selector}[{window}]) > 0 or max without () ({selector} > 0 unless {selector} offset {window})"
+
+
+def truegpu_xid(t: Timing) -> tuple[Alert, ...]:
+    """GpuXidError from the exporter's per-code XID counters: new events within the window, by class."""
+    w10 = t.window(600)
+    crit, info = alternatives(CRITICAL_XIDS), alternatives(INFO_XIDS)
+
+    def events(codes: str) -> str:
+        return _new_counter_events(sel(S.XID_ERRORS.name, xid=codes), w10)
+
+    return TRUEGPU_GPUS.owned(*xid_alerts(
+        TRUEGPU_GPUS, critical=events("=~" + crit), warning=events(f"!~{crit}|{info}"), info=events("=~" + info),
+        code="{{ $labels.xid }}",
+        events="{{ printf \"%.0f\" $value }} XID {{ $labels.xid }} event(s) in the last " + w10,
+    ))
+
+
+def truegpu_memory(t: Timing) -> tuple[Alert, ...]:
+    """HBM and driver state: uncorrectable ECC errors, row-remap failure, a recovery action required."""
+    w10 = t.window(600)
+    ecc = sel(S.ECC_ERRORS.name, type="uncorrectable", scope="volatile")
+    rows = sel(S.REMAPPED_ROWS.name, type="uncorrectable")
+    errors = " or ".join(f"sum by ({GPU_BY}) (increase({s}[{w10}])) > 0" for s in (ecc, rows))
+    return TRUEGPU_GPUS.owned(
+        uncorrectable_ecc(TRUEGPU_GPUS, errors, w10),
+        row_remap_failure(TRUEGPU_GPUS, S.ROW_REMAP_FAILURE.name),
+        recovery_action(TRUEGPU_GPUS, S.GPU_RECOVERY_ACTION.name),
+    )
+
+
+def truegpu_thermal(t: Timing, th: Thresholds) -> tuple[Alert, ...]:
+    """Thermal throttling from the clock-event reasons (temperatures where those are missing), and near the limit."""
+    temp = S.TEMPERATURE.name
+    clock_event = sel(S.CLOCK_EVENT_ACTIVE.name, reason="=~" + THERMAL)
+    return TRUEGPU_GPUS.owned(*thermal_alerts(
+        t, th, TRUEGPU_GPUS, clock=GPU_SM_CLOCK_RATIO, clock_text="{{ $value | humanizePercentage }} of maximum",
+        thermal_reason=f"max by ({GPU_BY}) ({clock_event}) > 0", reasons=sel(S.CLOCK_EVENT_ACTIVE.name),
+        gpu_temp=f"max by ({GPU_BY}) ({sel(temp, sensor='gpu')})",
+        memory_temp=f"max by ({GPU_BY}) ({sel(temp, sensor='memory')})",
+    ))
+
+
+def truegpu_links(t: Timing, th: Thresholds) -> tuple[Alert, ...]:
+    """Interconnect: NVLink errors that keep growing, a PCIe link below its maximum while busy."""
+    w10 = t.window(600)
+    return TRUEGPU_GPUS.owned(
+        nvlink_errors(t, TRUEGPU_GPUS, f"increase({S.NVLINK_ERRORS.name}[{w10}])", w10),
+        pcie_link_downgraded(t, th, TRUEGPU_GPUS, current=lambda m: sel(m.name, state="current"),
+                             maximum=lambda m: sel(m.name, state="max"), utilization=S.GPU_UTILIZATION.name),
+    )
+
+
+def truegpu_presence(t: Timing) -> tuple[Alert, ...]:
+    """A GPU lost: one that stopped reporting (GpuFellOffBus), or fewer than Kubernetes counts (GpuMissing)."""
+    info = S.GPU_INFO.name
+    lost = fell_off_bus(t, TRUEGPU_GPUS, seen=f"max_over_time({info}[{t.window(FELL_OFF_BUS_LOOKBACK)}])", now=info,
+                        node_up=S.NODE_INFO.name)
+    return (*TRUEGPU_GPUS.owned(lost), gpu_missing(t, S.MEMORY_USED.name, S.GPU_INSTANCE))
+
+
+def truegpu_hardware(t: Timing, th: Thresholds = THRESHOLDS) -> Group:
+    """Per-GPU hardware alerts over truegpu's exporter metrics (:data:`HARDWARE_ALERTS` and GpuMissing)."""
+    return Group(name="truegpu-hardware", rules=(
+        *truegpu_xid(t), *truegpu_memory(t), *truegpu_thermal(t, th), *truegpu_links(t, th), *truegpu_presence(t),
+    ))
 
 
 def collection_health(t: Timing, exporter_job: str) -> tuple[Alert, ...]:
@@ -546,34 +685,40 @@ def collection_health(t: Timing, exporter_job: str) -> tuple[Alert, ...]:
         return (f"({expr}) * on ({SCRAPE_JOB}, instance) group_left ({S.HOSTNAME}) {node} "
                 f"or on ({SCRAPE_JOB}, instance, source) ({expr})")
 
+    def per_source(metric: S.Metric, condition: str) -> str:
+        by_source = f"{SCRAPE_JOB}, instance, source"  # the exporter's node, where it publishes truegpu_node_info
+        return on_node(f"max by ({by_source}) ({sel(metric.name, job=exporter_job)}) {condition}")
+
     where = "source {{ $labels.source }} of the exporter on {{ $labels.hostname }} ({{ $labels.instance }})"
     slow = SLOW_SHARE_OF_DEADLINE * DEFAULT_DEADLINE
-    by_source = f"{SCRAPE_JOB}, instance, source"  # the exporter's node, where it publishes truegpu_node_info
     return (
-        Alert(COLLECTION_FAILING,
-              on_node(f"max by ({by_source}) ({sel(S.SOURCE_UP.name, job=exporter_job)}) == 0"),
-              t.hold(900), "warning", "sre", "GPU telemetry collection failing on {{ $labels.hostname }}",
-              f"The {where} has not collected everything for {t.hold(900)} (a lost GPU, NVML errors, or "
-              "dcgm-exporter unreachable): truegpu_exporter_errors_total says which; those GPUs are unknown."),
-        Alert(COLLECTION_STALE,
-              on_node(f"max by ({by_source}) ({sel(S.SOURCE_STALE.name, job=exporter_job)}) == 1"),
-              t.hold(300), "warning", "sre", "GPU telemetry stale on {{ $labels.hostname }}",
-              f"The {where} overruns its deadline and serves its last good values for {t.hold(300)}: "
-              "the data is old (a hung NVML call or a slow dcgm-exporter)."),
-        Alert(COLLECTION_SLOW,
-              on_node(f"max by ({by_source}) ({sel(S.COLLECT_DURATION.name, job=exporter_job)}) > {slow:g}"),
-              t.hold(900), "info", "sre", "GPU telemetry collection slow on {{ $labels.hostname }}",
-              f"The {where} takes {{{{ $value | humanizeDuration }}}} per collection for {t.hold(900)}, more "
-              f"than half of its {DEFAULT_DEADLINE:g} s deadline."),
+        Alert(alert=COLLECTION_FAILING, expr=per_source(S.SOURCE_UP, "== 0"), for_=t.hold(900), severity="warning",
+              team="sre", summary="GPU telemetry collection failing on {{ $labels.hostname }}",
+              description=f"The {where} has not collected everything for {t.hold(900)} (a lost GPU, NVML errors, or "
+                          "dcgm-exporter unreachable): truegpu_exporter_errors_total says which; those GPUs are "
+                          "unknown."),
+        Alert(alert=COLLECTION_STALE, expr=per_source(S.SOURCE_STALE, "== 1"), for_=t.hold(300), severity="warning",
+              team="sre", summary="GPU telemetry stale on {{ $labels.hostname }}",
+              description=f"The {where} overruns its deadline and serves its last good values for {t.hold(300)}: "
+                          "the data is old (a hung NVML call or a slow dcgm-exporter)."),
+        Alert(alert=COLLECTION_SLOW, expr=per_source(S.COLLECT_DURATION, f"> {slow:g}"), for_=t.hold(900),
+              severity="info", team="sre", summary="GPU telemetry collection slow on {{ $labels.hostname }}",
+              description=f"The {where} takes {{{{ $value | humanizeDuration }}}} per collection for {t.hold(900)}, "
+                          f"more than half of its {DEFAULT_DEADLINE:g} s deadline."),
     )
 
 
+def truegpu_exporter(t: Timing, exporter_job: str = EXPORTER_JOB) -> Group:
+    """The exporter's own health: down, or up with a source failing, stale or slow."""
+    presence = sel(S.NODE_INFO.name, job=exporter_job)
+    return Group(name="truegpu-exporter", rules=(
+        exporter_down(t, exporter_job, presence, EXPORTER_DOWN), *collection_health(t, exporter_job)))
+
+
 def truegpu_file(t: Timing, exporter_job: str = EXPORTER_JOB, th: Thresholds = THRESHOLDS) -> RuleFile:
-    health = Group("truegpu-exporter", (
-        exporter_down(t, exporter_job, sel(S.NODE_INFO.name, job=exporter_job), EXPORTER_DOWN),
-        *collection_health(t, exporter_job)))
-    return RuleFile("truegpu.yaml", "truegpu exporter metrics (truegpu_*)",
-                    (truegpu_recording(), truegpu_hardware(t, th), health))
+    """``truegpu.yaml``: the rules over truegpu's own exporter metrics."""
+    return RuleFile(name="truegpu.yaml", header="truegpu exporter metrics (truegpu_*)",
+                    groups=(truegpu_recording(), truegpu_hardware(t, th), truegpu_exporter(t, exporter_job)))
 
 
 # dcgm-exporter dialect ---------------------------------------------------------------------
@@ -598,207 +743,238 @@ def dcgm_norm(expr: str) -> str:
     return f'label_replace({host}, "{DCGM_UUID_LABEL}", "$1", "{DCGM_OLD_UUID_LABEL}", "(.+)")'
 
 
-def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB, th: Thresholds = THRESHOLDS) -> RuleFile:
-    host = S.HOSTNAME
-    g = by((host, S.GPU, DCGM_UUID_LABEL))
+def _dcgm(field_name: str, **matchers: str) -> str:
+    """A normalized dcgm series."""
+    return dcgm_norm(dcgm_sel(field_name, **matchers))
+
+
+def _dcgm_range(fn: str, field_name: str, window: str) -> str:
+    """``fn(field[window])``, normalized (label_replace cannot take a range vector)."""
+    return dcgm_norm(f"{fn}({dcgm_sel(field_name)}[{window}])")
+
+
+DCGM_GPU_BY = by((S.HOSTNAME, S.GPU, DCGM_UUID_LABEL))
+#: DCGM blank/not-supported markers are "unknown", never a value: comparisons keep what is below them.
+DCGM_OK = f"< {DCGM_SENTINEL_MIN}"
+#: dcgm-exporter's series, normalized. Aggregated per-GPU alerts lose its pod labels: they join the pod
+#: holding the GPU back from the memory series it attributes (per-series alerts keep their own).
+DCGM_GPUS = PerGpu(key=DCGM_GPU_BY, ref=DCGM_GPU_REF, labels={"dialect": "dcgm"},
+                   holders=_dcgm(_field(S.MEMORY_USED).field, namespace="!="), owner="namespace, pod")
+
+
+def dcgm_recording() -> Group:
+    """The truegpu recording rules' GPU, node and fleet levels from dcgm-exporter fields (no workload
+    level: dcgm-exporter has no allocation series)."""
+    host, g = S.HOSTNAME, DCGM_GPU_BY
     sm_active = _field(S.SM_ACTIVE).field
     clock, clock_max = _field(S.SM_CLOCK), _field(S.SM_CLOCK_MAX)
     util = _field(S.GPU_UTILIZATION)
     whole = {"GPU_I_ID": ""}
-
-    def d(field_name: str, **matchers: str) -> str:
-        """A normalized dcgm series."""
-        return dcgm_norm(dcgm_sel(field_name, **matchers))
-
-    def d_range(fn: str, field_name: str, window: str) -> str:
-        """``fn(field[window])``, normalized (label_replace cannot take a range vector)."""
-        return dcgm_norm(f"{fn}({dcgm_sel(field_name)}[{window}])")
-
-    recording = Group("dcgm-recording", (
-        Record(DCGM_GPU_SM_CLOCK_RATIO,
-               f"clamp_max({scaled(f'max by ({g}) ({d(clock.field)})', clock.scale / clock_max.scale)}"
-               f" / max by ({g}) ({d(clock_max.field)}), 1)"),
-        Record(DCGM_GPU_EFFECTIVE_UTILIZATION, f"{d(sm_active)} * on ({g}) group_left () {DCGM_GPU_SM_CLOCK_RATIO}"),
-        Record(DCGM_GPU_MASKING_GAP,
-               f"{scaled(d(util.field, **whole), util.scale)} - on ({g}) {d(sm_active, **whole)}"),
-        Record(DCGM_NODE_EFFECTIVE_UTILIZATION, f"avg by ({host}) ({DCGM_GPU_EFFECTIVE_UTILIZATION})"),
-        Record(DCGM_NODE_MASKING_GAP, f"avg by ({host}) ({DCGM_GPU_MASKING_GAP})"),
-        Record(DCGM_FLEET_EFFECTIVE_UTILIZATION, f"avg ({DCGM_GPU_EFFECTIVE_UTILIZATION})"),
-        Record(DCGM_FLEET_MASKING_GAP, f"avg ({DCGM_GPU_MASKING_GAP})"),
+    return Group(name="dcgm-recording", rules=(
+        Record(record=DCGM_GPU_SM_CLOCK_RATIO,
+               expr=f"clamp_max({scaled(f'max by ({g}) ({_dcgm(clock.field)})', clock.scale / clock_max.scale)}"
+                    f" / max by ({g}) ({_dcgm(clock_max.field)}), 1)"),
+        Record(record=DCGM_GPU_EFFECTIVE_UTILIZATION,
+               expr=f"{_dcgm(sm_active)} * on ({g}) group_left () {DCGM_GPU_SM_CLOCK_RATIO}"),
+        Record(record=DCGM_GPU_MASKING_GAP,
+               expr=f"{scaled(_dcgm(util.field, **whole), util.scale)} - on ({g}) {_dcgm(sm_active, **whole)}"),
+        Record(record=DCGM_NODE_EFFECTIVE_UTILIZATION, expr=f"avg by ({host}) ({DCGM_GPU_EFFECTIVE_UTILIZATION})"),
+        Record(record=DCGM_NODE_MASKING_GAP, expr=f"avg by ({host}) ({DCGM_GPU_MASKING_GAP})"),
+        Record(record=DCGM_FLEET_EFFECTIVE_UTILIZATION, expr=f"avg ({DCGM_GPU_EFFECTIVE_UTILIZATION})"),
+        Record(record=DCGM_FLEET_MASKING_GAP, expr=f"avg ({DCGM_GPU_MASKING_GAP})"),
     ))
 
-    w10 = t.window(600)
-    dialect = {"dialect": "dcgm"}
+
+def dcgm_xid(t: Timing) -> tuple[Alert, ...]:
+    """GpuXidError twice per class: from a change of the last-XID gauge (default counters), and from the
+    XID count collector where a GPU's dcgm-exporter runs it (it sees a repeated XID; the gauge then
+    stays quiet for that GPU). The collector's alerts carry ``xid_source`` to tell them apart."""
+    g, w10 = DCGM_GPU_BY, t.window(600)
     xid_field = _field(S.XID_ERRORS).field
     xid = dcgm_sel(xid_field)
-    ok = f"< {DCGM_SENTINEL_MIN}"  # DCGM blank markers are "unknown", never a value
-
-    def xid_class(codes: Sequence[int]) -> str:
-        return " or ".join(f"{xid} == {c}" for c in codes)
-
-    # GPUs whose dcgm-exporter runs the XID count collector are paged from it (it sees a repeated XID);
-    # the last-XID gauge pages the others.
     counted = f"max by ({g}) ({dcgm_norm(dcgm_sel(S.DCGM_XID_COUNT))})"
 
-    def new_xid(expr: str) -> str:
+    def of_class(codes: Sequence[int]) -> str:
+        return " or ".join(f"{xid} == {c}" for c in codes)
+
+    def changed(expr: str) -> str:
         """Matches on whole label sets of one series only, so it is normalized once, outside."""
         return dcgm_norm(f"({expr}) unless ({xid} offset {w10} == {xid})") + f" unless on ({g}) {counted}"
 
-    def counted_xid(codes: str) -> str:
+    def count(codes: str) -> str:
         window = dcgm_norm(f"max_over_time({dcgm_sel(S.DCGM_XID_COUNT, xid=codes)}[{w10}])")
         return f"max by ({g}, xid) ({window}) > 0"
 
-    xid_text = "XID {{ $value }} (the last XID the GPU reported changed within the last " + w10 + ")"
-    count_text = ("{{ $value }} XID {{ $labels.xid }} event(s) within dcgm-exporter's XID count window in the last "
-                  + w10)
-    crit_codes, info_codes = alternatives(CRITICAL_XIDS), alternatives(INFO_XIDS)
-    counted_by = {**dialect, "xid_source": "count_collector"}  # apart from the last-XID rules of the same class
+    crit, info = alternatives(CRITICAL_XIDS), alternatives(INFO_XIDS)
+    gauge = xid_alerts(
+        DCGM_GPUS, critical=changed(of_class(CRITICAL_XIDS)), info=changed(of_class(INFO_XIDS)),
+        warning=changed(f"{xid} > 0 {DCGM_OK} unless ({of_class(CRITICAL_XIDS)} or {of_class(INFO_XIDS)})"),
+        code="{{ $value }}", fields=(xid_field,),
+        events="XID {{ $value }} (the last XID the GPU reported changed within the last " + w10 + ")")
+    collector = xid_alerts(
+        DCGM_GPUS, critical=count("=~" + crit), warning=count(f"!~{crit}|{info}"), info=count("=~" + info),
+        code="{{ $labels.xid }}", labels={**DCGM_GPUS.labels, "xid_source": "count_collector"},
+        fields=(S.DCGM_XID_COUNT,),
+        events="{{ $value }} XID {{ $labels.xid }} event(s) within dcgm-exporter's XID count window in the last "
+               + w10)
+    return (*gauge, *DCGM_GPUS.owned(*collector))
+
+
+def dcgm_memory(t: Timing) -> tuple[Alert, ...]:
+    """HBM and driver state: uncorrectable ECC errors, row-remap failure, a recovery action required."""
+    g, w10 = DCGM_GPU_BY, t.window(600)
     dbe = _field(S.ECC_ERRORS, type="uncorrectable", scope="volatile").field
     rows = _field(S.REMAPPED_ROWS, type="uncorrectable").field
-    remap_failure = _field(S.ROW_REMAP_FAILURE).field
-    recovery = _field(S.GPU_RECOVERY_ACTION).field
-    reasons = [f.field for f in S.CLOCK_EVENT_ACTIVE.dcgm]
+    failure, recovery = _field(S.ROW_REMAP_FAILURE).field, _field(S.GPU_RECOVERY_ACTION).field
+    errors = " or ".join(f"max by ({g}) ({_dcgm_range('increase', f, w10)}) > 0" for f in (dbe, rows))
+    return (
+        *DCGM_GPUS.owned(uncorrectable_ecc(DCGM_GPUS, errors, w10, (dbe, rows))),
+        row_remap_failure(DCGM_GPUS, _dcgm(failure), (failure,)),
+        recovery_action(DCGM_GPUS, f"{_dcgm(recovery)} {DCGM_OK}", (recovery,)),
+    )
+
+
+def dcgm_thermal(t: Timing, th: Thresholds) -> tuple[Alert, ...]:
+    """Thermal throttling from the clock-event reason bitmask (temperatures where it is not collected)."""
+    g = DCGM_GPU_BY
+    clock = _field(S.SM_CLOCK)
+    mask = dcgm_norm(dcgm_sel(*(f.field for f in S.CLOCK_EVENT_ACTIVE.dcgm)))
     bits = [bit for bit, name in S.CLOCK_EVENT_REASONS.items() if name in S.THERMAL_REASONS]
-    mask = dcgm_norm(dcgm_sel(*reasons))
     thermal_bits = " + ".join(f"floor({mask} / {bit}) % 2" for bit in bits)
-    throttled = f"max by ({g}) ({thermal_bits} and {mask} {ok}) > 0"
-    temps = [f"max by ({g}) ({d(_field(S.TEMPERATURE, sensor=sensor).field)}) {ok}" for sensor in ("gpu", "memory")]
-    nvlink = [f.field for f in S.NVLINK_ERRORS.dcgm]
-    nvlink_sel = dcgm_sel(*nvlink)
-    pcie, pcie_fields = [], []
-    for metric, what in ((S.PCIE_LINK_GENERATION, "generation"), (S.PCIE_LINK_WIDTH, "width")):
-        cur, mx = _field(metric, state="current").field, _field(metric, state="max").field
-        pcie_fields += [cur, mx]
-        pcie.append(f'label_replace(max by ({g}) ({d(cur)}) < max by ({g}) ({d(mx)} {ok}), "link", "{what}", "", "")')
-    busy = f"max by ({g}) ({scaled(d(util.field), util.scale)}) > {number(th.busy_utilization)}"
-    gpu_temp = _field(S.TEMPERATURE, sensor="gpu").field
-    fb_used = _field(S.MEMORY_USED).field
-    # A GPU seen within the lookback that no longer reports, on a node (a known, non-empty host) whose
-    # other GPUs still report now: a whole node or exporter gone is DcgmExporterDown, never this.
-    seen = f"max by ({g}) ({d_range('max_over_time', gpu_temp, t.window(FELL_OFF_BUS_LOOKBACK))})"
+    gpu_temp, memory_temp = (f"max by ({g}) ({_dcgm(_field(S.TEMPERATURE, sensor=sensor).field)}) {DCGM_OK}"
+                             for sensor in ("gpu", "memory"))
+    return DCGM_GPUS.owned(*thermal_alerts(
+        t, th, DCGM_GPUS, clock=scaled(f"max by ({g}) ({_dcgm(clock.field)})", clock.scale),
+        clock_text="{{ $value | humanize }}Hz",
+        thermal_reason=f"max by ({g}) ({thermal_bits} and {mask} {DCGM_OK}) > 0", reasons=f"{mask} {DCGM_OK}",
+        gpu_temp=gpu_temp, memory_temp=memory_temp,
+        fields=(clock.field, *(f.field for f in S.TEMPERATURE.dcgm)),
+    ))
+
+
+def dcgm_links(t: Timing, th: Thresholds) -> tuple[Alert, ...]:
+    """Interconnect: NVLink errors that keep growing, a PCIe link below its maximum while busy."""
+    w10 = t.window(600)
+    nvlink = tuple(f.field for f in S.NVLINK_ERRORS.dcgm)
+    util = _field(S.GPU_UTILIZATION)
+    pcie = tuple(_field(m, state=state).field for m, _ in PCIE_LINKS for state in ("current", "max"))
+    return DCGM_GPUS.owned(
+        nvlink_errors(t, DCGM_GPUS, dcgm_norm(f"increase({dcgm_sel(*nvlink)}[{w10}])"), w10, nvlink),
+        pcie_link_downgraded(t, th, DCGM_GPUS, current=lambda m: _dcgm(_field(m, state="current").field),
+                             maximum=lambda m: f"{_dcgm(_field(m, state='max').field)} {DCGM_OK}",
+                             utilization=scaled(_dcgm(util.field), util.scale), fields=(*pcie, util.field)),
+    )
+
+
+def dcgm_presence(t: Timing) -> tuple[Alert, ...]:
+    """A GPU lost: one that stopped reporting while its node (a known, non-empty host) still reports
+    (GpuFellOffBus), or fewer than Kubernetes counts (GpuMissing)."""
+    host = S.HOSTNAME
+    gpu_temp, fb_used = _field(S.TEMPERATURE, sensor="gpu").field, _field(S.MEMORY_USED).field
     named = " or ".join(dcgm_sel(gpu_temp, **{label: "!="}) for label in (host, DCGM_OLD_HOST_LABEL))
-    node_up = f"count by ({host}) ({dcgm_norm(named)})"
-    hardware = Group("dcgm-hardware", (
-        Alert("GpuXidError", new_xid(xid_class(CRITICAL_XIDS)), "0s", "critical", "training",
-              "Critical XID {{ $value }} on " + SHORT_REF,
-              f"{DCGM_GPU_REF} reported {xid_text}: the GPU cannot be trusted until it is drained and reset.",
-              dialect, (xid_field,)),
-        Alert("GpuXidError",
-              new_xid(f"{xid} > 0 {ok} unless ({xid_class(CRITICAL_XIDS)} or {xid_class(INFO_XIDS)})"),
-              "0s", "warning", "training", "XID {{ $value }} on " + SHORT_REF,
-              f"{DCGM_GPU_REF} reported {xid_text}: a driver or hardware error, see the runbook's XID table.",
-              dialect, (xid_field,)),
-        Alert("GpuXidError", new_xid(xid_class(INFO_XIDS)), "0s", "info", "training",
-              "Application XID {{ $value }} on " + SHORT_REF,
-              f"{DCGM_GPU_REF} reported {xid_text}: usually the job's own bug (illegal memory access, "
-              "kernel exception); the GPU itself is fine.", dialect, (xid_field,)),
-        Alert("GpuXidError", counted_xid("=~" + crit_codes), "0s", "critical", "training",
-              "Critical XID {{ $labels.xid }} on " + SHORT_REF,
-              f"{DCGM_GPU_REF} reported {count_text}: the GPU cannot be trusted until it is drained and reset.",
-              counted_by, (S.DCGM_XID_COUNT,)),
-        Alert("GpuXidError", counted_xid(f"!~{crit_codes}|{info_codes}"), "0s", "warning", "training",
-              "XID {{ $labels.xid }} on " + SHORT_REF,
-              f"{DCGM_GPU_REF} reported {count_text}: a driver or hardware error, see the runbook's XID table.",
-              counted_by, (S.DCGM_XID_COUNT,)),
-        Alert("GpuXidError", counted_xid("=~" + info_codes), "0s", "info", "training",
-              "Application XID {{ $labels.xid }} on " + SHORT_REF,
-              f"{DCGM_GPU_REF} reported {count_text}: usually the job's own bug (illegal memory access, "
-              "kernel exception); the GPU itself is fine.", counted_by, (S.DCGM_XID_COUNT,)),
-        Alert("GpuUncorrectableEcc",
-              f"max by ({g}) ({d_range('increase', dbe, w10)}) > 0 or max by ({g}) ({d_range('increase', rows, w10)}) "
-              "> 0",
-              "0s", "critical", "training", "Uncorrectable ECC error on " + SHORT_REF,
-              f"{DCGM_GPU_REF} had {{{{ printf \"%.0f\" $value }}}} uncorrectable memory error(s) in the last {w10}: "
-              "drain the GPU and reset it to apply the row remap.", dialect, (dbe, rows)),
-        Alert("GpuRowRemapFailure", f"{d(remap_failure)} == 1", "0s", "critical", "training",
-              "Row remapping failed on " + SHORT_REF,
-              f"{DCGM_GPU_REF} has no spare HBM rows left to remap memory errors: drain it and RMA it.",
-              dialect, (remap_failure,)),
-        recovery_action(f"{d(recovery)} {ok}", DCGM_GPU_REF, dialect, (recovery,)),
-        *thermal_alerts(t, th, g, scaled(f"max by ({g}) ({d(clock.field)})", clock.scale), throttled,
-                        f"{mask} {ok}", *temps, DCGM_GPU_REF, "{{ $value | humanize }}Hz", dialect,
-                        (clock.field, *(f.field for f in S.TEMPERATURE.dcgm))),
-        Alert("GpuNvlinkErrors", f"sum by ({g}) ({dcgm_norm(f'increase({nvlink_sel}[{w10}])')}) > 0", t.hold(600),
-              "warning", "training", "NVLink errors on " + SHORT_REF,
-              f"{DCGM_GPU_REF} keeps logging NVLink errors ({{{{ $value | humanize }}}} in the last {w10}): "
-              "collectives over this GPU slow down or fail.", dialect, tuple(nvlink)),
-        Alert("GpuPcieLinkDowngraded", f"({pcie[0]} or {pcie[1]}) and on ({g}) ({busy})", t.hold(600),
-              "warning", "training", "PCIe link downgraded on busy " + SHORT_REF,
-              f"{DCGM_GPU_REF} runs its PCIe link at {{{{ $labels.link }}}} {{{{ $value }}}}, below its maximum, "
-              "while busy: host-device transfers are slower.", dialect, (*pcie_fields, util.field)),
-        Alert(FELL_OFF_BUS,
-              f"{seen} unless on ({g}) {d(gpu_temp)} and on ({host}) ({node_up})",
-              t.hold(60), "critical", "training", SHORT_REF + " fell off the bus",
-              f"{DCGM_GPU_REF} stopped reporting while its node's exporter is up: the GPU is lost (XID 79 or "
-              "similar); drain the node and reset or reseat the GPU.", dialect, (gpu_temp,)),
+    lost = fell_off_bus(t, DCGM_GPUS, seen=_dcgm_range("max_over_time", gpu_temp, t.window(FELL_OFF_BUS_LOOKBACK)),
+                        now=_dcgm(gpu_temp), node_up=f"(count by ({host}) ({dcgm_norm(named)}))", fields=(gpu_temp,))
+    return (*DCGM_GPUS.owned(lost), gpu_missing(t, _dcgm(fb_used), "GPU_I_ID", dict(DCGM_GPUS.labels), (fb_used,)))
+
+
+def dcgm_hardware(t: Timing, th: Thresholds = THRESHOLDS) -> Group:
+    """truegpu-hardware's alerts over dcgm-exporter fields, with ``dialect="dcgm"``."""
+    return Group(name="dcgm-hardware", rules=(
+        *dcgm_xid(t), *dcgm_memory(t), *dcgm_thermal(t, th), *dcgm_links(t, th), *dcgm_presence(t),
     ))
-    # Aggregated per-GPU alerts lose dcgm-exporter's pod labels: join the pod holding the GPU back
-    # (from the memory series it attributes); the per-series XID/row-remap alerts keep their own.
-    holders = d(fb_used, namespace="!=")
-    owned = ("GpuUncorrectableEcc", "GpuThermalThrottling", "GpuNearThermalLimit", "GpuNvlinkErrors",
-             "GpuPcieLinkDowngraded", "GpuFellOffBus")
-    hardware = Group(hardware.name, (
-        *(replace(a, expr=with_owner(a.expr, g, holders, "namespace, pod"))
-          if a.alert in owned or "xid_source" in a.labels else a for a in hardware.rules),
-        gpu_missing(t, d(fb_used), "GPU_I_ID", dialect, (fb_used,)),
-    ))
-    health = Group("dcgm-exporter", (
-        exporter_down(t, dcgm_job, dcgm_sel(gpu_temp, job=dcgm_job), DCGM_EXPORTER_DOWN, dcgm_norm, dialect),))
-    file = RuleFile("dcgm.yaml", "NVIDIA dcgm-exporter metrics (DCGM_FI_*)", (recording, hardware, health))
+
+
+def dcgm_exporter(t: Timing, dcgm_job: str = DCGM_JOB) -> Group:
+    """dcgm-exporter's own health: its scrape target down."""
+    presence = dcgm_sel(_field(S.TEMPERATURE, sensor="gpu").field, job=dcgm_job)
+    return Group(name="dcgm-exporter", rules=(
+        exporter_down(t, dcgm_job, presence, DCGM_EXPORTER_DOWN, dcgm_norm, dict(DCGM_GPUS.labels)),))
+
+
+def dcgm_header(alerts: Iterable[Alert]) -> str:
+    """``dcgm.yaml``'s comment: what effective utilization and each alert need beyond the default counters."""
     needs = [f"{a.alert} ({a.labels.get('severity', a.severity)}): {', '.join(a.non_default_fields)}"
-             for a in file.alerts() if a.non_default_fields]
-    header = (
+             for a in alerts if a.non_default_fields]
+    return (
         "NVIDIA dcgm-exporter metrics (DCGM_FI_* or the 1.x dcgm_fi_* names; host label Hostname or hostname,\n"
         "both read as hostname).\n"
-        f"Effective utilization needs {sm_active} and {clock_max.field}, not in dcgm-exporter's default counters.\n"
+        f"Effective utilization needs {_field(S.SM_ACTIVE).field} and {_field(S.SM_CLOCK_MAX).field}, "
+        "not in dcgm-exporter's default counters.\n"
         "Alerts needing counters beyond dcgm-exporter's default list (add them to its counters CSV):\n"
         + "\n".join(f"  {n}" for n in dict.fromkeys(needs))
     )
-    return RuleFile(file.name, header, file.groups, dialect="dcgm")
+
+
+def dcgm_file(t: Timing, dcgm_job: str = DCGM_JOB, th: Thresholds = THRESHOLDS) -> RuleFile:
+    """``dcgm.yaml``: the rules over plain dcgm-exporter data, every series normalized (:func:`dcgm_norm`)."""
+    groups = (dcgm_recording(), dcgm_hardware(t, th), dcgm_exporter(t, dcgm_job))
+    alerts = [r for g in groups for r in g.rules if isinstance(r, Alert)]
+    return RuleFile(name="dcgm.yaml", header=dcgm_header(alerts), groups=groups, dialect="dcgm")
 
 
 # Analyzer findings and health -----------------------------------------------------------------
-def analyzer_file(t: Timing, analyzer_job: str = ANALYZER_JOB) -> RuleFile:
-    def finding(kind: str, **extra: str) -> str:
-        m = {"kind": kind, **extra}
-        return f"{sel(O.FINDING_SCORE.name, **m)} and {sel(O.FINDING_ACTIVE.name, **m)} == 1"
+def _finding(kind: str, **extra: str) -> str:
+    m = {"kind": kind, **extra}
+    return f"{sel(O.FINDING_SCORE.name, **m)} and {sel(O.FINDING_ACTIVE.name, **m)} == 1"
 
+
+#: Findings paged with the finding's own severity: alert, finding kind, team, what the finding says.
+_SEVERE_FINDINGS = (
+    ("GpuStraggler", F.STRAGGLER, "training", "is the straggler slowing its training gang"),
+    ("GpuDegraded", F.DEGRADED_GPU, "training", "runs degraded (power cap, PCIe or NVLink)"),
+    ("GpuFault", F.GPU_FAULT, "training", "has a hardware fault (XID, ECC, NVLink, PCIe, lost GPU)"),
+    ("GpuThermal", F.THERMAL, "sre", "runs hot or throttles for heat (GPU, node or rack)"),
+)
+
+
+def analyzer_findings(t: Timing) -> Group:
+    """Alerts on the analyzer's open findings: waste for FinOps, and findings that page with their own
+    severity (what the analyzer calls critical pages, never a ticket)."""
     where = ("GPU {{ $labels.gpu }} on {{ $labels.hostname }} (workload {{ $labels.namespace }}/"
              "{{ $labels.workload }})")
     score = "score {{ $value | humanizePercentage }}"
-    rules: list[Alert] = [
-        Alert("GpuIdleMasking", finding(F.IDLE_MASKING), t.hold(1800), "warning", "finops",
-              "GPU busy in nvidia-smi but its SMs mostly idle: " + SHORT_REF,
-              f"{where} reports high GPU utilization while its SMs are mostly idle ({score}): the job pays "
-              "for a whole GPU and uses a fraction of it."),
-        Alert("GpuIdleAllocated", finding(F.IDLE_ALLOCATED), t.hold(1800), "warning", "finops",
-              "Allocated GPU idle: " + SHORT_REF,
-              f"{where} is allocated but idle ({score}): release it or fix the job's input pipeline."),
-    ]
-    # The alert's severity is the finding's: what the analyzer calls critical pages, never a ticket.
-    for alert, kind, team, what in (
-        ("GpuStraggler", F.STRAGGLER, "training", "is the straggler slowing its training gang"),
-        ("GpuDegraded", F.DEGRADED_GPU, "training", "runs degraded (power cap, PCIe or NVLink)"),
-        ("GpuFault", F.GPU_FAULT, "training", "has a hardware fault (XID, ECC, NVLink, PCIe, lost GPU)"),
-        ("GpuThermal", F.THERMAL, "sre", "runs hot or throttles for heat (GPU, node or rack)"),
-    ):
-        for sev, match in (("critical", "critical"), ("warning", "!=critical")):
-            rules.append(Alert(alert, finding(kind, severity=match), t.hold(300), sev, team,
-                               f"{alert.removeprefix('Gpu')}: " + SHORT_REF,
-                               f"{where} {what} ({score}); see the analyzer's finding for the evidence."))
+    waste = (
+        Alert(alert="GpuIdleMasking", expr=_finding(F.IDLE_MASKING), for_=t.hold(1800), severity="warning",
+              team="finops", summary="GPU busy in nvidia-smi but its SMs mostly idle: " + SHORT_REF,
+              description=f"{where} reports high GPU utilization while its SMs are mostly idle ({score}): the job "
+                          "pays for a whole GPU and uses a fraction of it."),
+        Alert(alert="GpuIdleAllocated", expr=_finding(F.IDLE_ALLOCATED), for_=t.hold(1800), severity="warning",
+              team="finops", summary="Allocated GPU idle: " + SHORT_REF,
+              description=f"{where} is allocated but idle ({score}): release it or fix the job's input pipeline."),
+    )
+    severe = tuple(
+        Alert(alert=alert, expr=_finding(kind, severity=match), for_=t.hold(300), severity=severity, team=team,
+              summary=f"{alert.removeprefix('Gpu')}: " + SHORT_REF,
+              description=f"{where} {what} ({score}); see the analyzer's finding for the evidence.")
+        for alert, kind, team, what in _SEVERE_FINDINGS
+        for severity, match in (("critical", "critical"), ("warning", "!=critical"))
+    )
+    return Group(name="truegpu-findings", rules=(*waste, *severe))
+
+
+def analyzer_health(t: Timing, analyzer_job: str = ANALYZER_JOB) -> Group:
+    """The analyzer down (not scraped) or stuck (no successful analysis for too long)."""
     stale = t.seconds(ANALYZER_STALE_SECONDS)
-    rules += [
-        Alert(ANALYZER_DOWN, f"{sel(UP, job=analyzer_job)} == 0", t.hold(300), "warning", "sre",
-              "truegpu analyzer {{ $labels.instance }} is down",
-              f"Prometheus cannot scrape the analyzer {{{{ $labels.instance }}}} for {t.hold(300)}: findings "
-              "(stragglers, idle GPUs) are not being raised.", {"reason": "down"}),
-        Alert(ANALYZER_DOWN, f"time() - {sel(O.ANALYZER_LAST_SUCCESS.name, job=analyzer_job)} > {stale:g}",
-              t.hold(300), "warning", "sre", "truegpu analyzer {{ $labels.instance }} is stuck",
-              "The analyzer {{ $labels.instance }} last finished an analysis {{ $value | humanizeDuration }} "
-              "ago: findings are stale.", {"reason": "stale"}),
-    ]
-    groups = (Group("truegpu-findings", tuple(rules[:-2])), Group("truegpu-analyzer", tuple(rules[-2:])))
-    return RuleFile("analyzer.yaml", "truegpu analyzer findings (truegpu_finding_active) and analyzer health", groups)
+    return Group(name="truegpu-analyzer", rules=(
+        Alert(alert=ANALYZER_DOWN, expr=f"{sel(UP, job=analyzer_job)} == 0", for_=t.hold(300), severity="warning",
+              team="sre", summary="truegpu analyzer {{ $labels.instance }} is down",
+              description=f"Prometheus cannot scrape the analyzer {{{{ $labels.instance }}}} for {t.hold(300)}: "
+                          "findings (stragglers, idle GPUs) are not being raised.",
+              labels={"reason": "down"}),
+        Alert(alert=ANALYZER_DOWN, expr=f"time() - {sel(O.ANALYZER_LAST_SUCCESS.name, job=analyzer_job)} > {stale:g}",
+              for_=t.hold(300), severity="warning", team="sre",
+              summary="truegpu analyzer {{ $labels.instance }} is stuck",
+              description="The analyzer {{ $labels.instance }} last finished an analysis "
+                          "{{ $value | humanizeDuration }} ago: findings are stale.",
+              labels={"reason": "stale"}),
+    ))
+
+
+def analyzer_file(t: Timing, analyzer_job: str = ANALYZER_JOB) -> RuleFile:
+    """``analyzer.yaml``: alerts on the analyzer's published findings and on its health."""
+    return RuleFile(name="analyzer.yaml",
+                    header="truegpu analyzer findings (truegpu_finding_active) and analyzer health",
+                    groups=(analyzer_findings(t), analyzer_health(t, analyzer_job)))
 
 
 def rule_files(timing: Timing | None = None, selectors: Selectors = SELECTORS,
@@ -811,8 +987,10 @@ def rule_files(timing: Timing | None = None, selectors: Selectors = SELECTORS,
 
 
 def alert_names() -> list[str]:
+    """Every alert name, once, in file order."""
     return list(dict.fromkeys(a.alert for f in rule_files() for a in f.alerts()))
 
 
 def record_names() -> list[str]:
+    """Every recording-rule name, once, in file order."""
     return list(dict.fromkeys(r.record for f in rule_files() for r in f.records()))

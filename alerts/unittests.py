@@ -5,10 +5,14 @@ cases where it must not (PCIe downgraded but idle, an application XID is ``info`
 ``critical``, a throttled GPU is not "near" its limit, a whole node gone is not a GPU that
 fell off the bus, ...). Every recording rule is checked by value. The expected texts below are
 written out by hand from concrete values, never rendered from the rule templates.
+
+One function per case (``<dialect>_<area>_case``); ``TRUEGPU_CASES``, ``DCGM_CASES`` (each run on
+every dcgm-exporter :class:`Spelling`) and ``ANALYZER_CASES`` list them in file order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +52,8 @@ from exporter import schema as S
 
 HOST, HOST2 = "node-1", "node-2"
 SENTINEL = "9223372036854775794"  # DCGM int64 NOT_SUPPORTED as old exporters print it
+#: How dcgm GpuXidError from the last-XID gauge describes what it saw.
+LAST_XID = "(the last XID the GPU reported changed within the last 10m)"
 
 Labels = dict[str, str]
 RECOVERY_TEXT = ("needs recovery action {} (1 gpu reset, 2 node reboot, 3 drain p2p, 4 drain and reset, 5 recover imex "
@@ -134,12 +140,13 @@ def _dcgm_counters(alert: str, severity: str | None = None) -> dict[str, str]:
 
 
 # truegpu dialect -------------------------------------------------------------------------
-def truegpu_tests() -> list[dict[str, Any]]:
+def truegpu_recording_case() -> dict[str, Any]:
+    """Every recording rule by value, with a MIG GPU and a GPU whose SM activity is unknown."""
     mig1 = {S.GPU_INSTANCE: "1", S.MIG_PROFILE: "3g.40gb"}
     mig2 = {S.GPU_INSTANCE: "2", S.MIG_PROFILE: "3g.40gb"}
     train = {"namespace": "ml", "pod": "train-0", "container": "main", S.WORKLOAD: "train"}
     serve = {"namespace": "inf", "pod": "serve-0", "container": "main", S.WORKLOAD: "serve"}
-    recording = case("recording rules: effective utilization and masking gap at every level", [
+    return case("recording rules: effective utilization and masking gap at every level", [
         series(S.SM_ACTIVE.name, gpu(0), "0.5x10"),
         series(S.SM_CLOCK.name, gpu(0), "1500000000x10"),
         series(S.SM_CLOCK_MAX.name, gpu(0), "2000000000x10"),
@@ -173,8 +180,11 @@ def truegpu_tests() -> list[dict[str, Any]]:
         samples(FLEET_MASKING_GAP, "5m", ({"allocation": "all"}, 0.45), ({"allocation": "allocated"}, 0.4)),
     ])
 
+
+def truegpu_xid_case() -> dict[str, Any]:
+    """GpuXidError by XID class, from the per-code counters."""
     xid = S.XID_ERRORS.name
-    xid_cases = case("GpuXidError: severity by XID class; a counter that starts at 1 counts", [
+    return case("GpuXidError: severity by XID class; a counter that starts at 1 counts", [
         series(xid, gpu(0, xid="79"), "0 0 1x30"),
         series(xid, gpu(1, xid="63"), "0 0 1x30"),
         series(xid, gpu(2, xid="13"), "0 0 1x30"),   # application XID: info, never critical
@@ -201,9 +211,13 @@ def truegpu_tests() -> list[dict[str, Any]]:
         check("25m", "GpuXidError"),  # no new event in the last 10m
     ])
 
+
+def truegpu_owner_case() -> dict[str, Any]:
+    """Hardware alerts name the GPU's holder where there is one."""
+    xid = S.XID_ERRORS.name
     alloc = S.GPU_ALLOCATION_INFO.name
     held = {"namespace": "serving", "pod": "chat-0", "container": "vllm", S.WORKLOAD: "chat"}
-    owner = case("Hardware alerts carry who holds the GPU (one holder of a MIG-split GPU); others as they are", [
+    return case("Hardware alerts carry who holds the GPU (one holder of a MIG-split GPU); others as they are", [
         series(alloc, gpu(0, **held), "1x30"),
         series(alloc, gpu(1, gpu_instance="1", mig_profile="3g.40gb", **held), "1x30"),
         series(alloc, gpu(1, gpu_instance="2", mig_profile="3g.40gb", **{**held, "pod": "chat-1"}), "1x30"),
@@ -227,8 +241,11 @@ def truegpu_tests() -> list[dict[str, Any]]:
         check("25m", "GpuXidError"),
     ])
 
+
+def truegpu_ecc_case() -> dict[str, Any]:
+    """GpuUncorrectableEcc: uncorrectable errors page, correctable ones do not."""
     ecc = S.ECC_ERRORS.name
-    ecc_case = case("GpuUncorrectableEcc: uncorrectable errors or rows fire, correctable ones do not", [
+    return case("GpuUncorrectableEcc: uncorrectable errors or rows fire, correctable ones do not", [
         series(ecc, gpu(0, type="uncorrectable", scope="volatile"), "0 0 1x20"),
         series(S.REMAPPED_ROWS.name, gpu(1, type="uncorrectable"), "0 0 1x20"),
         series(ecc, gpu(2, type="correctable", scope="volatile"), "0 5 10 15x20"),
@@ -242,7 +259,10 @@ def truegpu_tests() -> list[dict[str, Any]]:
         check("20m", "GpuUncorrectableEcc"),
     ])
 
-    remap = case("GpuRowRemapFailure", [
+
+def truegpu_remap_case() -> dict[str, Any]:
+    """GpuRowRemapFailure."""
+    return case("GpuRowRemapFailure", [
         series(S.ROW_REMAP_FAILURE.name, gpu(0), "0 1x5"),
         series(S.ROW_REMAP_FAILURE.name, gpu(1), "0x5"),
     ], alerts=[
@@ -252,7 +272,10 @@ def truegpu_tests() -> list[dict[str, Any]]:
             f"{ref(0)} has no spare HBM rows left to remap memory errors: drain it and RMA it."))),
     ])
 
-    recovery = case("GpuRecoveryActionRequired: the driver asks for a drain and reset", [
+
+def truegpu_recovery_case() -> dict[str, Any]:
+    """GpuRecoveryActionRequired."""
+    return case("GpuRecoveryActionRequired: the driver asks for a drain and reset", [
         series(S.GPU_RECOVERY_ACTION.name, gpu(0), "0 4x5"),
         series(S.GPU_RECOVERY_ACTION.name, gpu(1), "0x5"),
     ], alerts=[
@@ -262,8 +285,11 @@ def truegpu_tests() -> list[dict[str, Any]]:
             f"{ref(0)} {RECOVERY_TEXT.format(4)}"))),
     ])
 
+
+def truegpu_thermal_case() -> dict[str, Any]:
+    """GpuThermalThrottling (reasons, or temperatures where reasons are missing) and GpuNearThermalLimit."""
     ev, temp = S.CLOCK_EVENT_ACTIVE.name, S.TEMPERATURE.name
-    thermal = case("GpuThermalThrottling and GpuNearThermalLimit", [
+    return case("GpuThermalThrottling and GpuNearThermalLimit", [
         # GPU 0 throttles for heat all along: throttling, not "near the limit"
         series(ev, gpu(0, reason="sw_thermal"), "1x20"),
         series(S.SM_CLOCK.name, gpu(0), "1200000000x20"),
@@ -311,8 +337,11 @@ def truegpu_tests() -> list[dict[str, Any]]:
                   "temperature of the rack."))),
     ])
 
+
+def truegpu_nvlink_case() -> dict[str, Any]:
+    """GpuNvlinkErrors: growing errors only."""
     nvl = S.NVLINK_ERRORS.name
-    nvlink = case("GpuNvlinkErrors: errors that keep growing", [
+    return case("GpuNvlinkErrors: errors that keep growing", [
         series(nvl, gpu(0, type="replay"), "0+1x30"),
         series(nvl, gpu(0, type="crc_flit"), "0x30"),
         series(nvl, gpu(1, type="replay"), "5x30"),
@@ -325,8 +354,11 @@ def truegpu_tests() -> list[dict[str, Any]]:
             "fail."))),
     ])
 
+
+def truegpu_pcie_case() -> dict[str, Any]:
+    """GpuPcieLinkDowngraded: only while busy."""
     gen, width, util = S.PCIE_LINK_GENERATION.name, S.PCIE_LINK_WIDTH.name, S.GPU_UTILIZATION.name
-    pcie = case("GpuPcieLinkDowngraded: only while busy", [
+    return case("GpuPcieLinkDowngraded: only while busy", [
         series(gen, gpu(0, state="current"), "3x20"),
         series(gen, gpu(0, state="max"), "5x20"),
         series(util, gpu(0), "0.9x20"),
@@ -352,9 +384,12 @@ def truegpu_tests() -> list[dict[str, Any]]:
                   "transfers are slower."))),
     ])
 
+
+def truegpu_fell_off_bus_case() -> dict[str, Any]:
+    """GpuFellOffBus: one GPU gone, not a whole node."""
     info, node = S.GPU_INFO.name, S.NODE_INFO.name
     ident = {"model": "H100", "driver_version": "550.90.07", "pci_bus_id": "0000:18:00.0", "numa_node": "0"}
-    lost = case("GpuFellOffBus: one GPU gone while its node reports; a whole node gone is not it", [
+    return case("GpuFellOffBus: one GPU gone while its node reports; a whole node gone is not it", [
         series(node, {S.HOSTNAME: HOST, "site": "dc1", "rack": "r1"}, "1x30"),
         series(info, gpu(0, **ident), "1x30"),
         series(info, gpu(1, **ident), "1x9 stale"),
@@ -368,8 +403,12 @@ def truegpu_tests() -> list[dict[str, Any]]:
             "drain the node and reset or reseat the GPU."))),
     ])
 
+
+def truegpu_exporter_down_case() -> dict[str, Any]:
+    """TruegpuExporterDown, with the host when known."""
+    node = S.NODE_INFO.name
     exp = {"job": EXPORTER_JOB}
-    down = case("TruegpuExporterDown: down targets, with the hostname they served when known", [
+    return case("TruegpuExporterDown: down targets, with the hostname they served when known", [
         series(UP, {**exp, "instance": "n1:9835"}, "1x9 0x20"),
         series(node, {**exp, "instance": "n1:9835", S.HOSTNAME: HOST, "site": "dc1", "rack": "r1"}, "1x9 stale"),
         series(UP, {**exp, "instance": "n2:9835"}, "1x30"),
@@ -387,9 +426,18 @@ def truegpu_tests() -> list[dict[str, Any]]:
                   f"Prometheus cannot scrape n3:9835 (job {EXPORTER_JOB}) for 5m: the GPUs there are "
                   "unobserved."))),
     ])
-    missing = missing_case(S.MEMORY_USED.name, gpu, S.GPU_INSTANCE, {})
+
+
+def truegpu_missing_case() -> dict[str, Any]:
+    """GpuMissing on truegpu's memory series."""
+    return missing_case(S.MEMORY_USED.name, gpu, S.GPU_INSTANCE, {})
+
+
+def truegpu_collection_case() -> dict[str, Any]:
+    """TruegpuCollectionFailing, -Stale and -Slow, per source."""
+    exp, node = {"job": EXPORTER_JOB}, S.NODE_INFO.name
     n1, n2 = {**exp, "instance": "n1:9835"}, {**exp, "instance": "n2:9835"}
-    health = case("Collection failing, stale and slow: by source, on the exporter's node", [
+    return case("Collection failing, stale and slow: by source, on the exporter's node", [
         series(node, {**n1, S.HOSTNAME: HOST, "site": "dc1", "rack": "r1"}, "1x40"),
         series(S.SOURCE_UP.name, {**n1, "source": "nvml"}, "1x4 0x35"),       # a GPU lost / NVML failing
         series(S.SOURCE_UP.name, {**n1, "source": "dcgm"}, "1x40"),
@@ -423,8 +471,6 @@ def truegpu_tests() -> list[dict[str, Any]]:
                   f"The source dcgm of the exporter on {HOST} (n1:9835) takes 3s per collection for 15m, more than "
                   "half of its 5 s deadline."))),
     ])
-    return [recording, xid_cases, owner, ecc_case, remap, recovery, thermal, nvlink, pcie, lost, missing, down, health,
-            clusters_case()]
 
 
 def clusters_case() -> dict[str, Any]:
@@ -475,6 +521,19 @@ def missing_case(metric: str, gpu_labels: Any, instance_label: str, extra: Label
     ])
 
 
+#: truegpu_test.yaml's cases, in file order.
+TRUEGPU_CASES: tuple[Callable[[], dict[str, Any]], ...] = (
+    truegpu_recording_case, truegpu_xid_case, truegpu_owner_case, truegpu_ecc_case, truegpu_remap_case,
+    truegpu_recovery_case, truegpu_thermal_case, truegpu_nvlink_case, truegpu_pcie_case, truegpu_fell_off_bus_case,
+    truegpu_missing_case, truegpu_exporter_down_case, truegpu_collection_case, clusters_case,
+)
+
+
+def truegpu_tests() -> list[dict[str, Any]]:
+    """``truegpu_test.yaml``: every case of the truegpu rules."""
+    return [make() for make in TRUEGPU_CASES]
+
+
 # dcgm-exporter dialect --------------------------------------------------------------------
 @dataclass(frozen=True)
 class Spelling:
@@ -500,6 +559,15 @@ class Spelling:
         out["UUID"] = labels.get(self.uuid, labels.get("UUID", ""))
         return out
 
+    def field(self, metric: S.Metric, **labels: str) -> str:
+        """The series name of ``metric``'s dcgm field with these labels (``type="uncorrectable"``)."""
+        return self.name(next(x.field for x in metric.dcgm
+                              if all(dict(x.labels).get(k) == v for k, v in labels.items())))
+
+    def alerted(self, labels: Labels, **extra: str) -> Labels:
+        """Alert labels of a dcgm rule: the series' labels, normalized, and the dialect."""
+        return {**self.normalized(labels), "dialect": "dcgm", **extra}
+
     def keys(self, labels: Labels) -> Labels:
         """The (hostname, gpu, UUID) key the per-GPU rules group by."""
         n = self.normalized(labels)
@@ -513,109 +581,109 @@ SPELLINGS = (
 )
 
 
-def dcgm_tests(sp: Spelling) -> list[dict[str, Any]]:
-    def f(metric: S.Metric, **labels: str) -> str:
-        return sp.name(next(x.field for x in metric.dcgm
-                            if all(dict(x.labels).get(k) == v for k, v in labels.items())))
-
-    dgpu, _gpu_keys = sp.gpu, sp.keys
-
-    def _d(dlabels: Labels, **extra: str) -> Labels:
-        """Alert labels of a dcgm rule: the series' labels, normalized, and the dialect."""
-        return {**sp.normalized(dlabels), "dialect": "dcgm", **extra}
-
-    sm, clk, clk_max, util = f(S.SM_ACTIVE), f(S.SM_CLOCK), f(S.SM_CLOCK_MAX), f(S.GPU_UTILIZATION)
+def dcgm_recording_case(sp: Spelling) -> dict[str, Any]:
+    """Every dcgm recording rule by value (percent, MHz, MIG)."""
+    sm, clk, clk_max, util = (sp.field(m) for m in (S.SM_ACTIVE, S.SM_CLOCK, S.SM_CLOCK_MAX, S.GPU_UTILIZATION))
     pod = {"namespace": "ml", "pod": "train-0", "container": "main"}
     mig = {"GPU_I_PROFILE": "3g.40gb", "GPU_I_ID": "1"}
-    recording = case("dcgm recording rules (percent GPU util, MHz clocks, MIG clocks per instance)", [
-        series(sm, dgpu(0, **pod), "0.5x10"),
-        series(clk, dgpu(0, **pod), "1500x10"),
-        series(clk_max, dgpu(0, **pod), "2000x10"),
-        series(util, dgpu(0, **pod), "90x10"),
-        series(sm, dgpu(1, **mig), "0.4x10"),
-        series(clk, dgpu(1, **mig), "1000x10"),
-        series(clk, dgpu(1, GPU_I_PROFILE="3g.40gb", GPU_I_ID="2"), "1000x10"),
-        series(clk_max, dgpu(1, **mig), "2000x10"),
+    return case("dcgm recording rules (percent GPU util, MHz clocks, MIG clocks per instance)", [
+        series(sm, sp.gpu(0, **pod), "0.5x10"),
+        series(clk, sp.gpu(0, **pod), "1500x10"),
+        series(clk_max, sp.gpu(0, **pod), "2000x10"),
+        series(util, sp.gpu(0, **pod), "90x10"),
+        series(sm, sp.gpu(1, **mig), "0.4x10"),
+        series(clk, sp.gpu(1, **mig), "1000x10"),
+        series(clk, sp.gpu(1, GPU_I_PROFILE="3g.40gb", GPU_I_ID="2"), "1000x10"),
+        series(clk_max, sp.gpu(1, **mig), "2000x10"),
     ], exprs=[
-        samples(DCGM_GPU_SM_CLOCK_RATIO, "5m", (_gpu_keys(dgpu(0)), 0.75), (_gpu_keys(dgpu(1)), 0.5)),
-        samples(DCGM_GPU_EFFECTIVE_UTILIZATION, "5m", (sp.normalized(dgpu(0, **pod)), 0.375),
-                (sp.normalized(dgpu(1, **mig)), 0.2)),
-        samples(DCGM_GPU_MASKING_GAP, "5m", (_gpu_keys(dgpu(0)), 0.4)),
+        samples(DCGM_GPU_SM_CLOCK_RATIO, "5m", (sp.keys(sp.gpu(0)), 0.75), (sp.keys(sp.gpu(1)), 0.5)),
+        samples(DCGM_GPU_EFFECTIVE_UTILIZATION, "5m", (sp.normalized(sp.gpu(0, **pod)), 0.375),
+                (sp.normalized(sp.gpu(1, **mig)), 0.2)),
+        samples(DCGM_GPU_MASKING_GAP, "5m", (sp.keys(sp.gpu(0)), 0.4)),
         samples(DCGM_NODE_EFFECTIVE_UTILIZATION, "5m", ({S.HOSTNAME: HOST}, 0.2875)),
         samples(DCGM_NODE_MASKING_GAP, "5m", ({S.HOSTNAME: HOST}, 0.4)),
         samples(DCGM_FLEET_EFFECTIVE_UTILIZATION, "5m", ({}, 0.2875)),
         samples(DCGM_FLEET_MASKING_GAP, "5m", ({}, 0.4)),
     ])
 
-    xid = f(S.XID_ERRORS)
-    xdesc = "(the last XID the GPU reported changed within the last 10m)"
-    xid_cases = case("dcgm GpuXidError: a change of the last-XID gauge, classed by its value", [
-        series(xid, dgpu(0, err_code="0"), "0x9"),
-        series(xid, dgpu(0, err_code="79"), "_x10 79x20"),   # dcgm-exporter relabels err_code on a new XID
-        series(xid, dgpu(1), "0x9 13x20"),                   # application XID: info
-        series(xid, dgpu(2), "0x9 63x20"),
-        series(xid, dgpu(3), "0x30"),
-        series(xid, dgpu(4), "48x30"),                       # an old event, reported since before the window
-        series(xid, dgpu(5), f"0x9 {SENTINEL}x20"),          # NOT_SUPPORTED marker: unknown, not an XID
+
+def dcgm_xid_case(sp: Spelling) -> dict[str, Any]:
+    """GpuXidError from a change of the last-XID gauge."""
+    xid = sp.field(S.XID_ERRORS)
+    return case("dcgm GpuXidError: a change of the last-XID gauge, classed by its value", [
+        series(xid, sp.gpu(0, err_code="0"), "0x9"),
+        series(xid, sp.gpu(0, err_code="79"), "_x10 79x20"),   # dcgm-exporter relabels err_code on a new XID
+        series(xid, sp.gpu(1), "0x9 13x20"),                   # application XID: info
+        series(xid, sp.gpu(2), "0x9 63x20"),
+        series(xid, sp.gpu(3), "0x30"),
+        series(xid, sp.gpu(4), "48x30"),                       # an old event, reported since before the window
+        series(xid, sp.gpu(5), f"0x9 {SENTINEL}x20"),          # NOT_SUPPORTED marker: unknown, not an XID
     ], alerts=[
         check("12m", "GpuXidError",
-              expect(_d(dgpu(0, err_code="79")), "critical", "training", annotations(
+              expect(sp.alerted(sp.gpu(0, err_code="79")), "critical", "training", annotations(
                   "GpuXidError", f"Critical XID 79 on {short(0)}",
-                  f"{ref(0)} reported XID 79 {xdesc}: the GPU cannot be trusted until it is drained and reset.")),
-              expect(_d(dgpu(1)), "info", "training", annotations(
+                  f"{ref(0)} reported XID 79 {LAST_XID}: the GPU cannot be trusted until it is drained and reset.")),
+              expect(sp.alerted(sp.gpu(1)), "info", "training", annotations(
                   "GpuXidError", f"Application XID 13 on {short(1)}",
-                  f"{ref(1)} reported XID 13 {xdesc}: usually the job's own bug (illegal memory access, kernel "
+                  f"{ref(1)} reported XID 13 {LAST_XID}: usually the job's own bug (illegal memory access, kernel "
                   "exception); the GPU itself is fine.")),
-              expect(_d(dgpu(2)), "warning", "training", annotations(
+              expect(sp.alerted(sp.gpu(2)), "warning", "training", annotations(
                   "GpuXidError", f"XID 63 on {short(2)}",
-                  f"{ref(2)} reported XID 63 {xdesc}: a driver or hardware error, see the runbook's XID table."))),
+                  f"{ref(2)} reported XID 63 {LAST_XID}: a driver or hardware error, see the runbook's XID table."))),
         check("25m", "GpuXidError"),
     ])
 
+
+def dcgm_xid_counted_case(sp: Spelling) -> dict[str, Any]:
+    """GpuXidError from the XID count collector."""
+    xid = sp.field(S.XID_ERRORS)
     xid_count = sp.name(S.DCGM_XID_COUNT)
     window = {"window_size_in_ms": "300000"}
     cdesc = "event(s) within dcgm-exporter's XID count window in the last 10m"
     counter = _dcgm_counters("GpuXidError", "critical")
     counted = {"dialect": "dcgm", "xid_source": "count_collector"}
-    xid_counted = case("dcgm GpuXidError from the XID count collector: a repeated XID pages again, once", [
-        series(xid, dgpu(0), "0x9 79x60"),                    # the gauge cannot see the second XID 79 ...
-        series(xid_count, dgpu(0, xid="79", **window), "0x9 1x5 0x15 1x5 0x25"),  # ... the collector can
-        series(xid_count, dgpu(1, xid="13", **window), "0x9 2x5 0x45"),
-        series(xid, dgpu(2), "0x9 94x60"),                    # no collector on this GPU: the gauge pages
+    return case("dcgm GpuXidError from the XID count collector: a repeated XID pages again, once", [
+        series(xid, sp.gpu(0), "0x9 79x60"),                    # the gauge cannot see the second XID 79 ...
+        series(xid_count, sp.gpu(0, xid="79", **window), "0x9 1x5 0x15 1x5 0x25"),  # ... the collector can
+        series(xid_count, sp.gpu(1, xid="13", **window), "0x9 2x5 0x45"),
+        series(xid, sp.gpu(2), "0x9 94x60"),                    # no collector on this GPU: the gauge pages
     ], alerts=[
         check("12m", "GpuXidError",
-              expect({**_gpu_keys(dgpu(0)), "xid": "79", **counted}, "critical", "training", annotations(
+              expect({**sp.keys(sp.gpu(0)), "xid": "79", **counted}, "critical", "training", annotations(
                   "GpuXidError", f"Critical XID 79 on {short(0)}",
                   f"{ref(0)} reported 1 XID 79 {cdesc}: the GPU cannot be trusted until it is drained and reset.",
                   **counter)),
-              expect({**_gpu_keys(dgpu(1)), "xid": "13", **counted}, "info", "training", annotations(
+              expect({**sp.keys(sp.gpu(1)), "xid": "13", **counted}, "info", "training", annotations(
                   "GpuXidError", f"Application XID 13 on {short(1)}",
                   f"{ref(1)} reported 2 XID 13 {cdesc}: usually the job's own bug (illegal memory access, kernel "
                   "exception); the GPU itself is fine.", **counter)),
-              expect(_d(dgpu(2)), "warning", "training", annotations(
+              expect(sp.alerted(sp.gpu(2)), "warning", "training", annotations(
                   "GpuXidError", f"XID 94 on {short(2)}",
-                  f"{ref(2)} reported XID 94 {xdesc}: a driver or hardware error, see the runbook's XID table."))),
+                  f"{ref(2)} reported XID 94 {LAST_XID}: a driver or hardware error, see the runbook's XID table."))),
         check("28m", "GpuXidError"),
         check("42m", "GpuXidError",   # the same XID again, 30 minutes later: the gauge stayed at 79
-              expect({**_gpu_keys(dgpu(0)), "xid": "79", **counted}, "critical", "training", annotations(
+              expect({**sp.keys(sp.gpu(0)), "xid": "79", **counted}, "critical", "training", annotations(
                   "GpuXidError", f"Critical XID 79 on {short(0)}",
                   f"{ref(0)} reported 1 XID 79 {cdesc}: the GPU cannot be trusted until it is drained and reset.",
                   **counter))),
     ])
 
-    dbe = f(S.ECC_ERRORS, type="uncorrectable", scope="volatile")
-    sbe = f(S.ECC_ERRORS, type="correctable", scope="volatile")
-    rows = f(S.REMAPPED_ROWS, type="uncorrectable")
+
+def dcgm_ecc_case(sp: Spelling) -> dict[str, Any]:
+    """GpuUncorrectableEcc, with the pod dcgm-exporter attributes."""
+    dbe = sp.field(S.ECC_ERRORS, type="uncorrectable", scope="volatile")
+    sbe = sp.field(S.ECC_ERRORS, type="correctable", scope="volatile")
+    rows = sp.field(S.REMAPPED_ROWS, type="uncorrectable")
     pod0 = {"namespace": "serving", "pod": "chat-0", "container": "vllm"}
-    ecc = case("dcgm GpuUncorrectableEcc, carrying the pod that holds the GPU where dcgm-exporter says", [
-        series(dbe, dgpu(0), "0 0 1x20"),
-        series(f(S.MEMORY_USED), dgpu(0, **pod0), "100x22"),   # dcgm-exporter's pod attribution
-        series(rows, dgpu(1), "0 0 1x20"),
-        series(sbe, dgpu(2), "0 5 10 15x20"),
-        series(dbe, dgpu(2), "0x22"),
+    return case("dcgm GpuUncorrectableEcc, carrying the pod that holds the GPU where dcgm-exporter says", [
+        series(dbe, sp.gpu(0), "0 0 1x20"),
+        series(sp.field(S.MEMORY_USED), sp.gpu(0, **pod0), "100x22"),   # dcgm-exporter's pod attribution
+        series(rows, sp.gpu(1), "0 0 1x20"),
+        series(sbe, sp.gpu(2), "0 5 10 15x20"),
+        series(dbe, sp.gpu(2), "0x22"),
     ], alerts=[
         check("5m", "GpuUncorrectableEcc", *(
-            expect(_d(_gpu_keys(dgpu(n)), **owner), "critical", "training", annotations(
+            expect(sp.alerted(sp.keys(sp.gpu(n)), **owner), "critical", "training", annotations(
                 "GpuUncorrectableEcc", f"Uncorrectable ECC error on {short(n)}",
                 f"{ref(n)} had 1 uncorrectable memory error(s) in the last 10m: drain the GPU and reset it to apply "
                 "the row remap.", **_dcgm_counters("GpuUncorrectableEcc")))
@@ -623,117 +691,142 @@ def dcgm_tests(sp: Spelling) -> list[dict[str, Any]]:
         check("20m", "GpuUncorrectableEcc"),
     ])
 
-    failure = f(S.ROW_REMAP_FAILURE)
-    remap = case("dcgm GpuRowRemapFailure (a NOT_SUPPORTED marker is not a failure)", [
-        series(failure, dgpu(0), "0 1x5"),
-        series(failure, dgpu(1), "0x5"),
-        series(failure, dgpu(2), "2147483634x5"),
+
+def dcgm_remap_case(sp: Spelling) -> dict[str, Any]:
+    """GpuRowRemapFailure; a NOT_SUPPORTED marker is no failure."""
+    failure = sp.field(S.ROW_REMAP_FAILURE)
+    return case("dcgm GpuRowRemapFailure (a NOT_SUPPORTED marker is not a failure)", [
+        series(failure, sp.gpu(0), "0 1x5"),
+        series(failure, sp.gpu(1), "0x5"),
+        series(failure, sp.gpu(2), "2147483634x5"),
     ], alerts=[
         check("0m", "GpuRowRemapFailure"),
-        check("2m", "GpuRowRemapFailure", expect(_d(dgpu(0)), "critical", "training", annotations(
+        check("2m", "GpuRowRemapFailure", expect(sp.alerted(sp.gpu(0)), "critical", "training", annotations(
             "GpuRowRemapFailure", f"Row remapping failed on {short(0)}",
             f"{ref(0)} has no spare HBM rows left to remap memory errors: drain it and RMA it."))),
     ])
 
-    action = f(S.GPU_RECOVERY_ACTION)
-    recovery = case("dcgm GpuRecoveryActionRequired (a blank marker is no action)", [
-        series(action, dgpu(0), "0 1x5"),
-        series(action, dgpu(1), "0x5"),
-        series(action, dgpu(2), "2147483632x5"),
+
+def dcgm_recovery_case(sp: Spelling) -> dict[str, Any]:
+    """GpuRecoveryActionRequired; a blank marker is no action."""
+    action = sp.field(S.GPU_RECOVERY_ACTION)
+    return case("dcgm GpuRecoveryActionRequired (a blank marker is no action)", [
+        series(action, sp.gpu(0), "0 1x5"),
+        series(action, sp.gpu(1), "0x5"),
+        series(action, sp.gpu(2), "2147483632x5"),
     ], alerts=[
         check("0m", "GpuRecoveryActionRequired"),
-        check("2m", "GpuRecoveryActionRequired", expect(_d(dgpu(0)), "critical", "training", annotations(
+        check("2m", "GpuRecoveryActionRequired", expect(sp.alerted(sp.gpu(0)), "critical", "training", annotations(
             "GpuRecoveryActionRequired", f"GPU recovery action 1 required on {short(0)}",
             f"{ref(0)} {RECOVERY_TEXT.format(1)}", **_dcgm_counters("GpuRecoveryActionRequired")))),
     ])
 
+
+def dcgm_thermal_case(sp: Spelling) -> dict[str, Any]:
+    """GpuThermalThrottling (bitmask, both field names) and GpuNearThermalLimit."""
+    clk = sp.field(S.SM_CLOCK)
     reasons, old_reasons = (sp.name(x.field) for x in S.CLOCK_EVENT_ACTIVE.dcgm)
-    gtemp, mtemp = f(S.TEMPERATURE, sensor="gpu"), f(S.TEMPERATURE, sensor="memory")
-    thermal = case("dcgm GpuThermalThrottling (bitmask, both field names) and GpuNearThermalLimit", [
-        series(reasons, dgpu(0), "33x20"),          # GPU_IDLE | SW_THERMAL
-        series(clk, dgpu(0), "1200x20"),
-        series(gtemp, dgpu(0), "88x20"),
-        series(reasons, dgpu(1), "4x20"),           # SW_POWER_CAP: not thermal
-        series(clk, dgpu(1), "1500x20"),
-        series(old_reasons, dgpu(2), "64x20"),      # HW_THERMAL on the deprecated field
-        series(clk, dgpu(2), "1100x20"),
-        series(reasons, dgpu(3), f"{SENTINEL}x20"),
-        series(clk, dgpu(3), "1500x20"),
-        series(gtemp, dgpu(4), "84x20"),
-        series(mtemp, dgpu(4), "70x20"),
-        series(gtemp, dgpu(5), "60x20"),
-        series(mtemp, dgpu(5), "92x20"),
-        series(gtemp, dgpu(6), "80x20"),
+    gtemp, mtemp = sp.field(S.TEMPERATURE, sensor="gpu"), sp.field(S.TEMPERATURE, sensor="memory")
+    return case("dcgm GpuThermalThrottling (bitmask, both field names) and GpuNearThermalLimit", [
+        series(reasons, sp.gpu(0), "33x20"),          # GPU_IDLE | SW_THERMAL
+        series(clk, sp.gpu(0), "1200x20"),
+        series(gtemp, sp.gpu(0), "88x20"),
+        series(reasons, sp.gpu(1), "4x20"),           # SW_POWER_CAP: not thermal
+        series(clk, sp.gpu(1), "1500x20"),
+        series(old_reasons, sp.gpu(2), "64x20"),      # HW_THERMAL on the deprecated field
+        series(clk, sp.gpu(2), "1100x20"),
+        series(reasons, sp.gpu(3), f"{SENTINEL}x20"),
+        series(clk, sp.gpu(3), "1500x20"),
+        series(gtemp, sp.gpu(4), "84x20"),
+        series(mtemp, sp.gpu(4), "70x20"),
+        series(gtemp, sp.gpu(5), "60x20"),
+        series(mtemp, sp.gpu(5), "92x20"),
+        series(gtemp, sp.gpu(6), "80x20"),
         # default counters (no throttle reasons): HBM at its 95 C throttle point is throttling
-        series(clk, dgpu(7), "1300x20"),
-        series(gtemp, dgpu(7), "80x20"),
-        series(mtemp, dgpu(7), "96x20"),
+        series(clk, sp.gpu(7), "1300x20"),
+        series(gtemp, sp.gpu(7), "80x20"),
+        series(mtemp, sp.gpu(7), "96x20"),
     ], alerts=[
         check("0m", "GpuThermalThrottling"),
         check("4m", "GpuNearThermalLimit"),
         check("2m", "GpuThermalThrottling", *(
-            expect(_d(_gpu_keys(dgpu(n))), "critical", "sre", annotations(
+            expect(sp.alerted(sp.keys(sp.gpu(n))), "critical", "sre", annotations(
                 "GpuThermalThrottling", f"Thermal throttling on {short(n)}",
                 f"{ref(n)} has been slowed down for heat for 1m (a thermal clock-event reason, or where those are "
                 f"not collected the die at 85 C or HBM at 95 C or more); its SM clock is at {mhz}Hz.",
                 **_dcgm_counters("GpuThermalThrottling"))) for n, mhz in ((0, "1.2G"), (2, "1.1G"), (7, "1.3G")))),
         check("6m", "GpuNearThermalLimit",
-              expect(_d(_gpu_keys(dgpu(4)), sensor="gpu"), "warning", "facilities", annotations(
+              expect(sp.alerted(sp.keys(sp.gpu(4)), sensor="gpu"), "warning", "facilities", annotations(
                   "GpuNearThermalLimit", f"GPU gpu temperature near its limit on {short(4)}",
                   f"{ref(4)}: gpu temperature 84 C for 5m, close to thermal slowdown; check airflow and inlet "
                   "temperature of the rack.")),
-              expect(_d(_gpu_keys(dgpu(5)), sensor="memory"), "warning", "facilities", annotations(
+              expect(sp.alerted(sp.keys(sp.gpu(5)), sensor="memory"), "warning", "facilities", annotations(
                   "GpuNearThermalLimit", f"GPU memory temperature near its limit on {short(5)}",
                   f"{ref(5)}: memory temperature 92 C for 5m, close to thermal slowdown; check airflow and inlet "
                   "temperature of the rack."))),
     ])
 
-    replay = f(S.NVLINK_ERRORS, type="replay")
-    nvlink = case("dcgm GpuNvlinkErrors", [
-        series(replay, dgpu(0), "0+1x30"),
-        series(replay, dgpu(1), "5x30"),
+
+def dcgm_nvlink_case(sp: Spelling) -> dict[str, Any]:
+    """GpuNvlinkErrors."""
+    replay = sp.field(S.NVLINK_ERRORS, type="replay")
+    return case("dcgm GpuNvlinkErrors", [
+        series(replay, sp.gpu(0), "0+1x30"),
+        series(replay, sp.gpu(1), "5x30"),
     ], alerts=[
         check("9m", "GpuNvlinkErrors"),
-        check("20m", "GpuNvlinkErrors", expect(_d(_gpu_keys(dgpu(0))), "warning", "training", annotations(
+        check("20m", "GpuNvlinkErrors", expect(sp.alerted(sp.keys(sp.gpu(0))), "warning", "training", annotations(
             "GpuNvlinkErrors", f"NVLink errors on {short(0)}",
             f"{ref(0)} keeps logging NVLink errors (10 in the last 10m): collectives over this GPU slow down or fail.",
             **_dcgm_counters("GpuNvlinkErrors")))),
     ])
 
-    gen, gen_max = f(S.PCIE_LINK_GENERATION, state="current"), f(S.PCIE_LINK_GENERATION, state="max")
-    pcie = case("dcgm GpuPcieLinkDowngraded: only while busy", [
-        series(gen, dgpu(0), "3x20"),
-        series(gen_max, dgpu(0), "5x20"),
-        series(util, dgpu(0), "90x20"),
-        series(gen, dgpu(1), "1x20"),
-        series(gen_max, dgpu(1), "5x20"),
-        series(util, dgpu(1), "0x20"),
+
+def dcgm_pcie_case(sp: Spelling) -> dict[str, Any]:
+    """GpuPcieLinkDowngraded: only while busy."""
+    util = sp.field(S.GPU_UTILIZATION)
+    gen, gen_max = sp.field(S.PCIE_LINK_GENERATION, state="current"), sp.field(S.PCIE_LINK_GENERATION, state="max")
+    return case("dcgm GpuPcieLinkDowngraded: only while busy", [
+        series(gen, sp.gpu(0), "3x20"),
+        series(gen_max, sp.gpu(0), "5x20"),
+        series(util, sp.gpu(0), "90x20"),
+        series(gen, sp.gpu(1), "1x20"),
+        series(gen_max, sp.gpu(1), "5x20"),
+        series(util, sp.gpu(1), "0x20"),
     ], alerts=[
         check("9m", "GpuPcieLinkDowngraded"),
-        check("15m", "GpuPcieLinkDowngraded", expect(_d(_gpu_keys(dgpu(0)), link="generation"), "warning", "training",
-                                                     annotations(
+        check("15m", "GpuPcieLinkDowngraded", expect(
+            sp.alerted(sp.keys(sp.gpu(0)), link="generation"), "warning", "training", annotations(
             "GpuPcieLinkDowngraded", f"PCIe link downgraded on busy {short(0)}",
             f"{ref(0)} runs its PCIe link at generation 3, below its maximum, while busy: host-device transfers "
             "are slower.", **_dcgm_counters("GpuPcieLinkDowngraded")))),
     ])
 
-    lost = case("dcgm GpuFellOffBus: one GPU gone while its node reports; a whole node gone is not it", [
-        series(gtemp, dgpu(0), "40x30"),
-        series(gtemp, dgpu(1), "40x9 stale"),
-        series(gtemp, dgpu(0, HOST2), "40x9 stale"),   # node-2 (both GPUs) or its exporter gone: not this
-        series(gtemp, dgpu(1, HOST2), "40x9 stale"),
+
+def dcgm_fell_off_bus_case(sp: Spelling) -> dict[str, Any]:
+    """GpuFellOffBus: one GPU gone, not a whole node."""
+    gtemp = sp.field(S.TEMPERATURE, sensor="gpu")
+    return case("dcgm GpuFellOffBus: one GPU gone while its node reports; a whole node gone is not it", [
+        series(gtemp, sp.gpu(0), "40x30"),
+        series(gtemp, sp.gpu(1), "40x9 stale"),
+        series(gtemp, sp.gpu(0, HOST2), "40x9 stale"),   # node-2 (both GPUs) or its exporter gone: not this
+        series(gtemp, sp.gpu(1, HOST2), "40x9 stale"),
     ], alerts=[
         check("9m", "GpuFellOffBus"),
-        check("12m", "GpuFellOffBus", expect(_d(_gpu_keys(dgpu(1))), "critical", "training", annotations(
+        check("12m", "GpuFellOffBus", expect(sp.alerted(sp.keys(sp.gpu(1))), "critical", "training", annotations(
             "GpuFellOffBus", f"{short(1)} fell off the bus",
             f"{ref(1)} stopped reporting while its node's exporter is up: the GPU is lost (XID 79 or similar); "
             "drain the node and reset or reseat the GPU."))),
     ])
 
+
+def dcgm_exporter_down_case(sp: Spelling) -> dict[str, Any]:
+    """DcgmExporterDown, with the host it served."""
+    gtemp = sp.field(S.TEMPERATURE, sensor="gpu")
     job = {"job": DCGM_JOB}
-    down = case("DcgmExporterDown", [
+    return case("DcgmExporterDown", [
         series(UP, {**job, "instance": "10.0.0.1:9400"}, "1x9 0x20"),
-        series(gtemp, {**job, "instance": "10.0.0.1:9400", **dgpu(0)}, "40x9 stale"),
+        series(gtemp, {**job, "instance": "10.0.0.1:9400", **sp.gpu(0)}, "40x9 stale"),
         series(UP, {**job, "instance": "10.0.0.2:9400"}, "1x30"),
     ], alerts=[
         check("3m", "DcgmExporterDown"),
@@ -743,46 +836,73 @@ def dcgm_tests(sp: Spelling) -> list[dict[str, Any]]:
                 f"Prometheus cannot scrape 10.0.0.1:9400 (job {DCGM_JOB}, host {HOST}) for 5m: the GPUs there are "
                 "unobserved."))),
     ])
-    missing = missing_case(f(S.MEMORY_USED), dgpu, "GPU_I_ID", {"dialect": "dcgm"})
-    return [recording, xid_cases, xid_counted, ecc, remap, recovery, thermal, nvlink, pcie, lost, missing, down]
+
+
+def dcgm_missing_case(sp: Spelling) -> dict[str, Any]:
+    """GpuMissing on dcgm-exporter's memory series."""
+    return missing_case(sp.field(S.MEMORY_USED), sp.gpu, "GPU_I_ID", {"dialect": "dcgm"})
+
+
+#: dcgm_*_test.yaml's cases (one file per spelling), in file order.
+DCGM_CASES: tuple[Callable[[Spelling], dict[str, Any]], ...] = (
+    dcgm_recording_case, dcgm_xid_case, dcgm_xid_counted_case, dcgm_ecc_case, dcgm_remap_case, dcgm_recovery_case,
+    dcgm_thermal_case, dcgm_nvlink_case, dcgm_pcie_case, dcgm_fell_off_bus_case, dcgm_missing_case,
+    dcgm_exporter_down_case,
+)
+
+
+def dcgm_tests(sp: Spelling) -> list[dict[str, Any]]:
+    """``dcgm<suffix>_test.yaml``: every case of the dcgm rules on series spelled as ``sp``."""
+    return [make(sp) for make in DCGM_CASES]
+
+
 
 
 # analyzer findings ---------------------------------------------------------------------------
+#: The workload and GPU of finding 0, as the analyzer alerts' descriptions name them.
+WHERE = "GPU 0 on node-1 (workload ml/train)"
+
+
 def finding(kind: str, severity: str, n: int = 0, **extra: str) -> Labels:
+    """A finding's labels on GPU ``n`` of node-1, held by ml/train."""
     return {"kind": kind, "severity": severity, S.HOSTNAME: HOST, S.GPU: str(n), "rack": "r1",
             "namespace": "ml", S.WORKLOAD: "train", **extra}
 
 
-def analyzer_tests() -> list[dict[str, Any]]:
-    active, score = O.FINDING_ACTIVE.name, O.FINDING_SCORE.name
+def open_finding(labels: Labels, values: str, value: str) -> list[dict[str, str]]:
+    """A finding's active and score series: open while ``values`` says 1, scored ``value``."""
+    return [series(O.FINDING_ACTIVE.name, labels, values),
+            series(O.FINDING_SCORE.name, labels, values.replace("1x", f"{value}x"))]
 
-    def open_finding(labels: Labels, values: str, value: str) -> list[dict[str, str]]:
-        return [series(active, labels, values), series(score, labels, values.replace("1x", f"{value}x"))]
 
-    def alert_labels(labels: Labels, severity: str) -> Labels:
-        return {k: v for k, v in labels.items() if k != "severity"}
+def finding_alert(kind: str, n: int = 0) -> Labels:
+    """The labels an alert on a finding carries (its severity is the alert's own)."""
+    return {k: v for k, v in finding(kind, "", n).items() if k != "severity"}
 
-    where = "GPU 0 on node-1 (workload ml/train)"
-    waste = case("GpuIdleMasking and GpuIdleAllocated: sustained waste findings open a FinOps ticket", [
+
+def analyzer_waste_case() -> dict[str, Any]:
+    """GpuIdleMasking and GpuIdleAllocated: sustained waste findings only."""
+    return case("GpuIdleMasking and GpuIdleAllocated: sustained waste findings open a FinOps ticket", [
         *open_finding(finding("idle_masking", "warning"), "1x40", "0.8"),
         *open_finding(finding("idle_masking", "info", 1), "1x20 stale", "0.5"),  # closed after 20m
         *open_finding(finding("idle_allocated", "warning", 2), "1x40", "0.95"),
     ], alerts=[
         check("25m", "GpuIdleMasking"),
-        check("35m", "GpuIdleMasking", expect(alert_labels(finding("idle_masking", ""), ""), "warning", "finops",
-                                              annotations(
+        check("35m", "GpuIdleMasking", expect(finding_alert("idle_masking"), "warning", "finops", annotations(
             "GpuIdleMasking", "GPU busy in nvidia-smi but its SMs mostly idle: GPU 0 of node-1",
-            f"{where} reports high GPU utilization while its SMs are mostly idle (score 80%): the job pays for a "
+            f"{WHERE} reports high GPU utilization while its SMs are mostly idle (score 80%): the job pays for a "
             "whole GPU and uses a fraction of it."))),
         check("25m", "GpuIdleAllocated"),
-        check("35m", "GpuIdleAllocated", expect(alert_labels(finding("idle_allocated", "", 2), ""), "warning",
-                                                "finops", annotations(
+        check("35m", "GpuIdleAllocated", expect(finding_alert("idle_allocated", 2), "warning", "finops", annotations(
             "GpuIdleAllocated", "Allocated GPU idle: GPU 2 of node-1",
             "GPU 2 on node-1 (workload ml/train) is allocated but idle (score 95%): release it or fix the job's input "
             "pipeline."))),
     ])
 
-    gangs = case("GpuStraggler, GpuDegraded, GpuFault, GpuThermal: the finding's severity decides page or ticket", [
+
+def analyzer_severity_case() -> dict[str, Any]:
+    """GpuStraggler, GpuDegraded, GpuFault, GpuThermal: the finding's severity is the alert's."""
+    return case("GpuStraggler, GpuDegraded, GpuFault, GpuThermal: the finding's severity decides page or ticket", [
         *open_finding(finding("straggler", "critical"), "1x20", "0.9"),
         *open_finding(finding("straggler", "warning", 1), "1x20", "0.4"),
         *open_finding(finding("degraded_gpu", "critical", 2), "1x20", "0.7"),
@@ -795,21 +915,21 @@ def analyzer_tests() -> list[dict[str, Any]]:
     ], alerts=[
         check("4m", "GpuStraggler"),
         check("10m", "GpuStraggler",
-              expect(alert_labels(finding("straggler", ""), ""), "critical", "training", annotations(
+              expect(finding_alert("straggler"), "critical", "training", annotations(
                   "GpuStraggler", "Straggler: GPU 0 of node-1",
-                  f"{where} is the straggler slowing its training gang (score 90%); see the analyzer's finding for "
+                  f"{WHERE} is the straggler slowing its training gang (score 90%); see the analyzer's finding for "
                   "the evidence.")),
-              expect(alert_labels(finding("straggler", "", 1), ""), "warning", "training", annotations(
+              expect(finding_alert("straggler", 1), "warning", "training", annotations(
                   "GpuStraggler", "Straggler: GPU 1 of node-1",
                   "GPU 1 on node-1 (workload ml/train) is the straggler slowing its training gang (score 40%); see the "
                   "analyzer's finding for the evidence."))),
         check("4m", "GpuDegraded"),
         check("10m", "GpuDegraded",
-              expect(alert_labels(finding("degraded_gpu", "", 2), ""), "critical", "training", annotations(
+              expect(finding_alert("degraded_gpu", 2), "critical", "training", annotations(
                   "GpuDegraded", "Degraded: GPU 2 of node-1",
                   "GPU 2 on node-1 (workload ml/train) runs degraded (power cap, PCIe or NVLink) (score 70%); see the "
                   "analyzer's finding for the evidence.")),
-              expect(alert_labels(finding("degraded_gpu", "", 3), ""), "warning", "training", annotations(
+              expect(finding_alert("degraded_gpu", 3), "warning", "training", annotations(
                   "GpuDegraded", "Degraded: GPU 3 of node-1",
                   "GPU 3 on node-1 (workload ml/train) runs degraded (power cap, PCIe or NVLink) (score 20%); see the "
                   "analyzer's finding for the evidence."))),
@@ -819,14 +939,17 @@ def analyzer_tests() -> list[dict[str, Any]]:
             ("GpuFault", "gpu_fault", "training", "has a hardware fault (XID, ECC, NVLink, PCIe, lost GPU)",
              ((7, "critical", "100%"), (8, "warning", "60%"))),
         ) for c in (check("4m", alert), check("10m", alert, *(
-            expect(alert_labels(finding(kind, "", n), ""), sev, team, annotations(
+            expect(finding_alert(kind, n), sev, team, annotations(
                 alert, f"{alert.removeprefix('Gpu')}: GPU {n} of node-1",
                 f"GPU {n} on node-1 (workload ml/train) {what} (score {pct}); see the analyzer's finding for the "
                 "evidence.")) for n, sev, pct in cases)))),
     ])
 
+
+def analyzer_health_case() -> dict[str, Any]:
+    """TruegpuAnalyzerDown: not scraped, or stuck."""
     job = {"job": ANALYZER_JOB, "instance": "analyzer:8000"}
-    health = case("TruegpuAnalyzerDown: not scraped, or no successful run for too long", [
+    return case("TruegpuAnalyzerDown: not scraped, or no successful run for too long", [
         series(UP, job, "1x9 0x30"),
         series(O.ANALYZER_LAST_SUCCESS.name, job, "0x40"),  # last success at t=0, never again
         series(UP, {**job, "instance": "analyzer-2:8000"}, "1x40"),
@@ -843,7 +966,17 @@ def analyzer_tests() -> list[dict[str, Any]]:
                   "The analyzer analyzer:8000 last finished an analysis 25m 0s ago: findings are stale."),
                   reason="stale")),
     ])
-    return [waste, gangs, health]
+
+
+#: analyzer_test.yaml's cases, in file order.
+ANALYZER_CASES: tuple[Callable[[], dict[str, Any]], ...] = (
+    analyzer_waste_case, analyzer_severity_case, analyzer_health_case,
+)
+
+
+def analyzer_tests() -> list[dict[str, Any]]:
+    """``analyzer_test.yaml``: every case of the analyzer rules."""
+    return [make() for make in ANALYZER_CASES]
 
 
 def test_files() -> dict[str, dict[str, Any]]:
