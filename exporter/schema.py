@@ -9,15 +9,17 @@ units (bytes, seconds, hertz, watts, joules, celsius); counters end in ``_total`
 identity that would make hot series unbounded (model, driver, PCI address, pod) lives
 in ``*_info`` series with value 1 and is joined in PromQL.
 
-Each metric also records how to obtain it from NVML (``nvml``, a readable recipe for the
-NVML source) and from NVIDIA dcgm-exporter (``dcgm``, machine-readable field mappings
-used both to read dcgm-exporter output and to emit that dialect from the simulator).
+Each metric also records how to obtain it from NVML (``nvml_reads``: declarative recipes the
+NVML source executes; ``nvml``: prose for the parts that need hand-written code) and from NVIDIA
+dcgm-exporter (``dcgm``, machine-readable field mappings used both to read dcgm-exporter output
+and to emit that dialect from the simulator).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 PREFIX = "truegpu_"
@@ -76,6 +78,103 @@ class DcgmField:
         if 0 < self.scale < 1 and (1.0 / self.scale) == round(1.0 / self.scale):
             return 1.0, float(round(1.0 / self.scale))
         return self.scale, 1.0
+
+
+def exact_factors(scale: float) -> tuple[float, float]:
+    """(m, d) with ``x * m / d`` the value in base units, a sub-unit scale dividing by its integer
+    reciprocal: 57 % is 57 / 100 = 0.57 and 5 ns is 5 / 1e9, not 57 * 0.01 = 0.5700000000000001."""
+    if 0 < scale < 1:
+        d = round(1.0 / scale)
+        if abs(d * scale - 1.0) < 1e-12:
+            return 1.0, float(d)
+    return scale, 1.0
+
+
+def _short(x: float) -> str:
+    """1000, 1024, 1e6, 1e9: how a person writes a unit factor."""
+    return f"{x:g}".replace("e+0", "e").replace("e+", "e")
+
+
+@dataclass(frozen=True)
+class NvmlCall:
+    """One pynvml device call, ``name(handle, *args)``, with ``args`` named as pynvml constants.
+
+    ``key`` names the call in error messages and in the NVML source's memory of what a GPU does not
+    support (asked once, then never again); calls that stand or fall together share it (the four ECC
+    counters ask one driver feature).
+    """
+
+    name: str
+    args: tuple[str, ...] = ()
+    key: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.name}({', '.join(self.args)})"
+
+
+#: How an NVML result becomes a number: the number itself, 1/0 for a truthy/falsy flag, or a list's length.
+NvmlConvert = Literal["value", "flag", "count"]
+
+
+@dataclass(frozen=True)
+class NvmlRead:
+    """How the NVML source reads one series of a family, kept as data next to the family.
+
+    ``NvmlSource`` executes it and docs/metrics.md prints it, so the recipe and the code cannot drift.
+    Either ``call`` (its result, or the attribute or index ``pick`` of it) or ``field`` (an ``NVML_FI_*``
+    id, read in the one batched nvmlDeviceGetFieldValues call, summed over NVLinks). The number is
+    ``convert``ed, then times ``scale`` to base units; ``true_if`` makes it 1 when the result equals that
+    pynvml constant (else 0); a result equal to ``omit_if`` means unknown and is left out. ``once``: a
+    property that never changes, read at start-up and republished. ``fallback``: the call asked instead
+    once ``call`` proved unsupported (older drivers). ``labels`` are the family labels the series sets.
+    Anything needing more logic (bitmasks, GPM, MIG, events, per-link sums) stays hand-written in the
+    source and is described in ``Metric.nvml``.
+    """
+
+    call: NvmlCall | None = None
+    field: str = ""
+    pick: str = ""
+    scale: float = 1.0
+    labels: tuple[tuple[str, str], ...] = ()
+    convert: NvmlConvert = "value"
+    true_if: str = ""
+    omit_if: str = ""
+    once: bool = False
+    fallback: NvmlCall | None = None
+
+    @cached_property
+    def factors(self) -> tuple[float, float]:
+        """(m, d) with ``x * m / d`` the value in base units (see ``exact_factors``)."""
+        return exact_factors(self.scale)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every pynvml function and constant name this recipe uses (all must exist in nvidia-ml-py)."""
+        calls = [c for c in (self.call, self.fallback) if c is not None]
+        constants = [n for n in (self.field, self.true_if, self.omit_if) if n]
+        return (*(n for c in calls for n in (c.name, *c.args)), *constants)
+
+    def describe(self) -> str:
+        """The recipe as one line of docs/metrics.md."""
+        text = f"field {self.field}" if self.field else str(self.call)
+        if self.pick:
+            text += f"[{self.pick}]" if self.pick.isdigit() else f".{self.pick}"
+        if self.convert == "count":
+            text = f"len({text})"
+        elif self.convert == "flag":
+            text = f"bool({text})"
+        if self.true_if:
+            text += f" == {self.true_if}"
+        m, d = self.factors
+        text += f" / {_short(d)}" if d != 1 else f" * {_short(m)}" if m != 1 else ""
+        notes = [f"{k}={v}" for k, v in self.labels]
+        if self.omit_if:
+            notes.append(f"{self.omit_if} left out")
+        if self.once:
+            notes.append("read once")
+        if self.fallback is not None:
+            notes.append(f"else {self.fallback}")
+        return text + (f" ({', '.join(notes)})" if notes else "")
 
 
 #: The short names of dcgm-exporter 1.x (NVIDIA gpu-monitoring-tools) -> today's field. Only fields
@@ -142,6 +241,12 @@ class Metric:
     nvml: str = ""
     dcgm: tuple[DcgmField, ...] = field(default=())
     valid: tuple[float, float] | None = None
+    nvml_reads: tuple[NvmlRead, ...] = ()
+
+    @property
+    def nvml_recipe(self) -> str:
+        """How NVML provides the family: its ``nvml_reads`` as text, then the prose of hand-written parts."""
+        return "; ".join([*(r.describe() for r in self.nvml_reads), *([self.nvml] if self.nvml else [])])
 
     @property
     def valid_range(self) -> tuple[float, float]:
@@ -216,30 +321,37 @@ MHZ = 1e6
 
 _PCT = 0.01
 
+# NVML calls feeding several series: asked once per collection, each series picks its part.
+_UTILIZATION = NvmlCall("nvmlDeviceGetUtilizationRates", key="utilization")
+_MEMORY_INFO = NvmlCall("nvmlDeviceGetMemoryInfo", ("nvmlMemory_v2",), "memory_v2")
+_MEMORY_INFO_V1 = NvmlCall("nvmlDeviceGetMemoryInfo", key="memory")  # drivers before the v2 struct
+_REMAPPED_ROWS = NvmlCall("nvmlDeviceGetRemappedRows", key="remapped_rows")  # (corr, unc, pending, failure)
+_ROW_REMAPPER_HISTOGRAM = NvmlCall("nvmlDeviceGetRowRemapperHistogram", key="row_remap_histogram")
+
 # Utilization -------------------------------------------------------------------------
 GPU_UTILIZATION = Metric(
     "truegpu_gpu_utilization_ratio", "gauge", "ratio",
     "Fraction of the sample period during which at least one kernel was resident "
     "(nvidia-smi 'GPU-Util'); says nothing about how busy the SMs were.",
-    nvml="nvmlDeviceGetUtilizationRates().gpu / 100",
+    nvml_reads=(NvmlRead(_UTILIZATION, pick="gpu", scale=_PCT),),
     dcgm=(DcgmField("DCGM_FI_DEV_GPU_UTIL", _PCT),),
 )
 ENCODER_UTILIZATION = Metric(
     "truegpu_encoder_utilization_ratio", "gauge", "ratio",
     "Fraction of the sampling period the video encoder (NVENC) was busy (video pipelines, not compute).",
-    nvml="nvmlDeviceGetEncoderUtilization()[0] / 100",
+    nvml_reads=(NvmlRead(NvmlCall("nvmlDeviceGetEncoderUtilization", key="encoder"), pick="0", scale=_PCT),),
     dcgm=(DcgmField("DCGM_FI_DEV_ENC_UTIL", _PCT),),
 )
 DECODER_UTILIZATION = Metric(
     "truegpu_decoder_utilization_ratio", "gauge", "ratio",
     "Fraction of the sampling period the video decoder (NVDEC) was busy (video pipelines, not compute).",
-    nvml="nvmlDeviceGetDecoderUtilization()[0] / 100",
+    nvml_reads=(NvmlRead(NvmlCall("nvmlDeviceGetDecoderUtilization", key="decoder"), pick="0", scale=_PCT),),
     dcgm=(DcgmField("DCGM_FI_DEV_DEC_UTIL", _PCT),),
 )
 MEMORY_UTILIZATION = Metric(
     "truegpu_memory_utilization_ratio", "gauge", "ratio",
     "Fraction of the sample period during which device memory was being read or written.",
-    nvml="nvmlDeviceGetUtilizationRates().memory / 100",
+    nvml_reads=(NvmlRead(_UTILIZATION, pick="memory", scale=_PCT),),
     dcgm=(DcgmField("DCGM_FI_DEV_MEM_COPY_UTIL", _PCT),),
 )
 SM_ACTIVE = Metric(
@@ -277,13 +389,13 @@ GRAPHICS_ENGINE_ACTIVE = Metric(
 MEMORY_USED = Metric(
     "truegpu_memory_used_bytes", "gauge", "bytes",
     "Device memory in use.",
-    nvml="nvmlDeviceGetMemoryInfo_v2().used",
+    nvml_reads=(NvmlRead(_MEMORY_INFO, pick="used", fallback=_MEMORY_INFO_V1),),
     dcgm=(DcgmField("DCGM_FI_DEV_FB_USED", MIB),),
 )
 MEMORY_TOTAL = Metric(
     "truegpu_memory_total_bytes", "gauge", "bytes",
     "Device memory installed (dcgm-exporter: FB_TOTAL, or FB_USED+FB_FREE+FB_RESERVED).",
-    nvml="nvmlDeviceGetMemoryInfo_v2().total",
+    nvml_reads=(NvmlRead(_MEMORY_INFO, pick="total", fallback=_MEMORY_INFO_V1),),
     dcgm=(DcgmField("DCGM_FI_DEV_FB_TOTAL", MIB),),
 )
 
@@ -291,19 +403,19 @@ MEMORY_TOTAL = Metric(
 POWER = Metric(
     "truegpu_power_watts", "gauge", "watts",
     "Power draw.",
-    nvml="nvmlDeviceGetPowerUsage() / 1000 (mW)",
+    nvml_reads=(NvmlRead(NvmlCall("nvmlDeviceGetPowerUsage", key="power"), scale=1e-3),),  # mW
     dcgm=(DcgmField("DCGM_FI_DEV_POWER_USAGE"),),
 )
 POWER_LIMIT = Metric(
     "truegpu_power_limit_watts", "gauge", "watts",
     "Enforced power limit.",
-    nvml="nvmlDeviceGetEnforcedPowerLimit() / 1000 (mW)",
+    nvml_reads=(NvmlRead(NvmlCall("nvmlDeviceGetEnforcedPowerLimit", key="power_limit"), scale=1e-3),),  # mW
     dcgm=(DcgmField("DCGM_FI_DEV_POWER_MGMT_LIMIT"),),
 )
 ENERGY = Metric(
     "truegpu_energy_joules_total", "counter", "joules",
     "Energy consumed since the driver was loaded.",
-    nvml="nvmlDeviceGetTotalEnergyConsumption() / 1000 (mJ)",
+    nvml_reads=(NvmlRead(NvmlCall("nvmlDeviceGetTotalEnergyConsumption", key="energy"), scale=1e-3),),  # mJ
     dcgm=(DcgmField("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 1e-3),),
 )
 CLOCK_VIOLATION = Metric(
@@ -311,7 +423,13 @@ CLOCK_VIOLATION = Metric(
     "Time the clocks were held below their target by a power or thermal policy since the driver loaded "
     "(reason=power|thermal): how long throttling really lasted, between scrapes too.",
     labels=("reason",),
-    nvml="nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_POWER|THERMAL).violationTime / 1e9 (ns)",
+    nvml_reads=tuple(
+        NvmlRead(
+            NvmlCall("nvmlDeviceGetViolationStatus", (f"NVML_PERF_POLICY_{reason.upper()}",), f"violation_{reason}"),
+            pick="violationTime", scale=1e-9, labels=(("reason", reason),),  # ns
+        )
+        for reason in ("power", "thermal")
+    ),
     dcgm=(DcgmField("DCGM_FI_DEV_POWER_VIOLATION", 1e-9, (("reason", "power"),)),
           DcgmField("DCGM_FI_DEV_THERMAL_VIOLATION", 1e-9, (("reason", "thermal"),))),
 )
@@ -319,13 +437,13 @@ FAN_SPEED = Metric(
     "truegpu_fan_speed_ratio", "gauge", "ratio",
     "Fan speed as a share of its maximum; absent on passively cooled data-centre GPUs (the chassis fans "
     "cool them), never 0.",
-    nvml="nvmlDeviceGetFanSpeed() / 100",
+    nvml_reads=(NvmlRead(NvmlCall("nvmlDeviceGetFanSpeed", key="fan"), scale=_PCT),),  # NOT_SUPPORTED when passive
     dcgm=(DcgmField("DCGM_FI_DEV_FAN_SPEED", _PCT),),
 )
 PERFORMANCE_STATE = Metric(
     "truegpu_performance_state", "gauge", "",
     "Performance state, 0 (P0: maximum performance) to 15 (P15: minimum); a busy GPU out of P0 is held back.",
-    nvml="nvmlDeviceGetPerformanceState() (32 = unknown: left out)",
+    nvml_reads=(NvmlRead(NvmlCall("nvmlDeviceGetPerformanceState", key="pstate"), omit_if="NVML_PSTATE_UNKNOWN"),),
     dcgm=(DcgmField("DCGM_FI_DEV_PSTATE"),),
     valid=(0.0, 15.0),
 )
@@ -333,7 +451,11 @@ TEMPERATURE = Metric(
     "truegpu_temperature_celsius", "gauge", "celsius",
     "Temperature of the GPU die (sensor=gpu) or of the HBM stacks (sensor=memory).",
     labels=("sensor",),
-    nvml="nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU); memory: field NVML_FI_DEV_MEMORY_TEMP",
+    nvml_reads=(
+        NvmlRead(NvmlCall("nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",), "temperature"),
+                 labels=(("sensor", "gpu"),)),
+        NvmlRead(field="NVML_FI_DEV_MEMORY_TEMP", labels=(("sensor", "memory"),)),
+    ),
     dcgm=(
         DcgmField("DCGM_FI_DEV_GPU_TEMP", labels=(("sensor", "gpu"),)),
         DcgmField("DCGM_FI_DEV_MEMORY_TEMP", labels=(("sensor", "memory"),)),
@@ -344,19 +466,20 @@ TEMPERATURE = Metric(
 SM_CLOCK = Metric(
     "truegpu_sm_clock_hertz", "gauge", "hertz",
     "Current SM clock.",
-    nvml="nvmlDeviceGetClockInfo(NVML_CLOCK_SM) * 1e6 (MHz)",
+    nvml_reads=(NvmlRead(NvmlCall("nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",), "sm_clock"), scale=MHZ),),
     dcgm=(DcgmField("DCGM_FI_DEV_SM_CLOCK", MHZ),),
 )
 SM_CLOCK_MAX = Metric(
     "truegpu_sm_clock_max_hertz", "gauge", "hertz",
     "Maximum SM clock the GPU can run at; SM clock / this is the capacity not lost to throttling.",
-    nvml="nvmlDeviceGetMaxClockInfo(NVML_CLOCK_SM) * 1e6 (MHz)",
+    nvml_reads=(NvmlRead(NvmlCall("nvmlDeviceGetMaxClockInfo", ("NVML_CLOCK_SM",), "max_sm_clock"), scale=MHZ,
+                         once=True),),
     dcgm=(DcgmField("DCGM_FI_DEV_MAX_SM_CLOCK", MHZ),),
 )
 MEMORY_CLOCK = Metric(
     "truegpu_memory_clock_hertz", "gauge", "hertz",
     "Current memory clock.",
-    nvml="nvmlDeviceGetClockInfo(NVML_CLOCK_MEM) * 1e6 (MHz)",
+    nvml_reads=(NvmlRead(NvmlCall("nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM",), "mem_clock"), scale=MHZ),),
     dcgm=(DcgmField("DCGM_FI_DEV_MEM_CLOCK", MHZ),),
 )
 CLOCK_EVENT_ACTIVE = Metric(
@@ -377,7 +500,12 @@ NVLINK_BYTES = Metric(
     "NVLink data transferred, all links. direction=tx|rx; a source that only knows the "
     "sum (dcgm-exporter NVLINK_BANDWIDTH_TOTAL) publishes direction=total instead.",
     labels=("direction",),
-    nvml="field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX (KiB) or GPM NVLINK_TOTAL_TX/RX_PER_SEC",
+    nvml_reads=tuple(
+        NvmlRead(field=f"NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_{d.upper()}", scale=1024.0,  # KiB
+                 labels=(("direction", d),))
+        for d in DIRECTIONS
+    ),
+    nvml="without those fields: GPM NVML_GPM_METRIC_NVLINK_TOTAL_TX/RX_PER_SEC integrated",
     dcgm=(
         DcgmField("DCGM_FI_PROF_NVLINK_TX_BYTES", labels=(("direction", "tx"),), kind="rate"),
         DcgmField("DCGM_FI_PROF_NVLINK_RX_BYTES", labels=(("direction", "rx"),), kind="rate"),
@@ -389,7 +517,7 @@ PCIE_BYTES = Metric(
     "truegpu_pcie_bytes_total", "counter", "bytes",
     "PCIe data transferred. direction=tx|rx.",
     labels=("direction",),
-    nvml="nvmlDeviceGetPcieThroughput(TX/RX) KB/s integrated, or GPM PCIE_TX/RX_PER_SEC",
+    nvml="nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX/RX_BYTES) KiB/s integrated, or GPM PCIE_TX/RX_PER_SEC",
     dcgm=(
         DcgmField("DCGM_FI_PROF_PCIE_TX_BYTES", labels=(("direction", "tx"),), kind="rate"),
         DcgmField("DCGM_FI_PROF_PCIE_RX_BYTES", labels=(("direction", "rx"),), kind="rate"),
@@ -400,7 +528,11 @@ PCIE_LINK_GENERATION = Metric(
     "PCIe link generation, state=current|max; current below max is a degraded link "
     "(or an idle GPU saving power).",
     labels=("state",),
-    nvml="nvmlDeviceGetCurrPcieLinkGeneration / nvmlDeviceGetMaxPcieLinkGeneration",
+    nvml_reads=(
+        NvmlRead(NvmlCall("nvmlDeviceGetCurrPcieLinkGeneration", key="pcie_gen"), labels=(("state", "current"),)),
+        NvmlRead(NvmlCall("nvmlDeviceGetMaxPcieLinkGeneration", key="pcie_gen_max"), labels=(("state", "max"),),
+                 once=True),
+    ),
     dcgm=(
         DcgmField("DCGM_FI_DEV_PCIE_LINK_GEN", labels=(("state", "current"),)),
         DcgmField("DCGM_FI_DEV_PCIE_MAX_LINK_GEN", labels=(("state", "max"),)),
@@ -411,7 +543,11 @@ PCIE_LINK_WIDTH = Metric(
     "truegpu_pcie_link_width", "gauge", "",
     "PCIe link width in lanes, state=current|max.",
     labels=("state",),
-    nvml="nvmlDeviceGetCurrPcieLinkWidth / nvmlDeviceGetMaxPcieLinkWidth",
+    nvml_reads=(
+        NvmlRead(NvmlCall("nvmlDeviceGetCurrPcieLinkWidth", key="pcie_width"), labels=(("state", "current"),)),
+        NvmlRead(NvmlCall("nvmlDeviceGetMaxPcieLinkWidth", key="pcie_width_max"), labels=(("state", "max"),),
+                 once=True),
+    ),
     dcgm=(
         DcgmField("DCGM_FI_DEV_PCIE_LINK_WIDTH", labels=(("state", "current"),)),
         DcgmField("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", labels=(("state", "max"),)),
@@ -421,7 +557,7 @@ PCIE_LINK_WIDTH = Metric(
 PCIE_REPLAYS = Metric(
     "truegpu_pcie_replays_total", "counter", "",
     "PCIe link-level replays (retries); growth means a marginal link.",
-    nvml="nvmlDeviceGetPcieReplayCounter()",
+    nvml_reads=(NvmlRead(NvmlCall("nvmlDeviceGetPcieReplayCounter", key="pcie_replays")),),
     dcgm=(DcgmField("DCGM_FI_DEV_PCIE_REPLAY_COUNTER"),),
 )
 
@@ -438,7 +574,15 @@ ECC_ERRORS = Metric(
     "ECC errors, type=correctable|uncorrectable, scope=volatile (since driver load)|"
     "aggregate (lifetime).",
     labels=("type", "scope"),
-    nvml="nvmlDeviceGetTotalEccErrors(CORRECTED|UNCORRECTED, VOLATILE_ECC|AGGREGATE_ECC)",
+    nvml_reads=tuple(
+        NvmlRead(
+            NvmlCall("nvmlDeviceGetTotalEccErrors",
+                     (f"NVML_MEMORY_ERROR_TYPE_{error}", f"NVML_{scope.upper()}_ECC"), "ecc"),
+            labels=(("type", kind), ("scope", scope)),
+        )
+        for scope in ECC_SCOPES
+        for error, kind in zip(("CORRECTED", "UNCORRECTED"), ECC_TYPES, strict=True)
+    ),
     dcgm=(
         DcgmField("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", labels=(("type", "correctable"), ("scope", "volatile"))),
         DcgmField("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", labels=(("type", "uncorrectable"), ("scope", "volatile"))),
@@ -450,7 +594,9 @@ REMAPPED_ROWS = Metric(
     "truegpu_remapped_rows_total", "counter", "",
     "HBM rows remapped to spares, type=correctable|uncorrectable.",
     labels=("type",),
-    nvml="nvmlDeviceGetRemappedRows() corrRows / uncRows",
+    nvml_reads=tuple(
+        NvmlRead(_REMAPPED_ROWS, pick=str(i), labels=(("type", kind),)) for i, kind in enumerate(ECC_TYPES)
+    ),
     dcgm=(
         DcgmField("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", labels=(("type", "correctable"),)),
         DcgmField("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", labels=(("type", "uncorrectable"),)),
@@ -459,14 +605,14 @@ REMAPPED_ROWS = Metric(
 ROW_REMAP_PENDING = Metric(
     "truegpu_row_remap_pending", "gauge", "",
     "1 when a row remap is pending and the GPU needs a reset to apply it.",
-    nvml="nvmlDeviceGetRemappedRows() isPending",
+    nvml_reads=(NvmlRead(_REMAPPED_ROWS, pick="2", convert="flag"),),
     dcgm=(DcgmField("DCGM_FI_DEV_ROW_REMAP_PENDING"),),
     valid=(0.0, 1.0),
 )
 ROW_REMAP_FAILURE = Metric(
     "truegpu_row_remap_failure", "gauge", "",
     "1 when row remapping failed (no spare rows left): the GPU should be replaced.",
-    nvml="nvmlDeviceGetRemappedRows() failureOccurred",
+    nvml_reads=(NvmlRead(_REMAPPED_ROWS, pick="3", convert="flag"),),
     dcgm=(DcgmField("DCGM_FI_DEV_ROW_REMAP_FAILURE"),),
     valid=(0.0, 1.0),
 )
@@ -476,7 +622,10 @@ ROW_REMAP_BANKS = Metric(
     "availability=max (every spare left)|high|partial|low|none (no spare left: the next row to fail "
     "there cannot be remapped). Banks moving towards none foretell a row-remap failure.",
     labels=("availability",),
-    nvml="nvmlDeviceGetRowRemapperHistogram() .max/.high/.partial/.low/.none",
+    nvml_reads=tuple(
+        NvmlRead(_ROW_REMAPPER_HISTOGRAM, pick=bucket, labels=(("availability", bucket),))
+        for bucket in ROW_REMAP_AVAILABILITY
+    ),
     dcgm=(
         DcgmField("DCGM_FI_DEV_BANKS_REMAP_ROWS_AVAIL_MAX", labels=(("availability", "max"),)),
         DcgmField("DCGM_FI_DEV_BANKS_REMAP_ROWS_AVAIL_HIGH", labels=(("availability", "high"),)),
@@ -491,8 +640,12 @@ RETIRED_PAGES = Metric(
     "(pending ones included), cause=single_bit_ecc (the same address corrected twice)|double_bit_ecc. "
     "Before Ampere only: newer GPUs remap rows instead (truegpu_remapped_rows_total) and omit it.",
     labels=("cause",),
-    nvml="len(nvmlDeviceGetRetiredPages(NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS"
-    "|DOUBLE_BIT_ECC_ERROR))",
+    nvml_reads=tuple(
+        NvmlRead(NvmlCall("nvmlDeviceGetRetiredPages", (f"NVML_PAGE_RETIREMENT_CAUSE_{cause}",), "retired_pages"),
+                 convert="count", labels=(("cause", label),))
+        for cause, label in zip(("MULTIPLE_SINGLE_BIT_ECC_ERRORS", "DOUBLE_BIT_ECC_ERROR"), RETIREMENT_CAUSES,
+                                strict=True)
+    ),
     dcgm=(
         DcgmField("DCGM_FI_DEV_RETIRED_SBE", labels=(("cause", "single_bit_ecc"),)),
         DcgmField("DCGM_FI_DEV_RETIRED_DBE", labels=(("cause", "double_bit_ecc"),)),
@@ -502,7 +655,8 @@ RETIRED_PAGES_PENDING = Metric(
     "truegpu_retired_pages_pending", "gauge", "",
     "1 when retired pages are pending: they are set aside only once the GPU is reset or the driver "
     "reloaded. Before Ampere only.",
-    nvml="nvmlDeviceGetRetiredPagesPendingStatus()",
+    nvml_reads=(NvmlRead(NvmlCall("nvmlDeviceGetRetiredPagesPendingStatus", key="retired_pages_pending"),
+                         true_if="NVML_FEATURE_ENABLED"),),
     dcgm=(DcgmField("DCGM_FI_DEV_RETIRED_PENDING"),),
     valid=(0.0, 1.0),
 )
@@ -513,7 +667,7 @@ GPU_RECOVERY_ACTION = Metric(
     + ", ".join(f"{code} {action}" for code, action in GPU_RECOVERY_ACTIONS.items())
     + "; any other non-zero code is an action newer than this contract. Absent where the driver "
     "or GPU does not report it.",
-    nvml="field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION",
+    nvml_reads=(NvmlRead(field="NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"),),
     dcgm=(DcgmField("DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"),),
     valid=(0.0, 255.0),
 )
@@ -521,7 +675,11 @@ NVLINK_ERRORS = Metric(
     "truegpu_nvlink_errors_total", "counter", "",
     "NVLink errors summed over links, type=crc_flit|crc_data|replay|recovery.",
     labels=("type",),
-    nvml="nvmlDeviceGetNvLinkErrorCounter(link, NVML_NVLINK_ERROR_DL_*) summed over links",
+    nvml_reads=tuple(
+        NvmlRead(field=f"NVML_FI_DEV_NVLINK_{name}_ERROR_COUNT_TOTAL", labels=(("type", kind),))
+        for name, kind in zip(("CRC_FLIT", "CRC_DATA", "REPLAY", "RECOVERY"), NVLINK_ERROR_TYPES, strict=True)
+    ),
+    nvml="without those fields: nvmlDeviceGetNvLinkErrorCounter(link, NVML_NVLINK_ERROR_DL_*) summed over links",
     dcgm=(
         DcgmField("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", labels=(("type", "crc_flit"),)),
         DcgmField("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", labels=(("type", "crc_data"),)),

@@ -39,7 +39,7 @@ def render() -> str:
         labels = ", ".join(m.labels) or "-"
         lo, hi = m.valid_range
         valid = f"{lo:g} .. {hi:g}" if hi != float("inf") else f">= {lo:g}"
-        lines.append(f"| `{m.name}` | {m.type} | {labels} | {valid} | {m.help} | {m.nvml or '-'} | {_dcgm(m)} |")
+        lines.append(f"| `{m.name}` | {m.type} | {labels} | {valid} | {m.help} | {m.nvml_recipe or '-'} | {_dcgm(m)} |")
     lines += ["", "Clock-event reasons (`reason` label):", ""]
     lines += [f"- `0x{bit:x}` {name}" for bit, name in schema.CLOCK_EVENT_REASONS.items()]
     return "\n".join(lines) + "\n"

@@ -56,7 +56,7 @@ def check_conventions(metric: schema.Metric) -> None:
 def test_every_gpu_family_has_a_source_recipe():
     for metric in schema.METRICS:
         if metric.scope == "gpu":
-            assert metric.nvml, f"{metric.name} says nothing about how NVML provides it"
+            assert metric.nvml_recipe, f"{metric.name} says nothing about how NVML provides it"
 
 
 def test_dcgm_fields_map_to_exactly_one_series():

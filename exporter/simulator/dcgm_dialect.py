@@ -40,7 +40,7 @@ from exporter.schema import (
     Metric,
     dcgm_field,
 )
-from exporter.simulator.history import SeriesItem
+from exporter.simulator.series import SeriesItem
 
 #: A rate field dcgm-exporter nevertheless declares a counter (it goes up and down).
 _RATE_DECLARED_COUNTER = dcgm_field(NVLINK_BYTES, direction="total").field

@@ -24,7 +24,8 @@ from typing import Any, Protocol, TextIO
 
 import numpy as np
 
-SeriesItem = tuple[Any, Mapping[str, str], np.ndarray]
+from exporter.simulator.dcgm_dialect import DcgmOptions, to_dcgm
+from exporter.simulator.series import SeriesItem
 
 
 class Family(Protocol):
@@ -170,7 +171,7 @@ def write_history(
     step: float,
     *,
     dialect: str = "truegpu",
-    dcgm_options: Any = None,
+    dcgm_options: DcgmOptions | None = None,
 ) -> WriteStats:
     """Sample ``cluster`` every ``step`` seconds over [start, end) and write the OpenMetrics file.
 
@@ -180,8 +181,6 @@ def write_history(
     times = sample_times(start, end, step)
     series: Iterable[SeriesItem] = cluster.series(times)
     if dialect == "dcgm":
-        from exporter.simulator.dcgm_dialect import DcgmOptions, to_dcgm
-
         series = to_dcgm(series, times, dcgm_options or DcgmOptions())
     elif dialect != "truegpu":
         raise ValueError(f"unknown dialect {dialect!r} (truegpu or dcgm)")

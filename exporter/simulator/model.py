@@ -174,6 +174,180 @@ class _Ctx:
     grid: dict[str, np.ndarray] = field(default_factory=dict)  # counter grids of these columns
 
 
+@dataclass
+class _FaultEffects:
+    """What the active faults do per (time, column) over one evaluation; None where no fault of that kind."""
+
+    heat: np.ndarray | None = None  # extra die celsius
+    cap: np.ndarray | None = None  # power cap, watts
+    capped: np.ndarray | None = None  # where the cap bites (set by Cluster._clock_factor)
+    starve: np.ndarray | None = None  # extra per-step input wait, in compute units
+    dead: np.ndarray | None = None  # killed by an XID
+    lost: np.ndarray | None = None  # fallen off the bus (XID 79)
+    gen_cap: np.ndarray | None = None
+    width_cap: np.ndarray | None = None
+    down: np.ndarray | None = None  # NVLinks down
+    slow: np.ndarray | None = None  # clock factor of a slow GPU
+    xcomm: np.ndarray | None = None  # extra communication per step (degraded NVLink)
+    rscale: np.ndarray | None = None  # thermal resistance factor
+    pscale: np.ndarray | None = None  # dynamic power factor
+    memheat: np.ndarray | None = None  # extra HBM celsius
+
+
+@dataclass
+class _Activity:
+    """Per (time, column) activity the workloads produce: utilization, SM, tensor, DRAM, link rates."""
+
+    u: np.ndarray
+    sm: np.ndarray
+    ten: np.ndarray
+    dram: np.ndarray
+    nvl: np.ndarray
+    pcie: np.ndarray
+    step: np.ndarray | None = None  # training step time, per training column
+
+    @classmethod
+    def zeros(cls, shape: tuple[int, int]) -> _Activity:
+        return cls(*(np.zeros(shape) for _ in range(6)))
+
+    def add_noise(self, busy: np.ndarray, n1: list[np.ndarray], n2: list[np.ndarray]) -> None:
+        """Measurement noise; utilization in whole percent, as NVML reports it."""
+        u = np.where(busy, np.clip(self.u + (n1[0] - 0.5) * 0.03, 0.0, 1.0), 0.0)
+        self.u = np.round(u * 100.0) / 100.0
+        self.sm = self.sm * (1.0 + (n1[1] - 0.5) * 0.08)
+        self.ten = self.ten * (1.0 + (n1[2] - 0.5) * 0.1)
+        self.dram = np.where(busy, self.dram * (1.0 + (n1[3] - 0.5) * 0.08), self.dram + n2[3] * 0.002)
+
+
+def _alive(active: np.ndarray, dead: np.ndarray | None, cols: np.ndarray) -> np.ndarray:
+    return active[:, cols] if dead is None else active[:, cols] & ~dead[:, cols]
+
+
+def _training(act: _Activity, tr: np.ndarray, active: np.ndarray, f: np.ndarray, ctx: _Ctx, fx: _FaultEffects,
+              noise: bool) -> None:
+    """Synchronous gangs: the step lasts the slowest member's compute (+ input wait) plus communication."""
+    p, tc = ctx.p, ctx.tc
+    ft = f[:, tc] if fx.slow is None else f[:, tc] * fx.slow[:, tc]
+    comp = 1.0 / ft
+    st = fx.starve[:, tc] if fx.starve is not None else 0.0
+    ready = comp + st
+    if fx.dead is not None:
+        ready = np.where(fx.dead[:, tc], _BIG, ready)
+    comm = p["comm"][tc]
+    if fx.xcomm is not None:
+        comm = comm + np.maximum.reduceat(fx.xcomm[:, tc], ctx.bounds, axis=1)[:, ctx.jl]
+    step = np.maximum.reduceat(ready, ctx.bounds, axis=1)[:, ctx.jl] + comm
+    wait = np.maximum(step - comm - ready, 0.0)
+    inv = 1.0 / step
+    smp, tp = p["smp"][tc], p["tp"][tc]
+    if noise:  # slow drift of the step mix, per member
+        drift = 1.0 + 0.04 * np.sin(2 * np.pi * tr[:, None] / p["period"][tc] + p["wander"][tc])
+        smp, tp = smp * drift, tp * drift
+    on = _alive(active, fx.dead, tc)
+    act.u[:, tc] = np.where(on, 0.97 * (step - st) * inv, 0.0)
+    act.sm[:, tc] = np.where(on, (smp * comp + 0.05 * wait + 0.18 * comm) * inv, 0.0)
+    act.ten[:, tc] = np.where(on, tp * comp * inv, 0.0)
+    act.dram[:, tc] = np.where(on, (0.35 * comp + 0.02 * wait + 0.08 * comm) * inv, 0.0)
+    act.nvl[:, tc] = np.where(on, p["nvl0"][tc] * inv, 0.0)
+    act.pcie[:, tc] = np.where(on, p["pcie0"][tc] * inv, 0.0)
+    act.step = step
+
+
+def _inference(act: _Activity, t_abs: np.ndarray, active: np.ndarray, ctx: _Ctx, fx: _FaultEffects) -> None:
+    """Inference: load follows the time of day, with bursts keyed by 5-minute windows."""
+    p, ic = ctx.p, ctx.ic
+    day = t_abs % 86400.0
+    diurnal = 1.0 + 0.5 * np.sin(2 * np.pi * (day / 86400.0 - 9 / 24))
+    bh = _uniforms(_hash(np.floor(t_abs / 300.0).astype(np.int64).astype(np.uint64), p["jkey"][ic]))[0]
+    load = np.clip(p["load"][ic] * diurnal[:, None] + np.where(bh < p["burst"][ic], 0.35, 0.0), 0.02, 1.0)
+    on = _alive(active, fx.dead, ic)
+    act.u[:, ic] = np.where(on, np.minimum(0.1 + 1.05 * load, 0.99), 0.0)
+    act.sm[:, ic] = np.where(on, 0.5 * load, 0.0)
+    act.ten[:, ic] = np.where(on, 0.15 * load, 0.0)
+    act.dram[:, ic] = np.where(on, 0.1 + 0.4 * load, 0.0)
+    act.nvl[:, ic] = np.where(on, (p["links"][ic] > 0) * 15e9 * load, 0.0)
+    act.pcie[:, ic] = np.where(on, 0.6e9 * load, 0.0)
+
+
+def _memory_bound(act: _Activity, active: np.ndarray, ctx: _Ctx, fx: _FaultEffects) -> None:
+    """Memory-bound jobs: busy by utilization, DRAM-heavy, light on SMs and tensor cores."""
+    mc = ctx.mc
+    on = _alive(active, fx.dead, mc)
+    act.u[:, mc] = np.where(on, 0.95, 0.0)
+    act.sm[:, mc] = np.where(on, 0.2, 0.0)
+    act.ten[:, mc] = np.where(on, 0.02, 0.0)
+    act.dram[:, mc] = np.where(on, 0.78, 0.0)
+    act.pcie[:, mc] = np.where(on, 2e9, 0.0)
+
+
+def _device_sum(x: np.ndarray, mig: tuple[np.ndarray, np.ndarray] | None, weight: np.ndarray) -> np.ndarray:
+    """Sum of ``x * weight`` over each physical GPU's MIG instances, repeated on every instance column."""
+    starts, grp = mig
+    return np.add.reduceat(x * weight, starts, axis=1)[:, grp]
+
+
+def _device_any(busy: np.ndarray, slices: np.ndarray, mig: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """Busy per physical GPU: any of its MIG instances busy (the column itself on a whole GPU)."""
+    if mig is None:
+        return busy
+    starts, grp = mig
+    return np.add.reduceat(np.where(busy, slices, 0.0), starts, axis=1)[:, grp] > 0
+
+
+def _links(act: _Activity, busy_dev: np.ndarray, p: dict[str, np.ndarray],
+           fx: _FaultEffects) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(PCIe generation, PCIe width, NVLinks up); a downgraded PCIe link or NVLinks down slow the traffic."""
+    gen_max, width_max, links = p["gen"], p["width"], p["links"]
+    gen_cur = np.where(busy_dev, gen_max, 1.0)
+    width_cur = np.broadcast_to(width_max, act.u.shape)
+    if fx.gen_cap is not None:
+        gen_cur = np.minimum(gen_cur, fx.gen_cap)
+        width_cur = np.minimum(width_cur, fx.width_cap)
+        act.pcie = act.pcie * np.minimum(1.0, 2.0 ** (gen_cur - gen_max) * width_cur / width_max * 2.0)
+    act.pcie = act.pcie + 2e5  # housekeeping traffic on every GPU
+    up = links if fx.down is None else np.maximum(links - fx.down, 0.0)
+    if fx.down is not None:
+        act.nvl = act.nvl * np.where(links > 0, up / np.maximum(links, 1), 0.0)
+    return gen_cur, width_cur, up
+
+
+def _power(act: _Activity, f: np.ndarray, p: dict[str, np.ndarray], mig: tuple[np.ndarray, np.ndarray] | None,
+           fx: _FaultEffects, n2: list[np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
+    """(power draw, power limit): the dynamic part follows SM/tensor (scaled by clock) and DRAM activity."""
+    idle, limit = p["idle"], p["limit"]
+    act_p = 0.08 * act.u + (0.5 * act.sm + 0.7 * act.ten) * f + 0.3 * act.dram
+    if mig is not None:
+        act_p = _device_sum(act_p, mig, p["slice"])
+    power = idle + (limit - idle) * 0.8 * np.minimum(act_p, 1.0) * p["eff"]
+    if fx.pscale is not None:
+        power = idle + (power - idle) * fx.pscale
+    if n2 is not None:
+        power = power * (1.0 + (n2[0] - 0.5) * 0.06)
+    plimit = limit if fx.cap is None else fx.cap
+    if fx.cap is not None:
+        power = np.minimum(power, plimit * 0.99)
+    return power, plimit
+
+
+def _thermals(power: np.ndarray, temp_pre: np.ndarray, r_th: np.ndarray, f: np.ndarray, busy_dev: np.ndarray,
+              dram: np.ndarray, n2: list[np.ndarray], p: dict[str, np.ndarray],
+              mig: tuple[np.ndarray, np.ndarray] | None, fx: _FaultEffects) -> dict[str, np.ndarray]:
+    """Die and HBM temperatures, SM clock and throttle flags (noisy levels only)."""
+    temp = p["inlet"] + r_th * power
+    if fx.heat is not None:
+        temp = temp + fx.heat
+    thr = temp_pre > THROTTLE_C
+    temp = np.where(thr, THROTTLE_C + 1.0 + 0.12 * (temp_pre - THROTTLE_C), temp) + (n2[1] - 0.5) * 1.6
+    clk = np.where(busy_dev, p["maxclk"] * f * (1.0 - 0.02 * n2[2]), p["idleclk"])
+    # HBM warms with the die and with DRAM traffic (device-level: a MIG GPU's instances add up)
+    dram_dev = _device_sum(dram, mig, p["slice"]) if mig is not None else dram
+    memtemp = 26.0 + 0.6 * temp + 6.0 * np.minimum(dram_dev, 1.0) + (n2[3] - 0.5) * 1.2
+    if fx.memheat is not None:
+        memtemp = memtemp + fx.memheat
+    return {"temp": temp, "memtemp": np.where(p["hbm"], memtemp, np.nan), "clk": np.round(clk / 1e6) * 1e6,
+            "thr": thr, "hw": temp_pre > HW_THROTTLE_C}
+
+
 class Cluster:
     """A simulated cluster built from a scenario: topology, workloads, faults, ground truth."""
 
@@ -374,12 +548,40 @@ class Cluster:
 
     # Core model --------------------------------------------------------------------------
     def _levels(self, tr: np.ndarray, ctx: _Ctx, noise: bool) -> dict[str, np.ndarray]:
-        """Noise-free or noisy levels of every gauge at relative times ``tr`` for ctx's columns."""
-        p, T, n = ctx.p, len(tr), ctx.n
+        """Noise-free or noisy levels of every gauge at relative times ``tr`` for ctx's columns.
+
+        Steps: what the faults do (``_fault_effects``), the clock factor heat and power caps leave
+        (``_clock_factor``), what the workloads run (``_activity``), measurement noise, link state,
+        power, and (noisy only) temperatures and clocks.
+        """
+        p = ctx.p
         t2 = tr[:, None]
         active = (t2 >= p["js"]) & (t2 < p["je"])
-        heat = cap = starve = dead = lost = gen_cap = width_cap = down = None
-        slow = xcomm = rscale = pscale = memheat = None
+        fx = self._fault_effects(tr, ctx)
+        f, temp_pre, r_th = self._clock_factor(active, ctx, fx)
+        act = self._activity(tr, active, f, ctx, fx, noise)
+        busy = act.u > 0.02
+        busy_dev = _device_any(busy, p["slice"], ctx.mig)
+        n2 = None
+        if noise:
+            n1, n2 = self._noise(tr, p)
+            act.add_noise(busy, n1, n2)
+        gen_cur, width_cur, up = _links(act, busy_dev, p, fx)
+        power, plimit = _power(act, f, p, ctx.mig, fx, n2)
+        lv = {"active": active, "u": act.u, "sm": act.sm, "ten": act.ten, "dram": act.dram, "nvl": act.nvl,
+              "pcie": act.pcie, "power": power, "lost": fx.lost, "dead": fx.dead, "step": act.step}
+        if n2 is None:
+            return lv
+        lv.update(_thermals(power, temp_pre, r_th, f, busy_dev, act.dram, n2, p, ctx.mig, fx))
+        lv.update(busy=busy_dev, capped=fx.capped, plimit=plimit, gen_cur=gen_cur, width_cur=width_cur, up=up,
+                  down=fx.down, occ=act.sm * 0.5)
+        return lv
+
+    @staticmethod
+    def _fault_effects(tr: np.ndarray, ctx: _Ctx) -> _FaultEffects:
+        """Per (time, column): what each active fault adds, scales or caps (None where no fault of that kind)."""
+        p, T, n = ctx.p, len(tr), ctx.n
+        fx = _FaultEffects()
 
         def mat(fill: float = 0.0) -> np.ndarray:
             return np.full((T, n), fill)
@@ -390,193 +592,104 @@ class Cluster:
                 continue
             fp, oc = f.params, on[:, None]
             if f.kind == "thermal_straggler":
-                heat = mat() if heat is None else heat
-                heat[:, cols] += np.where(oc, fp["extra_celsius"], 0.0)
+                fx.heat = mat() if fx.heat is None else fx.heat
+                fx.heat[:, cols] += np.where(oc, fp["extra_celsius"], 0.0)
             elif f.kind == "rack_cooling":
-                heat = mat() if heat is None else heat
+                fx.heat = mat() if fx.heat is None else fx.heat
                 ramp = np.clip((tr - f.start) / max(fp["ramp_seconds"], 1.0), 0, 1) * fp["ramp_celsius"] * on
-                heat[:, cols] += ramp[:, None]
+                fx.heat[:, cols] += ramp[:, None]
             elif f.kind == "slow_gpu":
-                slow = mat(1.0) if slow is None else slow
-                slow[:, cols] *= np.where(oc, fp.get("factor", 1.0), 1.0)
+                fx.slow = mat(1.0) if fx.slow is None else fx.slow
+                fx.slow[:, cols] *= np.where(oc, fp.get("factor", 1.0), 1.0)
             elif f.kind == "thermal_degradation":  # higher thermal resistance: +extra at 60% of the limit
-                rscale = mat(1.0) if rscale is None else rscale
+                fx.rscale = mat(1.0) if fx.rscale is None else fx.rscale
                 rs = 1.0 + fp["extra_celsius"] / (p["r"][cols] * 0.6 * p["limit"][cols])
-                rscale[:, cols] = np.where(oc, rscale[:, cols] * rs, rscale[:, cols])
+                fx.rscale[:, cols] = np.where(oc, fx.rscale[:, cols] * rs, fx.rscale[:, cols])
             elif f.kind == "power_inefficiency":
-                pscale = mat(1.0) if pscale is None else pscale
-                pscale[:, cols] *= np.where(oc, 1.0 + fp["extra_fraction"], 1.0)
+                fx.pscale = mat(1.0) if fx.pscale is None else fx.pscale
+                fx.pscale[:, cols] *= np.where(oc, 1.0 + fp["extra_fraction"], 1.0)
             elif f.kind == "hbm_hot":
-                memheat = mat() if memheat is None else memheat
-                memheat[:, cols] += np.where(oc, fp["extra_celsius"], 0.0)
+                fx.memheat = mat() if fx.memheat is None else fx.memheat
+                fx.memheat[:, cols] += np.where(oc, fp["extra_celsius"], 0.0)
             elif f.kind == "power_cap":
-                cap = np.broadcast_to(p["limit"], (T, n)).copy() if cap is None else cap
-                cap[:, cols] = np.where(oc, np.minimum(cap[:, cols], fp["limit_watts"]), cap[:, cols])
+                fx.cap = np.broadcast_to(p["limit"], (T, n)).copy() if fx.cap is None else fx.cap
+                fx.cap[:, cols] = np.where(oc, np.minimum(fx.cap[:, cols], fp["limit_watts"]), fx.cap[:, cols])
             elif f.kind == "input_starved":
-                starve = mat() if starve is None else starve
-                starve[:, cols] += np.where(oc, fp["starve"], 0.0)
+                fx.starve = mat() if fx.starve is None else fx.starve
+                fx.starve[:, cols] += np.where(oc, fp["starve"], 0.0)
             elif f.kind == "pcie_downgrade":
-                gen_cap = mat(np.inf) if gen_cap is None else gen_cap
-                width_cap = mat(np.inf) if width_cap is None else width_cap
-                gen_cap[:, cols] = np.where(oc, np.minimum(gen_cap[:, cols], fp["gen"]), gen_cap[:, cols])
-                width_cap[:, cols] = np.where(oc, np.minimum(width_cap[:, cols], fp["width"]), width_cap[:, cols])
+                fx.gen_cap = mat(np.inf) if fx.gen_cap is None else fx.gen_cap
+                fx.width_cap = mat(np.inf) if fx.width_cap is None else fx.width_cap
+                fx.gen_cap[:, cols] = np.where(oc, np.minimum(fx.gen_cap[:, cols], fp["gen"]), fx.gen_cap[:, cols])
+                fx.width_cap[:, cols] = np.where(oc, np.minimum(fx.width_cap[:, cols], fp["width"]),
+                                                 fx.width_cap[:, cols])
                 # host<->device copies (and GPUDirect RDMA to the NIC) of a gang member crawl over the
                 # slower link: the member idles (no kernel runs) while its peers wait at the barrier
                 g_max, w_max = p["gen"][cols], p["width"][cols]
                 ratio = 2.0 ** (g_max - np.minimum(fp["gen"], g_max)) * w_max / np.clip(fp["width"], 1.0, w_max)
-                starve = mat() if starve is None else starve
-                starve[:, cols] += np.where(oc, p["xfer"][cols] * (ratio - 1.0), 0.0)
+                fx.starve = mat() if fx.starve is None else fx.starve
+                fx.starve[:, cols] += np.where(oc, p["xfer"][cols] * (ratio - 1.0), 0.0)
             elif f.kind == "nvlink_errors":
-                down = mat() if down is None else down
-                down[:, cols] += np.where(oc, fp["links_down"], 0.0)
+                fx.down = mat() if fx.down is None else fx.down
+                fx.down[:, cols] += np.where(oc, fp["links_down"], 0.0)
                 links = p["links"][cols]
                 if fp["links_down"] > 0 and (links > 0).any():
                     # the gang's all-reduce runs at its slowest GPU's NVLink bandwidth
                     up = np.maximum(links - fp["links_down"], links / NVLINK_SPEEDUP)
                     extra = np.where(links > 0, NVLINK_COMM * (links / np.maximum(up, 1e-9) - 1.0), 0.0)
-                    xcomm = mat() if xcomm is None else xcomm
-                    xcomm[:, cols] = np.maximum(xcomm[:, cols], np.where(oc, extra, 0.0))
+                    fx.xcomm = mat() if fx.xcomm is None else fx.xcomm
+                    fx.xcomm[:, cols] = np.maximum(fx.xcomm[:, cols], np.where(oc, extra, 0.0))
             elif f.kind == "xid" and (f.code in KILLING_XIDS or f.code == 79):
-                dead = np.zeros((T, n), bool) if dead is None else dead
-                dead[:, cols] |= oc
+                fx.dead = np.zeros((T, n), bool) if fx.dead is None else fx.dead
+                fx.dead[:, cols] |= oc
                 if f.code == 79:
-                    lost = np.zeros((T, n), bool) if lost is None else lost
-                    lost[:, cols] |= (oc & (tr >= f.start + LOST_AFTER)[:, None])
+                    fx.lost = np.zeros((T, n), bool) if fx.lost is None else fx.lost
+                    fx.lost[:, cols] |= (oc & (tr >= f.start + LOST_AFTER)[:, None])
+        return fx
 
+    @staticmethod
+    def _clock_factor(active: np.ndarray, ctx: _Ctx, fx: _FaultEffects) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(clock factor f, die temperature before throttling, thermal resistance): heat and power caps throttle.
+
+        Sets ``fx.capped`` where a power cap bites.
+        """
+        p = ctx.p
         idle, limit = p["idle"], p["limit"]
-        dyn = p["nomfrac"] if pscale is None else p["nomfrac"] * pscale
+        dyn = p["nomfrac"] if fx.pscale is None else p["nomfrac"] * fx.pscale
         pnom = np.where(active, idle + (limit - idle) * dyn, idle)
         if ctx.mig is not None:  # a MIG GPU heats and throttles as one device
             starts, grp = ctx.mig
             pnom = idle + np.add.reduceat((pnom - idle) * p["slice"], starts, axis=1)[:, grp]
-        r_th = p["r"] if rscale is None else p["r"] * rscale
+        r_th = p["r"] if fx.rscale is None else p["r"] * fx.rscale
         temp_pre = p["inlet"] + r_th * pnom
-        if heat is not None:
-            temp_pre = temp_pre + heat
+        if fx.heat is not None:
+            temp_pre = temp_pre + fx.heat
         f = np.clip(1.0 - 0.025 * (temp_pre - THROTTLE_C), 0.4, 1.0)
-        capped = None
+        cap = fx.cap
         if cap is not None:
-            capped = pnom > cap
-            f = f * np.where(capped, np.clip(((cap - idle) / np.maximum(pnom - idle, 1.0)) ** 0.7, 0.4, 1.0), 1.0)
+            fx.capped = pnom > cap
+            f = f * np.where(fx.capped, np.clip(((cap - idle) / np.maximum(pnom - idle, 1.0)) ** 0.7, 0.4, 1.0), 1.0)
+        return f, temp_pre, r_th
 
-        u = np.zeros((T, n))
-        sm = np.zeros((T, n))
-        ten = np.zeros((T, n))
-        dram = np.zeros((T, n))
-        nvl = np.zeros((T, n))
-        pcie = np.zeros((T, n))
-        if noise:
-            tsec = np.floor(tr + 1e-9).astype(np.int64).astype(np.uint64)
-            n1 = _uniforms(_hash(tsec, p["key"]))
-            n2 = _uniforms(_hash(tsec, p["dkey"]))  # device-level: shared by a GPU's MIG instances
+    def _activity(self, tr: np.ndarray, active: np.ndarray, f: np.ndarray, ctx: _Ctx, fx: _FaultEffects,
+                  noise: bool) -> _Activity:
+        """What each workload kind keeps its columns doing (noise-free, but for the training step-mix drift)."""
+        act = _Activity.zeros((len(tr), ctx.n))
+        if len(ctx.tc):
+            _training(act, tr, active, f, ctx, fx, noise)
+        if len(ctx.ic):
+            _inference(act, tr + self.start, active, ctx, fx)
+        if len(ctx.mc):
+            _memory_bound(act, active, ctx, fx)
+        return act
 
-        tc = ctx.tc
-        step = None
-        if len(tc):
-            ft = f[:, tc] if slow is None else f[:, tc] * slow[:, tc]
-            comp = 1.0 / ft
-            st = starve[:, tc] if starve is not None else 0.0
-            ready = comp + st
-            dt_ = dead[:, tc] if dead is not None else None
-            if dt_ is not None:
-                ready = np.where(dt_, _BIG, ready)
-            comm = p["comm"][tc]
-            if xcomm is not None:
-                comm = comm + np.maximum.reduceat(xcomm[:, tc], ctx.bounds, axis=1)[:, ctx.jl]
-            step = np.maximum.reduceat(ready, ctx.bounds, axis=1)[:, ctx.jl] + comm
-            wait = np.maximum(step - comm - ready, 0.0)
-            inv = 1.0 / step
-            smp, tp = p["smp"][tc], p["tp"][tc]
-            if noise:  # slow drift of the step mix, per member
-                drift = 1.0 + 0.04 * np.sin(2 * np.pi * t2 / p["period"][tc] + p["wander"][tc])
-                smp, tp = smp * drift, tp * drift
-            act = active[:, tc] if dt_ is None else active[:, tc] & ~dt_
-            u[:, tc] = np.where(act, 0.97 * (step - st) * inv, 0.0)
-            sm[:, tc] = np.where(act, (smp * comp + 0.05 * wait + 0.18 * comm) * inv, 0.0)
-            ten[:, tc] = np.where(act, tp * comp * inv, 0.0)
-            dram[:, tc] = np.where(act, (0.35 * comp + 0.02 * wait + 0.08 * comm) * inv, 0.0)
-            nvl[:, tc] = np.where(act, p["nvl0"][tc] * inv, 0.0)
-            pcie[:, tc] = np.where(act, p["pcie0"][tc] * inv, 0.0)
-        ic = ctx.ic
-        if len(ic):
-            day = (tr + self.start) % 86400.0
-            diurnal = 1.0 + 0.5 * np.sin(2 * np.pi * (day / 86400.0 - 9 / 24))
-            bh = _uniforms(_hash(np.floor((tr + self.start) / 300.0).astype(np.int64).astype(np.uint64),
-                                 p["jkey"][ic]))[0]
-            load = np.clip(p["load"][ic] * diurnal[:, None] + np.where(bh < p["burst"][ic], 0.35, 0.0), 0.02, 1.0)
-            act = active[:, ic] if dead is None else active[:, ic] & ~dead[:, ic]
-            u[:, ic] = np.where(act, np.minimum(0.1 + 1.05 * load, 0.99), 0.0)
-            sm[:, ic] = np.where(act, 0.5 * load, 0.0)
-            ten[:, ic] = np.where(act, 0.15 * load, 0.0)
-            dram[:, ic] = np.where(act, 0.1 + 0.4 * load, 0.0)
-            nvl[:, ic] = np.where(act, (p["links"][ic] > 0) * 15e9 * load, 0.0)
-            pcie[:, ic] = np.where(act, 0.6e9 * load, 0.0)
-        mc = ctx.mc
-        if len(mc):
-            act = active[:, mc] if dead is None else active[:, mc] & ~dead[:, mc]
-            u[:, mc] = np.where(act, 0.95, 0.0)
-            sm[:, mc] = np.where(act, 0.2, 0.0)
-            ten[:, mc] = np.where(act, 0.02, 0.0)
-            dram[:, mc] = np.where(act, 0.78, 0.0)
-            pcie[:, mc] = np.where(act, 2e9, 0.0)
-        busy = u > 0.02
-        if ctx.mig is not None:
-            starts, grp = ctx.mig
-            busy_dev = np.add.reduceat(np.where(busy, p["slice"], 0.0), starts, axis=1)[:, grp] > 0
-        else:
-            busy_dev = busy
-        if noise:
-            u = np.where(busy, np.clip(u + (n1[0] - 0.5) * 0.03, 0.0, 1.0), 0.0)
-            u = np.round(u * 100.0) / 100.0  # NVML reports integer percent
-            sm = sm * (1.0 + (n1[1] - 0.5) * 0.08)
-            ten = ten * (1.0 + (n1[2] - 0.5) * 0.1)
-            dram = np.where(busy, dram * (1.0 + (n1[3] - 0.5) * 0.08), dram + n2[3] * 0.002)
-        # link state and rates
-        gen_max, width_max, links = p["gen"], p["width"], p["links"]
-        gen_cur = np.where(busy_dev, gen_max, 1.0)
-        width_cur = np.broadcast_to(width_max, (T, n))
-        if gen_cap is not None:
-            gen_cur = np.minimum(gen_cur, gen_cap)
-            width_cur = np.minimum(width_cur, width_cap)
-            pcie = pcie * np.minimum(1.0, 2.0 ** (gen_cur - gen_max) * width_cur / width_max * 2.0)
-        pcie = pcie + 2e5  # housekeeping traffic on every GPU
-        up = links if down is None else np.maximum(links - down, 0.0)
-        if down is not None:
-            nvl = nvl * np.where(links > 0, up / np.maximum(links, 1), 0.0)
-        # power: dynamic part follows SM/tensor (scaled by clock) and DRAM activity
-        act_p = 0.08 * u + (0.5 * sm + 0.7 * ten) * f + 0.3 * dram
-        if ctx.mig is not None:
-            act_p = np.add.reduceat(act_p * p["slice"], starts, axis=1)[:, grp]
-        power = idle + (limit - idle) * 0.8 * np.minimum(act_p, 1.0) * p["eff"]
-        if pscale is not None:
-            power = idle + (power - idle) * pscale
-        if noise:
-            power = power * (1.0 + (n2[0] - 0.5) * 0.06)
-        plimit = limit if cap is None else cap
-        if cap is not None:
-            power = np.minimum(power, plimit * 0.99)
-        lv = {"active": active, "u": u, "sm": sm, "ten": ten, "dram": dram, "nvl": nvl, "pcie": pcie,
-              "power": power, "lost": lost, "dead": dead, "step": step}
-        if not noise:
-            return lv
-        temp = p["inlet"] + r_th * power
-        if heat is not None:
-            temp = temp + heat
-        thr = temp_pre > THROTTLE_C
-        temp = np.where(thr, THROTTLE_C + 1.0 + 0.12 * (temp_pre - THROTTLE_C), temp) + (n2[1] - 0.5) * 1.6
-        clk = np.where(busy_dev, p["maxclk"] * f * (1.0 - 0.02 * n2[2]), p["idleclk"])
-        # HBM warms with the die and with DRAM traffic (device-level: a MIG GPU's instances add up)
-        dram_dev = np.add.reduceat(dram * p["slice"], starts, axis=1)[:, grp] if ctx.mig is not None else dram
-        memtemp = 26.0 + 0.6 * temp + 6.0 * np.minimum(dram_dev, 1.0) + (n2[3] - 0.5) * 1.2
-        if memheat is not None:
-            memtemp = memtemp + memheat
-        lv.update(
-            temp=temp, memtemp=np.where(p["hbm"], memtemp, np.nan),
-            clk=np.round(clk / 1e6) * 1e6, busy=busy_dev, thr=thr, hw=temp_pre > HW_THROTTLE_C,
-            capped=capped if capped is not None else None, plimit=plimit, gen_cur=gen_cur, width_cur=width_cur,
-            up=up, down=down, occ=sm * 0.5,
-        )
-        return lv
+    @staticmethod
+    def _noise(tr: np.ndarray, p: dict[str, np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Uniform draws keyed by (whole virtual second, row) and by (second, physical GPU)."""
+        tsec = np.floor(tr + 1e-9).astype(np.int64).astype(np.uint64)
+        n1 = _uniforms(_hash(tsec, p["key"]))
+        n2 = _uniforms(_hash(tsec, p["dkey"]))  # device-level: shared by a GPU's MIG instances
+        return n1, n2
 
     # Counters -----------------------------------------------------------------------------
     def _grid_cum(self) -> dict[str, np.ndarray]:

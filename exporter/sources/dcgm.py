@@ -17,7 +17,7 @@ import re
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import requests
@@ -160,6 +160,29 @@ def _first(labels: dict[str, str], names: tuple[str, ...]) -> str:
     return ""
 
 
+@dataclass
+class _Page:
+    """What one dcgm-exporter page gathered while its lines were read, for the steps that need it whole."""
+
+    now: float
+    label_cache: dict[str, dict[str, str]] = field(default_factory=lambda: {"": {}})
+    types: dict[str, str] = field(default_factory=dict)
+    bad: list[promtext.BadLine] = field(default_factory=list)
+    seen: dict[tuple[str, ...], _Ident] = field(default_factory=dict)
+    mem: dict[tuple[str, ...], dict[str, float]] = field(default_factory=dict)
+    bitmask_done: set[tuple[str, ...]] = field(default_factory=set)
+    rates_done: set[object] = field(default_factory=set)
+    xid_counted: set[tuple[str, ...]] = field(default_factory=set)  # GPUs whose XIDs came from DCGM_EXP_XID_COUNT
+    last_xid: dict[tuple[str, ...], int] = field(default_factory=dict)
+    allocs: dict[tuple[tuple[str, ...], tuple[str, str, str, str]], None] = field(default_factory=dict)  # ordered
+    no_identity: list[int] = field(default_factory=list)
+    series: set[str] = field(default_factory=set)  # series of this page, to find a series printed twice
+    repeats: set[tuple] = field(default_factory=set)  # whole-GPU fields already taken from one of its MIG instances
+    duplicates: list[int] = field(default_factory=list)
+    n_samples: int = 0
+    dcgm_samples: int = 0
+
+
 class DcgmSource(Source):
     """Scrapes dcgm-exporter's /metrics and publishes contract samples.
 
@@ -286,193 +309,213 @@ class DcgmSource(Source):
     def convert(self, text: str, reading: Reading | None = None) -> Reading:
         """Parse one dcgm-exporter body and add its contract samples to ``reading``.
 
-        State (rate counters, XID counts) advances, so call it once per scrape.
+        State (rate counters, XID counts) advances, so call it once per scrape. Steps: read every line
+        into ``reading`` and the page state, report what was wrong with the page, then derive what needs
+        the whole page (memory totals, XID counters, identity and allocation series).
         """
         if reading is None:
             reading = Reading()
-        now = self._clock()
-        add = reading.add
-        cache = self._lines
-        if len(cache) > _MAX_CACHED:  # label churn (pods come and go): keep the caches bounded
-            cache.clear()
+        if len(self._lines) > _MAX_CACHED:  # label churn (pods come and go): keep the caches bounded
+            self._lines.clear()
             self._idents.clear()
-        by_metric = reading.samples
-        label_cache: dict[str, dict[str, str]] = {"": {}}
-        types: dict[str, str] = {}
-        parse_line = promtext.parse_line
-        ignored = self.ignored_fields
-        bad: list[promtext.BadLine] = []
-        seen: dict[tuple[str, ...], _Ident] = {}
-        mem: dict[tuple[str, ...], dict[str, float]] = {}
-        bitmask_done: set[tuple[str, ...]] = set()
-        rates_done: set[object] = set()
-        xid_counted: set[tuple[str, ...]] = set()  # GPUs whose XIDs came from DCGM_EXP_XID_ERRORS_COUNT
-        last_xid: dict[tuple[str, ...], int] = {}
-        allocs: dict[tuple[tuple[str, ...], tuple[str, str, str, str]], None] = {}  # ordered set
-        no_identity: list[int] = []
-        page: set[str] = set()  # series of this page, to find a series printed twice
-        repeats: set[tuple] = set()  # whole-GPU fields already taken from one of the GPU's MIG instances
-        duplicates: list[int] = []
-        n_samples = 0
-        dcgm_samples = 0
+        page = _Page(now=self._clock())
         for lineno, line in enumerate(text.splitlines(), 1):
-            # A line seen before (same name and labels, only the value differs) is a lookup
-            # and a float(); see promtext.parse_line for why the prefix is a safe key.
-            prefix, _, vt = line.rpartition(" ")
-            series = prefix  # name and labels: the series, to find one printed twice
-            ent = cache.get(prefix)
-            if ent is not None:
-                if ent.__class__ is str:  # a comment line seen before (the entry is the whole line)
-                    if ent == line:
-                        continue
+            hit = self._lookup(line, lineno, page)
+            if hit is not None and self._admit(hit, line, lineno, reading, page):
+                self._apply(hit, line, lineno, reading, page)
+        if not self._report_page(page, reading):
+            return reading
+        self._check_uuids(page.seen, reading)
+        self._count_last_xids(page.last_xid, page.xid_counted)
+        self._add_memory_totals(page, reading)
+        self._add_identity(page, reading)
+        self._add_allocations(page, reading)
+        return reading
+
+    def _lookup(self, line: str, lineno: int, page: _Page) -> tuple[tuple, float, str] | None:
+        """(mapping entry, value, series) of a sample line; None for comments and bad lines.
+
+        A line seen before (same name and labels, only the value differs) is a lookup and a float();
+        see promtext.parse_line for why the prefix is a safe key.
+        """
+        cache = self._lines
+        prefix, _, vt = line.rpartition(" ")
+        series = prefix  # name and labels: the series, to find one printed twice
+        ent = cache.get(prefix)
+        value = 0.0
+        if ent is not None:
+            if ent.__class__ is str:  # a comment line seen before (the entry is the whole line)
+                if ent == line:
+                    return None
+                ent = None
+            else:
+                try:
+                    value = float(vt)
+                except ValueError:
                     ent = None
                 else:
-                    try:
-                        value = float(vt)
-                    except ValueError:
+                    if "_" in vt:
                         ent = None
-                    else:
-                        if "_" in vt:
-                            ent = None
-            if ent is None:
-                r = parse_line(line, label_cache, types)
-                if r is None:
-                    if line[:1] == "#" and prefix:
-                        cache[prefix] = line  # HELP/TYPE lines repeat every scrape too
-                    continue
-                if r.__class__ is str:
-                    bad.append(promtext.BadLine(lineno, r, line))  # type: ignore[arg-type]
-                    continue
-                name, block, labels, value, prefix = r  # type: ignore[misc]
-                ent = self._entry(name, block, labels)
-                if prefix is not None:
-                    cache[prefix] = ent
-            n_samples += 1
-            how = ent[0]
-            if how >= _SKIP:
-                if how == _SKIP:
-                    continue
-                dcgm_samples += 1
-                if how == _IGNORED:
-                    reading.ignore(ent[1], NOT_IN_CONTRACT)
-                    if ent[1] not in ignored:
-                        ignored.add(ent[1])
-                        log.info("dcgm: field %s is not in truegpu's contract: counted in "
-                                 "truegpu_exporter_ignored_series, not published", ent[1])
-                    continue
-            else:
-                dcgm_samples += 1
-            if value - value != 0 or (value >= _SENTINEL_MIN and is_dcgm_sentinel(value)):
-                # NaN, +-Inf or DCGM's "blank"/not supported marker: unknown, never a value
-                reading.ignore(_name_of(line), BLANK)
-                continue
-            if series in page:
-                duplicates.append(lineno)
-                reading.ignore(_name_of(line), DUPLICATE)
-                continue
-            page.add(series)
-            if how == _NO_IDENT:
-                no_identity.append(lineno)
-                continue
-            key = ent[1]
-            if key not in seen:
-                seen[key] = ent[2]
-            if ent[3] is not None:
-                inst_key, holder, inst = ent[3]
-                allocs[(inst_key, holder)] = None
-                if inst_key not in seen:
-                    seen[inst_key] = inst
-            if how == _VALUE:  # reading.add, inlined
-                if ent[9] is not None:
-                    if ent[9] in repeats:
-                        reading.ignore(_name_of(line), MIG_REPEAT)
-                        continue
-                    repeats.add(ent[9])
-                lst = by_metric.get(ent[4])
-                if lst is None:
-                    lst = by_metric[ent[4]] = []
-                lst.append((ent[5], value * ent[6] / ent[8]))
-            elif how == _USED:
-                add(MEMORY_USED, ent[5], value * ent[6] / ent[8])
-                mem.setdefault(key, {})["used"] = value
-            elif how == _MEM:
-                mem.setdefault(key, {})[ent[4]] = value
-            elif how == _RATE:
-                rkey = ent[7]
-                if rkey in rates_done:
-                    continue
-                rates_done.add(rkey)
-                add(ent[4], ent[5], self._integrate(rkey, max(value * ent[6] / ent[8], 0.0), now))
-            elif how == _BITMASK:
-                if key in bitmask_done:
-                    continue  # both the current name and its deprecated alias are present
-                bitmask_done.add(key)
-                mask = int(value)
-                for bit, labels in ent[4]:
-                    add(CLOCK_EVENT_ACTIVE, labels, 1.0 if mask & bit else 0.0)
-            elif how == _LAST:
-                last_xid[key] = int(value)
-            else:  # _XID_COUNT
-                xid = ent[4]
-                if not xid:
-                    no_identity.append(lineno)
-                    continue
-                xid_counted.add(key)
-                wkey = (key, xid)
-                prev = self._xid_window.get(wkey, 0.0)
-                self._xid_window[wkey] = value
-                if value > prev:
-                    counts = self._xid_counts.setdefault(key, {})
-                    counts[xid] = counts.get(xid, 0.0) + (value - prev)
+        if ent is None:
+            r = promtext.parse_line(line, page.label_cache, page.types)
+            if r is None:
+                if line[:1] == "#" and prefix:
+                    cache[prefix] = line  # HELP/TYPE lines repeat every scrape too
+                return None
+            if r.__class__ is str:
+                page.bad.append(promtext.BadLine(lineno, r, line))  # type: ignore[arg-type]
+                return None
+            name, block, labels, value, prefix = r  # type: ignore[misc]
+            ent = self._entry(name, block, labels)
+            if prefix is not None:
+                cache[prefix] = ent
+        page.n_samples += 1
+        return ent, value, series
 
-        if not n_samples:
-            reading.fail(PARSE_ERROR, f"no samples in the response of {self.url}" + _bad_summary(bad))
-            return reading
-        if bad:
-            reading.errors.append(SourceError(BAD_LINE, f"{self.url}: skipped {len(bad)} bad line(s)"
-                                              + _bad_summary(bad)))
-        if dcgm_samples == 0:
+    def _admit(self, hit: tuple[tuple, float, str], line: str, lineno: int, reading: Reading, page: _Page) -> bool:
+        """Count the sample and decide whether it is used: not a field outside the contract, not blank, not
+        printed twice, with an identity (which it records, with its holder)."""
+        ent, value, series = hit
+        how = ent[0]
+        if how >= _SKIP:
+            if how == _SKIP:
+                return False
+            page.dcgm_samples += 1
+            if how == _IGNORED:
+                reading.ignore(ent[1], NOT_IN_CONTRACT)
+                if ent[1] not in self.ignored_fields:
+                    self.ignored_fields.add(ent[1])
+                    log.info("dcgm: field %s is not in truegpu's contract: counted in "
+                             "truegpu_exporter_ignored_series, not published", ent[1])
+                return False
+        else:
+            page.dcgm_samples += 1
+        if value - value != 0 or (value >= _SENTINEL_MIN and is_dcgm_sentinel(value)):
+            # NaN, +-Inf or DCGM's "blank"/not supported marker: unknown, never a value
+            reading.ignore(_name_of(line), BLANK)
+            return False
+        if series in page.series:
+            page.duplicates.append(lineno)
+            reading.ignore(_name_of(line), DUPLICATE)
+            return False
+        page.series.add(series)
+        if how == _NO_IDENT:
+            page.no_identity.append(lineno)
+            return False
+        seen = page.seen
+        key = ent[1]
+        if key not in seen:
+            seen[key] = ent[2]
+        if ent[3] is not None:
+            inst_key, holder, inst = ent[3]
+            page.allocs[(inst_key, holder)] = None
+            if inst_key not in seen:
+                seen[inst_key] = inst
+        return True
+
+    def _apply(self, hit: tuple[tuple, float, str], line: str, lineno: int, reading: Reading, page: _Page) -> None:
+        """Turn one admitted sample into contract samples (or page state), by how its field maps."""
+        ent, value, _series = hit
+        how, key = ent[0], ent[1]
+        add = reading.add
+        if how == _VALUE:  # reading.add, inlined
+            if ent[9] is not None:
+                if ent[9] in page.repeats:
+                    reading.ignore(_name_of(line), MIG_REPEAT)
+                    return
+                page.repeats.add(ent[9])
+            lst = reading.samples.get(ent[4])
+            if lst is None:
+                lst = reading.samples[ent[4]] = []
+            lst.append((ent[5], value * ent[6] / ent[8]))
+        elif how == _USED:
+            add(MEMORY_USED, ent[5], value * ent[6] / ent[8])
+            page.mem.setdefault(key, {})["used"] = value
+        elif how == _MEM:
+            page.mem.setdefault(key, {})[ent[4]] = value
+        elif how == _RATE:
+            rkey = ent[7]
+            if rkey in page.rates_done:
+                return
+            page.rates_done.add(rkey)
+            add(ent[4], ent[5], self._integrate(rkey, max(value * ent[6] / ent[8], 0.0), page.now))
+        elif how == _BITMASK:
+            if key in page.bitmask_done:
+                return  # both the current name and its deprecated alias are present
+            page.bitmask_done.add(key)
+            mask = int(value)
+            for bit, labels in ent[4]:
+                add(CLOCK_EVENT_ACTIVE, labels, 1.0 if mask & bit else 0.0)
+        elif how == _LAST:
+            page.last_xid[key] = int(value)
+        else:  # _XID_COUNT
+            xid = ent[4]
+            if not xid:
+                page.no_identity.append(lineno)
+                return
+            page.xid_counted.add(key)
+            wkey = (key, xid)
+            prev = self._xid_window.get(wkey, 0.0)
+            self._xid_window[wkey] = value
+            if value > prev:
+                counts = self._xid_counts.setdefault(key, {})
+                counts[xid] = counts.get(xid, 0.0) + (value - prev)
+
+    def _report_page(self, page: _Page, reading: Reading) -> bool:
+        """Errors about the page as a whole; False when it holds nothing usable (the source failed)."""
+        if not page.n_samples:
+            reading.fail(PARSE_ERROR, f"no samples in the response of {self.url}" + _bad_summary(page.bad))
+            return False
+        if page.bad:
+            reading.errors.append(SourceError(BAD_LINE, f"{self.url}: skipped {len(page.bad)} bad line(s)"
+                                              + _bad_summary(page.bad)))
+        if page.dcgm_samples == 0:
             reading.fail(PARSE_ERROR, f"no DCGM fields in the response of {self.url} (is it a dcgm-exporter?)")
-            return reading
-        if no_identity:
+            return False
+        if page.no_identity:
             reading.errors.append(SourceError(
-                BAD_SAMPLE, f"{self.url}: {len(no_identity)} DCGM sample(s) without gpu/UUID (or xid) labels "
-                            f"skipped, line(s) {_lines(no_identity)}"))
+                BAD_SAMPLE, f"{self.url}: {len(page.no_identity)} DCGM sample(s) without gpu/UUID (or xid) labels "
+                            f"skipped, line(s) {_lines(page.no_identity)}"))
+        if page.duplicates:
+            reading.errors.append(SourceError(
+                DUPLICATE_SERIES, f"{self.url}: {len(page.duplicates)} series printed twice (first value kept), "
+                                  "line(s) " + _lines(page.duplicates)))
+        return True
 
-        if duplicates:
-            reading.errors.append(SourceError(
-                DUPLICATE_SERIES, f"{self.url}: {len(duplicates)} series printed twice (first value kept), line(s) "
-                                  + _lines(duplicates)))
-        self._check_uuids(seen, reading)
-        self._count_last_xids(last_xid, xid_counted)
-        for key, parts in mem.items():
+    def _add_memory_totals(self, page: _Page, reading: Reading) -> None:
+        """FB_TOTAL where given, else FB_USED + FB_FREE (+ FB_RESERVED); a part without FB_USED is partial."""
+        for key, parts in page.mem.items():
             total = parts.get("total")
             if total is None and "used" in parts and "free" in parts:
                 # Drivers before FB_RESERVED existed counted reserved memory inside "used".
                 total = parts["used"] + parts["free"] + parts.get("reserved", 0.0)
             if total is not None:
-                add(MEMORY_TOTAL, dict(seen[key].labels), total * MIB)
+                reading.add(MEMORY_TOTAL, dict(page.seen[key].labels), total * MIB)
             else:  # FB_FREE or FB_RESERVED without FB_USED: no total can be formed
                 for part in parts.keys() - {"used"}:
                     reading.ignore(_MEM_FIELDS.get(part, part), PARTIAL)
+
+    def _add_identity(self, page: _Page, reading: Reading) -> None:
+        """Each identity's XID counters, and one GPU_INFO per physical GPU seen on the page."""
         infos: set[tuple[str, str, str]] = set()
-        for key, ident in seen.items():
+        for key, ident in page.seen.items():
             for xid, n in self._xid_counts.get(key, {}).items():
                 labels = dict(ident.labels)
                 labels["xid"] = xid
-                add(XID_ERRORS, labels, n)
+                reading.add(XID_ERRORS, labels, n)
             if ident.gpu_key not in infos:
                 infos.add(ident.gpu_key)
                 host, gpu, uuid = ident.gpu_key
                 model, driver, pci = ident.info
-                add(GPU_INFO, {HOSTNAME: host, GPU: gpu, UUID: uuid, "model": model, "driver_version": driver,
-                               "pci_bus_id": pci, "numa_node": ""}, 1.0)
-        # One series per (GPU, holder): time-sliced GPUs carry one label block per pod.
-        for key, (ns, pod, container, job) in allocs:
-            labels = dict(seen[key].labels)
+                reading.add(GPU_INFO, {HOSTNAME: host, GPU: gpu, UUID: uuid, "model": model, "driver_version": driver,
+                                       "pci_bus_id": pci, "numa_node": ""}, 1.0)
+
+    def _add_allocations(self, page: _Page, reading: Reading) -> None:
+        """One series per (GPU, holder): time-sliced GPUs carry one label block per pod."""
+        for key, (ns, pod, container, job) in page.allocs:
+            labels = dict(page.seen[key].labels)
             labels.update({"namespace": ns, "pod": pod, "container": container, WORKLOAD: job})
-            add(GPU_ALLOCATION_INFO, labels, 1.0)
-        return reading
+            reading.add(GPU_ALLOCATION_INFO, labels, 1.0)
 
     def _entry(self, name: str, block: str, labels: dict[str, str]) -> tuple:
         """How every sample of one series (field name + label block) is mapped; built once, then cached.

@@ -10,6 +10,11 @@ Failure model (a node exporter must never be the thing that breaks):
 Static identity (names, bus IDs, NUMA, topology, max clocks, GPM support, MIG layout) is
 read once at init. XID events come from a background thread (nvml_events); GPM from
 back-to-back sample streams (nvml_gpm).
+
+What to read is data: each contract family's ``nvml_reads`` (``schema.NvmlRead``: call or field,
+arguments, scale, labels) are executed by one generic reader, in contract order (``PLAN``). Only
+what needs real logic is hand-written (``_HAND_WRITTEN``): the clock-event bitmask, PCIe
+throughput integration, per-link NVLink sums and states, GPM, MIG instances, identity.
 """
 
 from __future__ import annotations
@@ -19,14 +24,15 @@ import logging
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from exporter import schema
 from exporter.attribution import Attributor, Device, attribute
-from exporter.schema import Metric
+from exporter.schema import Metric, NvmlCall, NvmlRead
 from exporter.sources.base import Labels, Reading, Source
 from exporter.sources.nvml_events import EventWatcher
 from exporter.sources.nvml_gpm import GPM_RATIOS, GpmStream, gpm_supported
@@ -49,30 +55,13 @@ TOPOLOGY_LEVELS: dict[str, str] = {
     "NVML_TOPOLOGY_NODE": "numa",
     "NVML_TOPOLOGY_SYSTEM": "system",
 }
-ECC_COUNTERS: tuple[tuple[str, str, str, str], ...] = (
-    ("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC", "correctable", "volatile"),
-    ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC", "uncorrectable", "volatile"),
-    ("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_AGGREGATE_ECC", "correctable", "aggregate"),
-    ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_AGGREGATE_ECC", "uncorrectable", "aggregate"),
-)
+#: Per-link NVLink error counters, asked link by link when the summed fields are not there.
 NVLINK_COUNTERS: tuple[tuple[str, str], ...] = (
     ("NVML_NVLINK_ERROR_DL_CRC_FLIT", "crc_flit"),
     ("NVML_NVLINK_ERROR_DL_CRC_DATA", "crc_data"),
     ("NVML_NVLINK_ERROR_DL_REPLAY", "replay"),
     ("NVML_NVLINK_ERROR_DL_RECOVERY", "recovery"),
 )
-#: nvmlDeviceGetFieldValues fields -> (family, label, label value, scale, tag of what it delivers); an
-#: empty label adds none. Fields the installed binding does not define are never asked for.
-FIELDS: dict[str, tuple[Metric, str, str, float, str]] = {
-    "NVML_FI_DEV_MEMORY_TEMP": (schema.TEMPERATURE, "sensor", "memory", 1.0, "memory_temp"),
-    "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX": (schema.NVLINK_BYTES, "direction", "tx", KIB, "nvlink_bytes"),
-    "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX": (schema.NVLINK_BYTES, "direction", "rx", KIB, "nvlink_bytes"),
-    "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": (schema.NVLINK_ERRORS, "type", "crc_flit", 1.0, "crc_flit"),
-    "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": (schema.NVLINK_ERRORS, "type", "crc_data", 1.0, "crc_data"),
-    "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": (schema.NVLINK_ERRORS, "type", "replay", 1.0, "replay"),
-    "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": (schema.NVLINK_ERRORS, "type", "recovery", 1.0, "recovery"),
-    "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION": (schema.GPU_RECOVERY_ACTION, "", "", 1.0, "recovery_action"),
-}
 #: Field families asked only of GPUs that have NVLinks.
 _NVLINK_FAMILIES = (schema.NVLINK_BYTES, schema.NVLINK_ERRORS)
 #: Per-field answers meaning "this GPU or driver has no such field" (a driver older than the field ID
@@ -80,6 +69,40 @@ _NVLINK_FAMILIES = (schema.NVLINK_BYTES, schema.NVLINK_ERRORS)
 _FIELD_ABSENT = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_INVALID_ARGUMENT")
 #: Reasons decoded once: (bit, {"reason": name}) for the clock-event family.
 _REASONS = tuple((bit, reason) for bit, reason in schema.CLOCK_EVENT_REASONS.items())
+#: Families whose reading needs real logic, by the NvmlSource method that reads them (at the family's
+#: place in the contract order). A family may have both: NVLink errors come from fields where the driver
+#: has them, else from per-link counters.
+_HAND_WRITTEN: dict[Metric, str] = {
+    schema.CLOCK_EVENT_ACTIVE: "_read_clock_events",
+    schema.PCIE_BYTES: "_read_pcie_throughput",
+    schema.NVLINK_ERRORS: "_read_nvlink_errors",
+    schema.NVLINK_LINKS: "_read_nvlink_links",
+    schema.GPU_INFO: "_read_identity",
+    schema.GPM_SUPPORTED: "_read_gpm",
+}
+StepKind = Literal["read", "once", "fields", "hand"]
+
+
+def _plan() -> tuple[tuple[StepKind, Metric, NvmlRead | None], ...]:
+    """Every GPU's collection, in contract order: one step per call recipe ("once": republish the value read
+    at start-up), the one batched field call at the first field recipe, hand-written readers in place."""
+    steps: list[tuple[StepKind, Metric, NvmlRead | None]] = []
+    for metric in schema.METRICS:
+        for read in metric.nvml_reads:
+            if not read.field:
+                steps.append(("once" if read.once else "read", metric, read))
+            elif not any(kind == "fields" for kind, _, _ in steps):
+                steps.append(("fields", metric, None))
+        if metric in _HAND_WRITTEN:
+            steps.append(("hand", metric, None))
+    return tuple(steps)
+
+
+PLAN = _plan()
+#: Field recipes, in contract order: what the batched nvmlDeviceGetFieldValues call asks.
+FIELD_READS: tuple[tuple[Metric, NvmlRead], ...] = tuple(
+    (m, r) for m in schema.METRICS for r in m.nvml_reads if r.field
+)
 
 
 class _GpuLost(Exception):
@@ -105,6 +128,7 @@ class _Mig:
     labels: Labels
     uuid: str = ""
     gpm: GpmStream | None = None
+    memory_call: NvmlCall | None = None  # the GPU's memory recipe, asked of this instance
 
 
 @dataclass
@@ -118,8 +142,8 @@ class _Gpu:
     labels: Labels = field(default_factory=dict)
     info: Labels = field(default_factory=dict)
     bus_id: str = ""
-    max_sm_clock: float | None = None
-    pcie_max: dict[str, float] = field(default_factory=dict)
+    #: Values of the ``once`` recipes, read at start-up (max clocks, max PCIe link).
+    static: dict[NvmlRead, float] = field(default_factory=dict)
     nvlinks: list[int] = field(default_factory=list)
     gpm: GpmStream | None = None
     gpm_supported: bool = False
@@ -130,6 +154,18 @@ class _Gpu:
     pcie_last: tuple[float, float, float] | None = None  # time, tx KiB/s, rx KiB/s
     pcie_bytes: dict[str, float] = field(default_factory=lambda: {"tx": 0.0, "rx": 0.0})
     lost_error: str = ""
+
+
+@dataclass
+class _Pass:
+    """One GPU's collection: what it produced and what failed, the results of calls several recipes share,
+    and which (family, labels) the batched field call delivered (so fallbacks skip those)."""
+
+    gpu: _Gpu
+    out: list[tuple[Metric, Labels, float]]
+    errors: list[str]
+    results: dict[NvmlCall, Any] = field(default_factory=dict)
+    from_fields: set[tuple[Metric, tuple[tuple[str, str], ...]]] = field(default_factory=set)
 
 
 class NvmlSource(Source):
@@ -171,7 +207,17 @@ class NvmlSource(Source):
         self._unavailable = ""
         self._logged_unavailable = False
         self._initialized = False
+        self._steps = [self._step(kind, metric, read) for kind, metric, read in PLAN]
         self._ensure_init(Reading())
+
+    def _step(self, kind: StepKind, metric: Metric, read: NvmlRead | None) -> Callable[[_Pass], None]:
+        if kind == "read":
+            return partial(self._read, metric, read)
+        if kind == "once":
+            return partial(self._republish, metric, read)
+        if kind == "fields":
+            return self._read_fields
+        return getattr(self, _HAND_WRITTEN[metric])
 
     # -- init -----------------------------------------------------------------------------------
     def _ensure_init(self, reading: Reading) -> bool:
@@ -227,7 +273,7 @@ class NvmlSource(Source):
             self._shutdown()
             raise
         self._driver = driver if isinstance(driver, str) else driver.decode()
-        self._field_table = {getattr(nv, name): spec for name, spec in FIELDS.items() if hasattr(nv, name)}
+        self._field_table = {getattr(nv, r.field): (m, r) for m, r in FIELD_READS if hasattr(nv, r.field)}
         self._field_absent = {getattr(nv, code) for code in _FIELD_ABSENT}
         no_gpm: list[str] = []
         for gpu in gpus:
@@ -263,20 +309,13 @@ class NvmlSource(Source):
                 "pci_bus_id": gpu.bus_id,
                 "numa_node": self._numa_node(gpu, pci),
             }
-            clock = self._static(gpu, "max_sm_clock", nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM)
-            gpu.max_sm_clock = None if clock is None else clock * schema.MHZ
-            gen = self._static(gpu, "pcie_gen_max", nv.nvmlDeviceGetMaxPcieLinkGeneration, h)
-            width = self._static(gpu, "pcie_width_max", nv.nvmlDeviceGetMaxPcieLinkWidth, h)
-            if gen is not None:
-                gpu.pcie_max["gen_max"] = float(gen)
-            if width is not None:
-                gpu.pcie_max["width_max"] = float(width)
+            gpu.static = self._read_once(gpu)
             gpu.nvlinks = self._discover_links(gpu)
             # NVLink fields take scopeId UINT_MAX for "summed over all links"
             gpu.fields = [
                 (field_id, UINT_MAX)
-                for field_id, spec in self._field_table.items()
-                if gpu.nvlinks or spec[0] not in _NVLINK_FAMILIES
+                for field_id, (metric, _read) in self._field_table.items()
+                if gpu.nvlinks or metric not in _NVLINK_FAMILIES
             ]
             gpu.gpm_supported = gpm_supported(nv, h, lambda e: log.debug("GPU %s GPM query: %s", gpu.index, e))
             if gpu.gpm_supported:
@@ -288,6 +327,21 @@ class NvmlSource(Source):
             gpu.ready = False
             gpu.lost_error = f"GPU {gpu.index}: static info unreadable: {exc}"
             log.warning("%s", gpu.lost_error)
+
+    def _read_once(self, gpu: _Gpu) -> dict[NvmlRead, float]:
+        """The ``once`` recipes: properties that never change, asked at start-up only."""
+        nv = self._nv
+        values: dict[NvmlRead, float] = {}
+        for kind, _metric, read in PLAN:
+            if kind != "once":
+                continue
+            call = read.call
+            fn = getattr(nv, call.name, None)
+            raw = None if fn is None else self._static(gpu, call.key, fn, gpu.handle, *self._args(call))
+            value = None if raw is None else _value(nv, read, raw)
+            if value is not None:
+                values[read] = value
+        return values
 
     def _static(self, gpu: _Gpu, key: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -355,7 +409,7 @@ class NvmlSource(Source):
                 mig_uuid = _text(nv.nvmlDeviceGetUUID(mh))
             except nv.NVMLError:
                 mig_uuid = ""  # attribution then falls back to the parent UUID + instance id
-            mig = _Mig(gi, profile, mh, labels, mig_uuid)
+            mig = _Mig(gi, profile, mh, labels, mig_uuid, memory_call=_mig_memory_call(gi))
             if gpu.gpm_supported:
                 mig.gpm = GpmStream(nv, h, gi, rates=False)
             migs.append(mig)
@@ -491,90 +545,181 @@ class NvmlSource(Source):
             errors.append(f"GPU {gpu.index}: {key}: {exc}")
         return None
 
+    def _args(self, call: NvmlCall) -> list[Any]:
+        """The pynvml constants a recipe names, looked up in the binding in use."""
+        return [getattr(self._nv, name) for name in call.args]
+
+    def _ask(self, p: _Pass, call: NvmlCall, handle: object = None) -> Any:
+        """Execute one recipe call (on the GPU, or on ``handle``); a binding without the function never asks."""
+        fn = getattr(self._nv, call.name, None)
+        if fn is None:
+            return None
+        return self._call(p.gpu, call.key, p.errors, fn, p.gpu.handle if handle is None else handle,
+                          *self._args(call))
+
+    def _result(self, p: _Pass, read: NvmlRead) -> Any:
+        """The result of ``read``'s call, asked once per collection however many recipes share it."""
+        call = read.call
+        if call in p.results:
+            return p.results[call]
+        raw = self._ask(p, call)
+        if raw is None and read.fallback is not None and call.key in p.gpu.skip:
+            raw = self._ask(p, read.fallback)
+        p.results[call] = raw
+        return raw
+
     def _collect_gpu(self, gpu: _Gpu, out: list[tuple[Metric, Labels, float]], errors: list[str]) -> None:
+        """Every step of the plan, then the GPU's MIG instances."""
+        p = _Pass(gpu, out, errors)
+        for step in self._steps:
+            step(p)
+        self._read_migs(p)
+
+    # -- the generic reader -------------------------------------------------------------------------
+    def _read(self, metric: Metric, read: NvmlRead, p: _Pass) -> None:
+        """One call recipe: ask (or reuse) its call, convert the result, publish it with its labels."""
+        raw = self._result(p, read)
+        if raw is None:
+            return
+        value = _value(self._nv, read, raw)
+        if value is not None:
+            p.out.append((metric, _labels(p.gpu.labels, read), value))
+
+    def _republish(self, metric: Metric, read: NvmlRead, p: _Pass) -> None:
+        """A ``once`` recipe: the value read at start-up, if the GPU had one."""
+        value = p.gpu.static.get(read)
+        if value is not None:
+            p.out.append((metric, _labels(p.gpu.labels, read), value))
+
+    def _read_fields(self, p: _Pass) -> None:
+        """Every field recipe (memory temperature, recovery action, NVLink bytes and errors) in one batched call.
+
+        Records what it delivered in ``p.from_fields``, so the hand-written readers only fall back to
+        slower per-link calls for what the driver did not give here.
+        """
         nv = self._nv
-        h = gpu.handle
-        base = gpu.labels
-        call = self._call
-        add = out.append
+        gpu = p.gpu
+        if not gpu.fields:
+            return
+        values = self._call(gpu, "field_values", p.errors, nv.nvmlDeviceGetFieldValues, gpu.handle, gpu.fields)
+        if values is None:
+            return
+        keep = []
+        table = self._field_table
+        for request, v in zip(gpu.fields, values, strict=True):
+            if v.nvmlReturn in self._field_absent:
+                log.info("GPU %s: field %s unavailable (%s); omitted from now on", gpu.index, v.fieldId,
+                         nv.NVMLError(v.nvmlReturn))
+                continue
+            keep.append(request)
+            if v.nvmlReturn != nv.NVML_SUCCESS:
+                p.errors.append(f"GPU {gpu.index}: field {v.fieldId}: {nv.NVMLError(v.nvmlReturn)}")
+                continue
+            metric, read = table[v.fieldId]
+            m, d = read.factors
+            p.out.append((metric, _labels(gpu.labels, read), _field_value(nv, v) * m / d))
+            p.from_fields.add((metric, read.labels))
+        gpu.fields = keep
 
-        util = call(gpu, "utilization", errors, nv.nvmlDeviceGetUtilizationRates, h)
-        if util is not None:
-            add((schema.GPU_UTILIZATION, base, util.gpu / 100.0))
-            add((schema.MEMORY_UTILIZATION, base, util.memory / 100.0))
-        for key, fn, metric in (("encoder", nv.nvmlDeviceGetEncoderUtilization, schema.ENCODER_UTILIZATION),
-                                ("decoder", nv.nvmlDeviceGetDecoderUtilization, schema.DECODER_UTILIZATION)):
-            video = call(gpu, key, errors, fn, h)
-            if video is not None:
-                add((metric, base, video[0] / 100.0))
-        mem = call(gpu, "memory_v2", errors, nv.nvmlDeviceGetMemoryInfo, h, nv.nvmlMemory_v2)
-        if mem is None and "memory_v2" in gpu.skip:
-            mem = call(gpu, "memory", errors, nv.nvmlDeviceGetMemoryInfo, h)
-        if mem is not None:
-            add((schema.MEMORY_USED, base, float(mem.used)))
-            add((schema.MEMORY_TOTAL, base, float(mem.total)))
-
-        power = call(gpu, "power", errors, nv.nvmlDeviceGetPowerUsage, h)
-        if power is not None:
-            add((schema.POWER, base, power / 1000.0))
-        limit = call(gpu, "power_limit", errors, nv.nvmlDeviceGetEnforcedPowerLimit, h)
-        if limit is not None:
-            add((schema.POWER_LIMIT, base, limit / 1000.0))
-        energy = call(gpu, "energy", errors, nv.nvmlDeviceGetTotalEnergyConsumption, h)
-        if energy is not None:
-            add((schema.ENERGY, base, energy / 1000.0))
-        fan = call(gpu, "fan", errors, nv.nvmlDeviceGetFanSpeed, h)  # NOT_SUPPORTED when passively cooled
-        if fan is not None:
-            add((schema.FAN_SPEED, base, fan / 100.0))
-        pstate = call(gpu, "pstate", errors, nv.nvmlDeviceGetPerformanceState, h)
-        if pstate is not None and pstate != nv.NVML_PSTATE_UNKNOWN:
-            add((schema.PERFORMANCE_STATE, base, float(pstate)))
-        for reason, policy in (("power", nv.NVML_PERF_POLICY_POWER), ("thermal", nv.NVML_PERF_POLICY_THERMAL)):
-            held = call(gpu, f"violation_{reason}", errors, nv.nvmlDeviceGetViolationStatus, h, policy)
-            if held is not None:
-                add((schema.CLOCK_VIOLATION, {**base, "reason": reason}, held.violationTime / 1e9))
-        temp = call(gpu, "temperature", errors, nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
-        if temp is not None:
-            add((schema.TEMPERATURE, {**base, "sensor": "gpu"}, float(temp)))
-
-        from_fields = self._collect_fields(gpu, out, errors)
-
-        sm = call(gpu, "sm_clock", errors, nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
-        if sm is not None:
-            add((schema.SM_CLOCK, base, sm * schema.MHZ))
-        if gpu.max_sm_clock is not None:
-            add((schema.SM_CLOCK_MAX, base, gpu.max_sm_clock))
-        memclk = call(gpu, "mem_clock", errors, nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM)
-        if memclk is not None:
-            add((schema.MEMORY_CLOCK, base, memclk * schema.MHZ))
-        reasons = call(gpu, "clock_events", errors, nv.nvmlDeviceGetCurrentClocksEventReasons, h)
+    # -- hand-written readers ------------------------------------------------------------------------
+    def _read_clock_events(self, p: _Pass) -> None:
+        """The clock-event (throttle) bitmask, one 0/1 series per reason; pre-12.x drivers name it Throttle."""
+        nv = self._nv
+        gpu, h = p.gpu, p.gpu.handle
+        reasons = self._call(gpu, "clock_events", p.errors, nv.nvmlDeviceGetCurrentClocksEventReasons, h)
         if reasons is None and "clock_events" in gpu.skip:
-            reasons = call(gpu, "clock_throttle", errors, nv.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+            reasons = self._call(gpu, "clock_throttle", p.errors, nv.nvmlDeviceGetCurrentClocksThrottleReasons, h)
         if reasons is not None:
+            base = gpu.labels
             for bit, reason in _REASONS:
-                add((schema.CLOCK_EVENT_ACTIVE, {**base, "reason": reason}, 1.0 if reasons & bit else 0.0))
+                p.out.append((schema.CLOCK_EVENT_ACTIVE, {**base, "reason": reason}, 1.0 if reasons & bit else 0.0))
 
-        self._collect_pcie(gpu, out, errors)
-        self._collect_errors(gpu, out, errors)
-        if gpu.nvlinks:
-            self._collect_nvlink(gpu, out, errors, from_fields)
-
-        add((schema.GPM_SUPPORTED, base, 1.0 if gpu.gpm_supported else 0.0))
+    def _read_pcie_throughput(self, p: _Pass) -> None:
+        """PCIe bytes from the driver's instantaneous KiB/s, integrated; GPU with GPM: see ``_read_gpm``."""
+        nv = self._nv
+        gpu, h = p.gpu, p.gpu.handle
         if gpu.gpm is not None:
-            values = self._finish_gpm(gpu, gpu.gpm, base, out, errors)
-            if values is not None:
-                for (family, direction), total in gpu.gpm.bytes.items():
-                    if family is schema.PCIE_BYTES or (gpu.nvlinks and "nvlink_bytes" not in from_fields):
-                        add((family, {**base, "direction": direction}, total))
-        for mig in gpu.migs:
-            mem = call(gpu, f"mig{mig.gpu_instance}_memory", errors, nv.nvmlDeviceGetMemoryInfo, mig.handle,
-                       nv.nvmlMemory_v2)
+            return  # GPM gives PCIe traffic averaged over the whole interval
+        tx = self._call(gpu, "pcie_throughput", p.errors, nv.nvmlDeviceGetPcieThroughput, h,
+                        nv.NVML_PCIE_UTIL_TX_BYTES)
+        rx = self._call(gpu, "pcie_throughput", p.errors, nv.nvmlDeviceGetPcieThroughput, h,
+                        nv.NVML_PCIE_UTIL_RX_BYTES)
+        if tx is None or rx is None:
+            return
+        now = self._clock()
+        if gpu.pcie_last is not None:
+            # trapezoid between the two instantaneous rates (KiB/s) over the time between reads
+            t0, tx0, rx0 = gpu.pcie_last
+            dt = max(0.0, now - t0)
+            gpu.pcie_bytes["tx"] += (tx0 + tx) / 2 * KIB * dt
+            gpu.pcie_bytes["rx"] += (rx0 + rx) / 2 * KIB * dt
+        gpu.pcie_last = (now, float(tx), float(rx))
+        for direction, total in gpu.pcie_bytes.items():
+            p.out.append((schema.PCIE_BYTES, {**gpu.labels, "direction": direction}, total))
+
+    def _read_nvlink_errors(self, p: _Pass) -> None:
+        """NVLink error counters the field call did not deliver, summed link by link."""
+        nv = self._nv
+        gpu = p.gpu
+        for counter_name, type_label in NVLINK_COUNTERS:
+            if not gpu.nvlinks or (schema.NVLINK_ERRORS, (("type", type_label),)) in p.from_fields:
+                continue  # no links, or the batched field call already summed it over links
+            key = "nvlink_" + type_label
+            counter = getattr(nv, counter_name)
+            total = 0
+            for link in gpu.nvlinks:
+                count = self._call(gpu, key, p.errors, nv.nvmlDeviceGetNvLinkErrorCounter, gpu.handle, link, counter)
+                if count is None:
+                    break
+                total += count
+            else:
+                p.out.append((schema.NVLINK_ERRORS, {**gpu.labels, "type": type_label}, float(total)))
+
+    def _read_nvlink_links(self, p: _Pass) -> None:
+        """How many of the GPU's NVLinks are up and down (left out unless every link answered)."""
+        nv = self._nv
+        gpu = p.gpu
+        if not gpu.nvlinks:
+            return
+        up = down = 0
+        for link in gpu.nvlinks:
+            state = self._call(gpu, "nvlink_state", p.errors, nv.nvmlDeviceGetNvLinkState, gpu.handle, link)
+            if state is None:
+                break
+            if state:
+                up += 1
+            else:
+                down += 1
+        if up + down == len(gpu.nvlinks):
+            p.out.append((schema.NVLINK_LINKS, {**gpu.labels, "state": "up"}, float(up)))
+            p.out.append((schema.NVLINK_LINKS, {**gpu.labels, "state": "down"}, float(down)))
+
+    def _read_identity(self, p: _Pass) -> None:
+        p.out.append((schema.GPU_INFO, p.gpu.info, 1.0))
+
+    def _read_gpm(self, p: _Pass) -> None:
+        """GPM support, the GPU's GPM ratios and its PCIe (and, without NVLink fields, NVLink) bytes."""
+        gpu = p.gpu
+        p.out.append((schema.GPM_SUPPORTED, gpu.labels, 1.0 if gpu.gpm_supported else 0.0))
+        if gpu.gpm is None:
+            return
+        values = self._finish_gpm(gpu, gpu.gpm, gpu.labels, p.out, p.errors)
+        if values is None:
+            return
+        nvlink_from_fields = any(metric is schema.NVLINK_BYTES for metric, _ in p.from_fields)
+        for (family, direction), total in gpu.gpm.bytes.items():
+            if family is schema.PCIE_BYTES or (gpu.nvlinks and not nvlink_from_fields):
+                p.out.append((family, {**gpu.labels, "direction": direction}, total))
+
+    def _read_migs(self, p: _Pass) -> None:
+        """Each MIG instance's memory (the GPU's memory recipe, asked of the instance) and GPM ratios."""
+        for mig in p.gpu.migs:
+            mem = self._ask(p, mig.memory_call, mig.handle)
             if mem is not None:
-                add((schema.MEMORY_USED, mig.labels, float(mem.used)))
-                add((schema.MEMORY_TOTAL, mig.labels, float(mem.total)))
+                for metric in _MIG_MEMORY:
+                    p.out.append((metric, mig.labels, _value(self._nv, metric.nvml_reads[0], mem)))
             if mig.gpm is not None:
-                self._finish_gpm(gpu, mig.gpm, mig.labels, out, errors)
-        add((schema.GPU_INFO, gpu.info, 1.0))
+                self._finish_gpm(p.gpu, mig.gpm, mig.labels, p.out, p.errors)
 
     def _finish_gpm(self, gpu: _Gpu, stream: GpmStream, labels: Labels, out: list, errors: list[str]) -> dict | None:
         if stream.prev_time is None:
@@ -587,144 +732,6 @@ class NvmlSource(Source):
             if name in values:
                 out.append((family, labels, values[name] / 100.0))
         return values
-
-    def _collect_fields(self, gpu: _Gpu, out: list, errors: list[str]) -> set[str]:
-        """Memory temperature, recovery action and NVLink byte/error counters in one batched call.
-
-        Returns the tags (``nvlink_bytes``, NVLink error types) it delivered, so the caller
-        only falls back to slower per-link calls for what the driver did not give here.
-        """
-        nv = self._nv
-        if not gpu.fields:
-            return set()
-        values = self._call(gpu, "field_values", errors, nv.nvmlDeviceGetFieldValues, gpu.handle, gpu.fields)
-        if values is None:
-            return set()
-        got: set[str] = set()
-        keep = []
-        table = self._field_table
-        for request, v in zip(gpu.fields, values, strict=True):
-            if v.nvmlReturn in self._field_absent:
-                log.info("GPU %s: field %s unavailable (%s); omitted from now on", gpu.index, v.fieldId,
-                         nv.NVMLError(v.nvmlReturn))
-                continue
-            keep.append(request)
-            if v.nvmlReturn != nv.NVML_SUCCESS:
-                errors.append(f"GPU {gpu.index}: field {v.fieldId}: {nv.NVMLError(v.nvmlReturn)}")
-                continue
-            metric, label, label_value, scale, tag = table[v.fieldId]
-            labels = {**gpu.labels, label: label_value} if label else gpu.labels
-            out.append((metric, labels, _field_value(nv, v) * scale))
-            got.add(tag)
-        gpu.fields = keep
-        return got
-
-    def _collect_pcie(self, gpu: _Gpu, out: list, errors: list[str]) -> None:
-        nv = self._nv
-        h = gpu.handle
-        base = gpu.labels
-        call = self._call
-        gen = call(gpu, "pcie_gen", errors, nv.nvmlDeviceGetCurrPcieLinkGeneration, h)
-        if gen is not None:
-            out.append((schema.PCIE_LINK_GENERATION, {**base, "state": "current"}, float(gen)))
-        if "gen_max" in gpu.pcie_max:
-            out.append((schema.PCIE_LINK_GENERATION, {**base, "state": "max"}, gpu.pcie_max["gen_max"]))
-        width = call(gpu, "pcie_width", errors, nv.nvmlDeviceGetCurrPcieLinkWidth, h)
-        if width is not None:
-            out.append((schema.PCIE_LINK_WIDTH, {**base, "state": "current"}, float(width)))
-        if "width_max" in gpu.pcie_max:
-            out.append((schema.PCIE_LINK_WIDTH, {**base, "state": "max"}, gpu.pcie_max["width_max"]))
-        replays = call(gpu, "pcie_replays", errors, nv.nvmlDeviceGetPcieReplayCounter, h)
-        if replays is not None:
-            out.append((schema.PCIE_REPLAYS, base, float(replays)))
-        if gpu.gpm is not None:
-            return  # GPM gives PCIe traffic averaged over the whole interval; see _finish_gpm
-        tx = call(gpu, "pcie_throughput", errors, nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES)
-        rx = call(gpu, "pcie_throughput", errors, nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES)
-        if tx is None or rx is None:
-            return
-        now = self._clock()
-        if gpu.pcie_last is not None:
-            # trapezoid between the two instantaneous rates (KiB/s) over the time between reads
-            t0, tx0, rx0 = gpu.pcie_last
-            dt = max(0.0, now - t0)
-            gpu.pcie_bytes["tx"] += (tx0 + tx) / 2 * KIB * dt
-            gpu.pcie_bytes["rx"] += (rx0 + rx) / 2 * KIB * dt
-        gpu.pcie_last = (now, float(tx), float(rx))
-        for direction, total in gpu.pcie_bytes.items():
-            out.append((schema.PCIE_BYTES, {**base, "direction": direction}, total))
-
-    def _collect_errors(self, gpu: _Gpu, out: list, errors: list[str]) -> None:
-        nv = self._nv
-        h = gpu.handle
-        base = gpu.labels
-        for err_type, counter_type, type_label, scope in ECC_COUNTERS:
-            count = self._call(gpu, "ecc", errors, nv.nvmlDeviceGetTotalEccErrors, h,
-                               getattr(nv, err_type), getattr(nv, counter_type))
-            if count is not None:
-                out.append((schema.ECC_ERRORS, {**base, "type": type_label, "scope": scope}, float(count)))
-        rows = self._call(gpu, "remapped_rows", errors, nv.nvmlDeviceGetRemappedRows, h)
-        if rows is not None:
-            corr, unc, pending, failure = rows
-            out.append((schema.REMAPPED_ROWS, {**base, "type": "correctable"}, float(corr)))
-            out.append((schema.REMAPPED_ROWS, {**base, "type": "uncorrectable"}, float(unc)))
-            out.append((schema.ROW_REMAP_PENDING, base, 1.0 if pending else 0.0))
-            out.append((schema.ROW_REMAP_FAILURE, base, 1.0 if failure else 0.0))
-        self._collect_memory_health(gpu, out, errors)
-
-    def _collect_memory_health(self, gpu: _Gpu, out: list, errors: list[str]) -> None:
-        """Spare-row histogram (Ampere+) and retired pages (before Ampere).
-
-        Each GPU answers NotSupported for the generation it is not, once; from then on the source
-        skips that call, so a GPU costs only the calls its architecture can answer.
-        """
-        nv = self._nv
-        h = gpu.handle
-        base = gpu.labels
-        histogram = getattr(nv, "nvmlDeviceGetRowRemapperHistogram", None)  # absent from old bindings
-        banks = None if histogram is None else self._call(gpu, "row_remap_histogram", errors, histogram, h)
-        if banks is not None:
-            for bucket in schema.ROW_REMAP_AVAILABILITY:
-                out.append((schema.ROW_REMAP_BANKS, {**base, "availability": bucket}, float(getattr(banks, bucket))))
-        causes = (nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-                  nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
-        for cause, label in zip(causes, schema.RETIREMENT_CAUSES, strict=True):
-            pages = self._call(gpu, "retired_pages", errors, nv.nvmlDeviceGetRetiredPages, h, cause)
-            if pages is not None:
-                out.append((schema.RETIRED_PAGES, {**base, "cause": label}, float(len(pages))))
-        pending = self._call(gpu, "retired_pages_pending", errors, nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
-        if pending is not None:
-            out.append((schema.RETIRED_PAGES_PENDING, base, 1.0 if pending == nv.NVML_FEATURE_ENABLED else 0.0))
-
-    def _collect_nvlink(self, gpu: _Gpu, out: list, errors: list[str], from_fields: set[str]) -> None:
-        nv = self._nv
-        h = gpu.handle
-        base = gpu.labels
-        up = down = 0
-        for link in gpu.nvlinks:
-            state = self._call(gpu, "nvlink_state", errors, nv.nvmlDeviceGetNvLinkState, h, link)
-            if state is None:
-                break
-            if state:
-                up += 1
-            else:
-                down += 1
-        if up + down == len(gpu.nvlinks):
-            out.append((schema.NVLINK_LINKS, {**base, "state": "up"}, float(up)))
-            out.append((schema.NVLINK_LINKS, {**base, "state": "down"}, float(down)))
-        for counter_name, type_label in NVLINK_COUNTERS:
-            if type_label in from_fields:
-                continue  # the batched field call already summed it over links
-            key = "nvlink_" + type_label
-            counter = getattr(nv, counter_name)
-            total = 0
-            for link in gpu.nvlinks:
-                count = self._call(gpu, key, errors, nv.nvmlDeviceGetNvLinkErrorCounter, h, link, counter)
-                if count is None:
-                    break
-                total += count
-            else:
-                out.append((schema.NVLINK_ERRORS, {**base, "type": type_label}, float(total)))
 
     # -- extras ------------------------------------------------------------------------------------
     def running_processes(self) -> list[GpuProcess]:
@@ -790,6 +797,35 @@ def _devices(gpus: list[_Gpu]) -> list[Device]:
         else:
             out.append((g.labels, g.uuid, str(g.index), None, None))
     return out
+
+
+#: Per MIG instance, NVML reports memory (its own) through the GPU's memory recipe.
+_MIG_MEMORY = (schema.MEMORY_USED, schema.MEMORY_TOTAL)
+
+
+def _mig_memory_call(gpu_instance: int) -> NvmlCall:
+    """The memory recipe's call under the instance's own key (so one instance's failure skips only it)."""
+    call = schema.MEMORY_USED.nvml_reads[0].call
+    assert call is not None
+    return replace(call, key=f"mig{gpu_instance}_memory")
+
+
+def _labels(base: Labels, read: NvmlRead) -> Labels:
+    return {**base, **dict(read.labels)} if read.labels else base
+
+
+def _value(nv: ModuleType, read: NvmlRead, raw: Any) -> float | None:
+    """The base-unit value of ``read`` from its call's result; None when the result means unknown."""
+    if read.pick:
+        raw = raw[int(read.pick)] if read.pick.isdigit() else getattr(raw, read.pick)
+    if read.omit_if and raw == getattr(nv, read.omit_if):
+        return None
+    if read.true_if:
+        return 1.0 if raw == getattr(nv, read.true_if) else 0.0
+    if read.convert == "flag":
+        return 1.0 if raw else 0.0
+    m, d = read.factors
+    return (float(len(raw)) if read.convert == "count" else float(raw)) * m / d
 
 
 def _text(value: str | bytes) -> str:
