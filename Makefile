@@ -54,3 +54,4 @@ clean:
 
 docs: install
 	$(PY) -m exporter.schema_doc > docs/metrics.md
+	$(PY) -m analyzer.detectors > docs/findings.md

@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from analyzer import findings as F
 from analyzer import output_schema as O
+from analyzer.detectors import Paging, kinds, load_detectors
 from analyzer.site import THRESHOLDS, Selectors, Thresholds
 from analyzer.xid import CATALOGUE
 from exporter import schema as S
@@ -918,38 +918,27 @@ def _finding(kind: str, **extra: str) -> str:
     return f"{sel(O.FINDING_SCORE.name, **m)} and {sel(O.FINDING_ACTIVE.name, **m)} == 1"
 
 
-#: Findings paged with the finding's own severity: alert, finding kind, team, what the finding says.
-_SEVERE_FINDINGS = (
-    ("GpuStraggler", F.STRAGGLER, "training", "is the straggler slowing its training gang"),
-    ("GpuDegraded", F.DEGRADED_GPU, "training", "runs degraded (power cap, PCIe or NVLink)"),
-    ("GpuFault", F.GPU_FAULT, "training", "has a hardware fault (XID, ECC, NVLink, PCIe, lost GPU)"),
-    ("GpuThermal", F.THERMAL, "sre", "runs hot or throttles for heat (GPU, node or rack)"),
-)
-
-
 def analyzer_findings(t: Timing) -> Group:
-    """Alerts on the analyzer's open findings: waste for FinOps, and findings that page with their own
-    severity (what the analyzer calls critical pages, never a ticket)."""
+    """Alerts on the analyzer's open findings, one per kind the detector registry pages on
+    (analyzer.detectors: each detector's ``paging``): a fixed severity tickets (FinOps waste), the
+    finding's own severity pages what the analyzer calls critical, never a ticket."""
     where = ("GPU {{ $labels.gpu }} on {{ $labels.hostname }} (workload {{ $labels.namespace }}/"
              "{{ $labels.workload }})")
     score = "score {{ $value | humanizePercentage }}"
-    waste = (
-        Alert(alert="GpuIdleMasking", expr=_finding(F.IDLE_MASKING), for_=t.hold(1800), severity="warning",
-              team="finops", summary="GPU busy in nvidia-smi but its SMs mostly idle: " + SHORT_REF,
-              description=f"{where} reports high GPU utilization while its SMs are mostly idle ({score}): the job "
-                          "pays for a whole GPU and uses a fraction of it."),
-        Alert(alert="GpuIdleAllocated", expr=_finding(F.IDLE_ALLOCATED), for_=t.hold(1800), severity="warning",
-              team="finops", summary="Allocated GPU idle: " + SHORT_REF,
-              description=f"{where} is allocated but idle ({score}): release it or fix the job's input pipeline."),
-    )
-    severe = tuple(
-        Alert(alert=alert, expr=_finding(kind, severity=match), for_=t.hold(300), severity=severity, team=team,
-              summary=f"{alert.removeprefix('Gpu')}: " + SHORT_REF,
-              description=f"{where} {what} ({score}); see the analyzer's finding for the evidence.")
-        for alert, kind, team, what in _SEVERE_FINDINGS
-        for severity, match in (("critical", "critical"), ("warning", "!=critical"))
-    )
-    return Group(name="truegpu-findings", rules=(*waste, *severe))
+    rules: list[Alert] = []
+    for kind in kinds():
+        p: Paging | None = load_detectors()[kind].paging
+        if p is None:
+            continue
+        common = {"alert": p.alert, "for_": t.hold(p.hold_s), "team": p.team,
+                  "summary": (p.summary or f"{p.alert.removeprefix('Gpu')}: ") + SHORT_REF,
+                  "description": f"{where} {p.says.format(score=score)}"}
+        if p.severity is not None:
+            rules.append(Alert(expr=_finding(kind), severity=p.severity, **common))
+        else:
+            rules += [Alert(expr=_finding(kind, severity=match), severity=severity, **common)
+                      for severity, match in (("critical", "critical"), ("warning", "!=critical"))]
+    return Group(name="truegpu-findings", rules=tuple(rules))
 
 
 def analyzer_health(t: Timing, analyzer_job: str = ANALYZER_JOB) -> Group:

@@ -23,7 +23,8 @@ JSON_SCHEMA_VERSION = 2
 Severity = Literal["critical", "warning", "info"]
 SEVERITY_ORDER: dict[str, int] = {"critical": 0, "warning": 1, "info": 2}
 
-#: Finding kinds (DESIGN.md); detectors use these constants, never their own strings.
+#: The built-in finding kinds (DESIGN.md): detectors, rules and dashboards name a kind with these constants,
+#: never their own strings. The list of kinds is the detector registry's (analyzer.detectors.kinds()).
 IDLE_MASKING = "idle_masking"
 IDLE_ALLOCATED = "idle_allocated"
 STRAGGLER = "straggler"
@@ -31,7 +32,6 @@ DEGRADED_GPU = "degraded_gpu"
 GPU_FAULT = "gpu_fault"
 THERMAL = "thermal"
 TOPOLOGY = "topology"
-KINDS: tuple[str, ...] = (IDLE_MASKING, IDLE_ALLOCATED, STRAGGLER, DEGRADED_GPU, GPU_FAULT, THERMAL, TOPOLOGY)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """``truegpu serve``: the analyzer as a service, re-analyzing Prometheus every interval.
 
 Serves the latest results on /metrics (analyzer/output_schema.py), the loop's state on
-/healthz, the JSON API (/api/findings, /api/scores, /api/reports/cost; analyzer/api.py) and
+/healthz, the JSON API (/api/findings, /api/scores, /api/reports/cost; analyzer/service/) and
 an HTML overview on / through uvicorn; SIGTERM/SIGINT stop both cleanly (exit 0).
 
 The API needs a bearer token (``--api-token-file``); ``--no-auth`` serves it open (logged as a
@@ -110,8 +110,8 @@ def read_token(path: Path) -> str:
 
 def api_settings(args: argparse.Namespace, loader: Any, site: Any = None) -> tuple[Any, Any]:
     """(ApiSettings, the after-run rollup hook or None) from the flags; ValueError on a bad combination."""
-    from analyzer.api import ApiSettings
-    from analyzer.service import RollupWriter
+    from analyzer.finops.rollups import RollupWriter
+    from analyzer.service.settings import ApiSettings
 
     if args.no_auth and args.api_token_file:
         raise ValueError("--no-auth and --api-token-file exclude each other")
@@ -174,7 +174,8 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
     """
     import uvicorn
 
-    from analyzer.service import AnalyzerService, make_app, prometheus_loader
+    from analyzer.service import AnalyzerService, prometheus_loader
+    from analyzer.service.app import create_app
 
     try:
         fixed = None
@@ -210,7 +211,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
     except OSError as exc:
         return _error(f"cannot listen on {host or '*'}:{port}: {exc}")
 
-    config = uvicorn.Config(make_app(service, settings), log_config=None, access_log=False, lifespan="off",
+    config = uvicorn.Config(create_app(service, settings), log_config=None, access_log=False, lifespan="off",
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     http = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="http", daemon=True)

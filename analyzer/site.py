@@ -151,7 +151,7 @@ class Thresholds:
 
     #: Die temperature counted as "at the limit" where throttle reasons are not collected
     #: (rules: GpuThermalThrottling; thermal detector: ``at_limit_c``; straggler: ``thermal_celsius``,
-    #: the cause it names for a slow GPU that hot).
+    #: the cause it names for a slow GPU that hot; degraded_gpu: ``throttle_c``, above which heat is thermal's).
     gpu_temp_limit_celsius: float = 85.0
     #: HBM temperature at its throttle point (rules: GpuThermalThrottling; detector: ``mem_limit_c``).
     memory_temp_limit_celsius: float = 95.0
@@ -172,7 +172,8 @@ class Thresholds:
         return {"thermal": {"at_limit_c": self.gpu_temp_limit_celsius, "mem_limit_c": self.memory_temp_limit_celsius,
                             "min_throttle_s": self.thermal_limit_for_seconds,
                             "min_hot_s": self.thermal_warn_for_seconds},
-                "straggler": {"thermal_celsius": self.gpu_temp_limit_celsius}}
+                "straggler": {"thermal_celsius": self.gpu_temp_limit_celsius},
+                "degraded_gpu": {"throttle_c": self.gpu_temp_limit_celsius}}
 
 
 #: The built-in thresholds (detector dataclass defaults read them).

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from analyzer import findings as F
 from analyzer import output_schema as out
+from analyzer.detectors import kinds
 from dashboards.builder import COUNT, GPU_HOURS, RATIO, TO_NODE, PanelSpec, q
 from dashboards.queries import Dialect
 from exporter import schema as S
@@ -16,7 +16,7 @@ DESCRIPTION = (
     "the difference. GPU-hours are integrated over the dashboard range."
 )
 LINKS = ("node", "job", "finops")
-FINDINGS = F.KINDS
+FINDINGS = tuple(kinds())  # every registered kind
 
 
 def panels(d: Dialect) -> list[PanelSpec]:

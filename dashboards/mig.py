@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from analyzer import findings as F
+from analyzer.detectors import kinds
 from dashboards.builder import BYTES, COUNT, RATIO, TO_GPU, TO_JOB, PanelSpec, q
 from dashboards.queries import Dialect
 from exporter import schema as S
@@ -13,7 +13,7 @@ DESCRIPTION = "GPUs partitioned with Multi-Instance GPU: activity and memory per
     "(gpu_instance / mig_profile; dcgm-exporter: GPU_I_ID / GPU_I_PROFILE) and who holds each one."
 
 LINKS = ("fleet", "node", "health", "job")
-FINDINGS = F.KINDS
+FINDINGS = tuple(kinds())  # every registered kind
 
 INSTANCE = "{{hostname}} gpu{{gpu}} gi{{gpu_instance}} {{mig_profile}}"
 _BY = (S.HOSTNAME, S.GPU, S.GPU_INSTANCE, S.MIG_PROFILE)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from analyzer import findings as F
+from analyzer.detectors import kinds
 from dashboards.builder import (
     BYTES,
     BYTES_PER_SECOND,
@@ -28,7 +28,7 @@ DESCRIPTION = "Every exporter metric for the GPUs of the selected hosts: utiliza
     "clock events, interconnect and errors."
 LINKS = ("fleet", "health", "thermal", "job")
 #: Every finding about a GPU or a node.
-FINDINGS = F.KINDS
+FINDINGS = tuple(kinds())  # every registered kind
 
 _RATIOS = (S.GPU_UTILIZATION, S.SM_ACTIVE, S.SM_OCCUPANCY, S.TENSOR_ACTIVE, S.DRAM_ACTIVE,
            S.GRAPHICS_ENGINE_ACTIVE, S.MEMORY_UTILIZATION)

@@ -21,9 +21,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from analyzer.api import ApiSettings
 from analyzer.findings import sort_findings
-from analyzer.service import AnalyzerService, RollupWriter, make_app
+from analyzer.finops.rollups import RollupWriter
+from analyzer.service import AnalyzerService
+from analyzer.service.app import create_app
+from analyzer.service.settings import ApiSettings
 from exporter.simulator import Cluster, load_scenario
 from tests.conftest import free_port
 
@@ -100,7 +102,7 @@ def served(app) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def api(analyzed, catalog) -> Iterator[str]:
     service, _ = analyzed
-    with served(make_app(service, ApiSettings(token=TOKEN, catalog=catalog))) as url:
+    with served(create_app(service, ApiSettings(token=TOKEN, catalog=catalog))) as url:
         yield url
 
 
@@ -161,17 +163,17 @@ def test_metrics_and_healthz_open_by_default_docs_open(api):
 
 def test_protect_metrics_disabled_api_and_no_auth(analyzed, catalog):
     service, _ = analyzed
-    with served(make_app(service, ApiSettings(token=TOKEN, protect_metrics=True, protect_healthz=True))) as url:
+    with served(create_app(service, ApiSettings(token=TOKEN, protect_metrics=True, protect_healthz=True))) as url:
         for path in ("/metrics", "/healthz", "/readyz"):
             r = get(url, path, headers=None)
             assert r.status_code == 401 and "WWW-Authenticate" in r.headers
             assert get(url, path).status_code == 200
-    with served(make_app(service)) as url:  # no token, no --no-auth: the API is off, never open
+    with served(create_app(service)) as url:  # no token, no --no-auth: the API is off, never open
         for path in ("/api/findings", "/"):
             r = get(url, path)
             assert r.status_code == 403 and "--api-token-file" in r.json()["detail"]
         assert get(url, "/metrics", headers=None).status_code == 200
-    with served(make_app(service, ApiSettings(no_auth=True, catalog=catalog))) as url:
+    with served(create_app(service, ApiSettings(no_auth=True, catalog=catalog))) as url:
         assert get(url, "/api/findings", headers=None).status_code == 200
         assert get(url, "/", headers=None).status_code == 200
     for bad in (dict(no_auth=True, token=TOKEN), dict(protect_metrics=True), dict(token="")):
@@ -268,7 +270,7 @@ def test_scores_fleet_matches_fleet_summary_and_validation(api, analyzed):
 # -- 503, stale, recovery --------------------------------------------------------------------------------------
 def test_503_before_the_first_result_then_stale_then_fresh(cluster, catalog):
     service, source = new_service(cluster)
-    with served(make_app(service, ApiSettings(token=TOKEN, catalog=catalog))) as url:
+    with served(create_app(service, ApiSettings(token=TOKEN, catalog=catalog))) as url:
         for path in ("/api/findings", "/api/scores", "/api/reports/cost"):
             r = get(url, path)
             assert r.status_code == 503, path
@@ -372,7 +374,7 @@ def test_rollups_written_idempotently_and_served_beyond_the_window(cluster, cata
         again = st.read("2023-11-14", "2023-11-15", "namespace", per_day=True)
     assert again.equals(first)
 
-    with served(make_app(service, ApiSettings(token=TOKEN, catalog=catalog, store=store))) as url:
+    with served(create_app(service, ApiSettings(token=TOKEN, catalog=catalog, store=store))) as url:
         body = get(url, "/api/reports/cost", window="2d").json()
         # Today's rollup covers up to the latest analysis, never up to tomorrow's midnight.
         assert body["source"] == "rollup" and body["window"] == {"start": "2023-11-14T00:00:00Z",
@@ -416,7 +418,8 @@ def test_overview_page_shows_the_numbers(api, analyzed):
 
 
 def test_rollup_schedule_today_every_interval_closed_days_once_more_and_retries(tmp_path):
-    from analyzer.service import MAX_ROLLUP_ATTEMPTS, Analysis
+    from analyzer.finops.rollups import MAX_ROLLUP_ATTEMPTS
+    from analyzer.service import Analysis
 
     day = 1_700_006_400.0  # 2023-11-15T00:00:00Z
     writer = RollupWriter(lambda s, e: None, str(tmp_path / "r.db"), None, every=3600)

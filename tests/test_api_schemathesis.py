@@ -15,8 +15,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from analyzer.api import ApiSettings
-from analyzer.service import AnalyzerService, RollupWriter, make_app
+from analyzer.finops.rollups import RollupWriter
+from analyzer.service import AnalyzerService
+from analyzer.service.app import create_app
+from analyzer.service.settings import ApiSettings
 from tests.test_api import AUTH, NOW, TOKEN, WINDOW, Source
 
 MAX_EXAMPLES = 40
@@ -37,7 +39,7 @@ def api_schema(tmp_path_factory):
                               on_result=writer)
     assert service.run_once(), "the app must have results before the run (503 otherwise)"
     assert writer.writes == 2
-    app = make_app(service, ApiSettings(token=TOKEN, catalog=catalog, store=store))
+    app = create_app(service, ApiSettings(token=TOKEN, catalog=catalog, store=store))
     return schemathesis.openapi.from_asgi("/openapi.json", app)
 
 

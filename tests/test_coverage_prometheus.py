@@ -14,10 +14,12 @@ from datetime import UTC, datetime
 import pytest
 import requests
 
-from analyzer.api import ApiSettings, create_app
 from analyzer.finops.catalog import default_catalog
+from analyzer.finops.rollups import RollupWriter
 from analyzer.finops.store import open_store
-from analyzer.service import AnalyzerService, RollupWriter, prometheus_loader
+from analyzer.service import AnalyzerService, prometheus_loader
+from analyzer.service.app import create_app
+from analyzer.service.settings import ApiSettings
 from exporter.simulator import Cluster, load_scenario
 from exporter.simulator.history import write_history
 from tests.pgserver import create_database, postgres_server

@@ -38,6 +38,7 @@ import yaml
 
 from analyzer import findings as F
 from analyzer import output_schema as out
+from analyzer.detectors import kinds
 from dashboards import MODULES, build_all
 from dashboards.queries import DEFAULT_CLUSTER_LABEL
 from exporter import schema as S
@@ -446,7 +447,7 @@ def test_data_links_open_existing_dashboards_with_their_variables() -> None:
 
 def test_findings_are_annotations_filtered_by_the_variables() -> None:
     modules = _modules()
-    assert set(modules["fleet"].FINDINGS) == set(F.KINDS)
+    assert set(modules["fleet"].FINDINGS) == set(kinds())
     assert set(modules["thermal"].FINDINGS) == {F.THERMAL}
     assert set(modules["health"].FINDINGS) == {F.GPU_FAULT, F.DEGRADED_GPU}
     assert {F.STRAGGLER, F.IDLE_ALLOCATED} <= set(modules["job"].FINDINGS)
@@ -457,7 +458,7 @@ def test_findings_are_annotations_filtered_by_the_variables() -> None:
         (sel,) = selectors(annotation["expr"])
         assert sel.name == out.FINDING_ACTIVE.name
         matchers = {k: v for k, _, v in sel.matchers}
-        assert set(matchers["kind"].split("|")) == set(modules[key].FINDINGS) <= set(F.KINDS)
+        assert set(matchers["kind"].split("|")) == set(modules[key].FINDINGS) <= set(kinds())
         for var in ("cluster", "hostname", "gpu", "namespace"):
             assert matchers[var if var != "cluster" else DEFAULT_CLUSTER_LABEL] == f"${var}", (name, var)
         assert "{{kind}}" in annotation["titleFormat"] and "{{hostname}}" in annotation["textFormat"]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.api import ApiSettings
-from analyzer.service import make_app
+from analyzer.service.app import create_app
+from analyzer.service.settings import ApiSettings
 from tests.test_api import TOKEN, new_service, served
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -92,7 +92,7 @@ def page_url(tmp_path_factory):
 
     service.loader = hostile_loader
     assert service.run_once()
-    with served(make_app(service, ApiSettings(token=TOKEN, catalog=load_catalog()))) as url:
+    with served(create_app(service, ApiSettings(token=TOKEN, catalog=load_catalog()))) as url:
         yield service, url
 
 

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from analyzer import output_schema as O
 from analyzer.findings import Finding
 from analyzer.service import Analysis, AnalyzerService, Health, JobUtilization, Snapshot
-from analyzer.service_metrics import ServiceCollector, build_registry
+from analyzer.service.metrics import ServiceCollector, build_registry
 from exporter.simulator import Cluster, load_scenario
 from exporter.simulator.history import write_history
 from tests.conftest import ROOT, free_port

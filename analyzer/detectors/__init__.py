@@ -1,9 +1,13 @@
 """Detectors: one file per finding kind behind one small interface, and the runner.
 
 A detector is a dataclass whose fields are its thresholds (with justified defaults) and
-whose ``detect(fleet)`` returns findings of its ``kind``. Registering is decorating the
-class with ``@register``; every module in this package is imported on first use, so a
-new detector is one new file here and nothing else.
+whose ``detect(fleet)`` returns findings of its ``kind``; its class attribute ``paging`` says
+how the generated alert rules page on its findings (a :class:`Paging`, or None with the
+reason in ``not_paged``). Registering is decorating the class with ``@register``; every
+module in this package is imported on first use, so a new detector is one new file here (plus
+its test): the registry is the one list of finding kinds, which the API's ``kind`` enum, the
+alert rules (alerts.rules), the dashboards' finding filters, ``evaluate``, the site config's
+``detectors`` section, docs/findings.md and the conformance suite (tests) all read.
 
 ``run_detectors`` runs the chosen kinds with optional per-kind overrides
 (``{"idle_masking": {"sm_max": 0.25}}``); a detector that raises is logged and noted in
@@ -16,7 +20,7 @@ import importlib
 import logging
 import pkgutil
 from collections.abc import Iterable, Mapping
-from dataclasses import fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
@@ -28,11 +32,29 @@ from analyzer.frame import Fleet
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Paging:
+    """How the analyzer's alert rules page on a kind's open findings (alerts.rules builds them).
+
+    ``says`` completes "GPU g on host (workload ns/w) ..." and may hold ``{score}``; ``severity``
+    None pages with the finding's own severity (what the detector calls critical pages), a fixed
+    one (FinOps waste: "warning") tickets; ``hold_s`` is the alert's ``for``."""
+
+    alert: str
+    team: str
+    says: str
+    severity: str | None = None
+    hold_s: float = 300.0
+    #: The summary before "GPU g of host" (default: the alert name without "Gpu").
+    summary: str | None = None
+
+
 @runtime_checkable
 class Detector(Protocol):
     """Finds one kind of problem; configured through dataclass fields with defaults."""
 
     kind: str
+    paging: Paging | None
 
     def detect(self, fleet: Fleet) -> list[Finding]: ...
 
@@ -50,6 +72,10 @@ def register(cls: _D) -> _D:
         raise TypeError(f"{cls.__name__} needs a class attribute `kind`")
     if not is_dataclass(cls):
         raise TypeError(f"{cls.__name__} must be a dataclass (its fields are its configuration)")
+    paging = getattr(cls, "paging", ...)
+    if not (isinstance(paging, Paging) or (paging is None and getattr(cls, "not_paged", ""))):
+        raise TypeError(f"{cls.__name__} needs a class attribute `paging` (a Paging, or None with the reason "
+                        "in `not_paged`)")
     if kind in DETECTORS and DETECTORS[kind] is not cls:
         raise ValueError(f"two detectors for kind {kind!r}: {DETECTORS[kind].__name__} and {cls.__name__}")
     DETECTORS[kind] = cls
@@ -65,6 +91,24 @@ def load_detectors() -> dict[str, type]:
                 importlib.import_module(f"{__name__}.{mod.name}")
         _loaded = True
     return DETECTORS
+
+
+def kinds() -> list[str]:
+    """Every registered finding kind, sorted: the one list the API, rules, dashboards and docs use."""
+    return sorted(load_detectors())
+
+
+def paging_table() -> list[dict[str, Any]]:
+    """Per kind: the alert that pages on its findings (team, severity policy, hold) or why none does."""
+    rows = []
+    for kind in kinds():
+        cls = DETECTORS[kind]
+        p: Paging | None = cls.paging
+        rows.append({"kind": kind, "detector": f"{cls.__module__}.{cls.__name__}",
+                     "alert": p.alert if p else None, "team": p.team if p else None,
+                     "severity": (p.severity or "the finding's") if p else None,
+                     "hold_s": p.hold_s if p else None, "not_paged": None if p else cls.not_paged})
+    return rows
 
 
 def make_detector(kind: str, config: Mapping[str, Any] | None = None) -> Detector:
@@ -130,4 +174,5 @@ def run_detectors(
     return sort_findings(out)
 
 
-__all__ = ["DETECTORS", "Detector", "gpu_busy", "load_detectors", "make_detector", "register", "run_detectors"]
+__all__ = ["DETECTORS", "Detector", "Paging", "gpu_busy", "kinds", "load_detectors", "make_detector", "paging_table",
+           "register", "run_detectors"]

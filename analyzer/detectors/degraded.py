@@ -68,10 +68,11 @@ import pandas as pd
 from scipy.stats import chi2
 from sklearn.covariance import MinCovDet
 
-from analyzer.detectors import gpu_busy, register
+from analyzer.detectors import Paging, gpu_busy, register
 from analyzer.episodes import column, find_episodes, format_duration
 from analyzer.findings import DEGRADED_GPU, Finding
 from analyzer.frame import Fleet
+from analyzer.site import THRESHOLDS
 
 #: Soft features scored by the MCD model, in order; cap_deficit is handled apart (configuration).
 SOFT = ("temp_excess", "mem_temp_excess", "power_excess", "clock_deficit")
@@ -115,12 +116,16 @@ class DegradedGpu:
       floor (10 C) 2 windows, and a GPU below its floors never accumulates anything.
     - ``min_duration_s`` 1800: a degraded part stays degraded; a 30-min minimum keeps a job
       phase or a transient out of the maintenance queue.
-    - ``throttle_c`` 85: the die temperature where GPUs start thermal throttling (H100/A100).
+    - ``throttle_c`` 85: the die temperature where GPUs start thermal throttling (H100/A100);
+      the site config's shared ``gpu_temp_limit_celsius`` (analyzer.site.Thresholds).
     - ``min_peers`` 3, ``min_model_gpus`` 8: a median of 3 still ignores one bad member; a
       fleet-wide model of fewer than 8 GPUs is not a fleet.
+    - ``random_state`` 0: the seed of the fit's fixed-size subsample, so a run is reproducible.
     """
 
     kind = DEGRADED_GPU
+    paging = Paging(alert="GpuDegraded", team="training", says="runs degraded (power cap, PCIe or NVLink) ({score}); "
+                    "see the analyzer's finding for the evidence.")
     window_s: float = 600.0
     temp_excess_c: float = 8.0
     temp_shift_c: float = 6.0
@@ -135,7 +140,7 @@ class DegradedGpu:
     cusum_k: float = 0.5
     cusum_h: float = 1.5
     min_duration_s: float = 1800.0
-    throttle_c: float = 85.0
+    throttle_c: float = THRESHOLDS.gpu_temp_limit_celsius
     busy_min: float = 0.5
     min_peers: int = 3
     min_model_gpus: int = 8

@@ -83,7 +83,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.detectors import gpu_busy, register
+from analyzer.detectors import Paging, gpu_busy, register
 from analyzer.episodes import Episodes, column, find_episodes, format_duration
 from analyzer.findings import GPU_FAULT, SEVERITY_ORDER, Finding, Severity, rfc3339
 from analyzer.frame import Fleet
@@ -139,7 +139,15 @@ _FAULT_SIGNALS: tuple[str, ...] = ("ecc_uncorrectable_rate", "row_remap_pending"
 @register
 @dataclass
 class GpuFault:
+    """Settings are documented in the module docstring, and:
+
+    - ``application_xids`` True: report the XIDs that are usually the job's own bug (13, 31, 43, 45)
+      as ``info`` findings; False ignores them entirely (sites whose users own their crashes).
+    """
+
     kind = GPU_FAULT
+    paging = Paging(alert="GpuFault", team="training", says="has a hardware fault (XID, ECC, NVLink, PCIe, lost GPU) "
+                    "({score}); see the analyzer's finding for the evidence.")
     nvlink_error_rate_min: float = 1.0
     nvlink_errors_min_s: float = 300.0
     links_down_min_s: float = 180.0

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.detectors import gpu_busy, register
+from analyzer.detectors import Paging, gpu_busy, register
 from analyzer.episodes import Episodes, column, find_episodes, format_duration
 from analyzer.findings import IDLE_ALLOCATED, Finding
 from analyzer.frame import Fleet
@@ -36,7 +36,13 @@ from analyzer.frame import Fleet
 @register
 @dataclass
 class IdleAllocated:
+    """Settings: see the module docstring; ``max_gap_steps``/``max_unknown_steps`` as in
+    analyzer.episodes (one healthy or missing scrape does not split a problem)."""
+
     kind = IDLE_ALLOCATED
+    paging = Paging(alert="GpuIdleAllocated", team="finops", severity="warning", hold_s=1800.0,
+                    summary="Allocated GPU idle: ",
+                    says="is allocated but idle ({score}): release it or fix the job's input pipeline.")
     util_max: float = 0.05
     sm_max: float = 0.05
     fallback_tensor_max: float = 0.01

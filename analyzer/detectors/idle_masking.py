@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.detectors import gpu_busy, register
+from analyzer.detectors import Paging, gpu_busy, register
 from analyzer.episodes import column, find_episodes, format_duration
 from analyzer.findings import IDLE_MASKING, Finding
 from analyzer.frame import Fleet
@@ -56,7 +56,14 @@ from analyzer.frame import Fleet
 @register
 @dataclass
 class IdleMasking:
+    """Settings: see the module docstring; ``max_gap_steps``/``max_unknown_steps`` as in
+    analyzer.episodes (one healthy or missing scrape does not split a problem)."""
+
     kind = IDLE_MASKING
+    paging = Paging(alert="GpuIdleMasking", team="finops", severity="warning", hold_s=1800.0,
+                    summary="GPU busy in nvidia-smi but its SMs mostly idle: ",
+                    says="reports high GPU utilization while its SMs are mostly idle ({score}): the job pays for a "
+                         "whole GPU and uses a fraction of it.")
     util_min: float = 0.9
     sm_max: float = 0.3
     stalled_sm: float = 0.1

@@ -96,7 +96,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.detectors import gpu_busy, register
+from analyzer.detectors import Paging, gpu_busy, register
 from analyzer.detectors._peers import Blocks, PeerGroups, peer_groups, persistent, rolling_mean
 from analyzer.episodes import column, find_episodes, format_duration
 from analyzer.findings import STRAGGLER, Finding
@@ -135,7 +135,19 @@ class _Cells:
 @register
 @dataclass
 class Straggler:
+    """Settings are documented in the module docstring, and:
+
+    - ``mad_floor`` 0.01: the smallest spread (MAD of the peers' activity) a z-score divides by, so a
+      perfectly uniform gang (MAD ~0) does not turn a 1-point difference into z = 100.
+    - ``power_cap_ratio`` 0.97: drawing 97 % of the power limit or more counts as power-capped (the
+      limiter holds power within ~2 % of the cap), the cause named for a slow member there.
+    - ``max_gap_steps``/``max_unknown_steps``: as in analyzer.episodes (one healthy or missing scrape
+      does not split a problem).
+    """
+
     kind = STRAGGLER
+    paging = Paging(alert="GpuStraggler", team="training", says="is the straggler slowing its training gang ({score}); "
+                    "see the analyzer's finding for the evidence.")
     busy_util: float = 0.8
     progress_sm: float = 0.1
     min_tensor: float = 0.02

@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.detectors import register
+from analyzer.detectors import Paging, register
 from analyzer.episodes import Episodes, column, find_episodes, format_duration
 from analyzer.findings import THERMAL, Finding
 from analyzer.frame import Fleet
@@ -313,7 +313,13 @@ def _group_reduce(m: np.ndarray, groups: np.ndarray, n_groups: int, how: str) ->
 @register
 @dataclass
 class Thermal:
+    """Settings: see the module docstring; ``max_gap_steps``/``max_unknown_steps`` as in
+    analyzer.episodes (one healthy or missing scrape does not split a problem)."""
+
     kind = THERMAL
+    paging = Paging(alert="GpuThermal", team="sre",
+                    says="runs hot or throttles for heat (GPU, node or rack) ({score}); see the analyzer's finding "
+                         "for the evidence.")
     slowdown_c: float = 87.0
     #: Shared with the alert rules (analyzer.site.Thresholds; a site config sets both).
     at_limit_c: float = THRESHOLDS.gpu_temp_limit_celsius

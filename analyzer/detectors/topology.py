@@ -165,7 +165,16 @@ def _one_numa_packing(groups: list[int], k: int, others: list[int]) -> bool:
 @register
 @dataclass
 class Topology:
+    """Settings are documented in the module docstring, and:
+
+    - ``comm_warning_share`` 0.5: a gang without NVLink that spends half its time or more in
+      communication (the bottleneck classes) is a warning, not just info: the PCIe path is what holds it back.
+    """
+
     kind = TOPOLOGY
+    paging = None
+    not_paged = ("placement advice for the next job (split across sites, MIG slices, no NVLink, NUMA): read in "
+                 "reports and the API, nothing anyone should be woken for")
     busy_min: float = 0.8
     min_pods: int = 2
     min_duration_s: float = 300.0

@@ -1,8 +1,9 @@
 """The analyzer service: a loop that re-analyzes the last ``window`` of telemetry every ``interval``.
 
 Each run loads ``[now - window, now)`` from a Prometheus-compatible API, scores it and runs
-the detectors; a complete run is swapped in as one immutable :class:`Analysis`, so readers
-(/metrics, and the HTTP API built on :func:`make_app`) always see one consistent result set.
+the detectors (:mod:`analyzer.pipeline`); a complete run is swapped in as one immutable
+:class:`Analysis`, so readers (/metrics, and the HTTP API of :mod:`analyzer.service.app`)
+always see one consistent result set. No FastAPI here: the loop runs without the web app.
 A failed run (Prometheus down, slow, or returning nothing) is logged with the URL and
 recorded in :class:`Health`; the last good analysis keeps being served, and the next tick
 retries. Nothing a run does can stop the loop.
@@ -14,19 +15,16 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from analyzer.service.fmt import label_value, number, short_error
 from exporter.timeparse import iso
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
-    from analyzer.api import ApiSettings
     from analyzer.findings import Finding
     from analyzer.frame import Fleet
     from analyzer.scores import Scores
@@ -40,41 +38,6 @@ DEFAULT_STEP = 60.0
 
 #: (start, end) -> Fleet; the production loader wraps load_prometheus.
 Loader = Callable[[float, float], "Fleet"]
-
-
-def label_value(value: Any) -> str:
-    """A finding/job field as a label value: "" for None/NaN, integral floats without ".0"."""
-    if value is None:
-        return ""
-    if isinstance(value, float) or hasattr(value, "dtype"):
-        try:
-            f = float(value)
-        except (TypeError, ValueError):
-            return str(value)
-        if math.isnan(f):
-            return ""
-        if f.is_integer():
-            return str(int(f))
-        return str(f)
-    return str(value)
-
-
-_QUERY = re.compile(r"(/api/v1/[\w/]*)\?\S*")
-
-
-def short_error(exc: BaseException, limit: int = 600) -> str:
-    """One readable line: the exception without the (long) query strings of the URLs it quotes."""
-    text = _QUERY.sub(r"\1?...", f"{type(exc).__name__}: {exc}".strip())
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _number(value: Any) -> float | None:
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 @dataclass(frozen=True)
@@ -140,7 +103,7 @@ def _part_values(scores: Scores) -> dict[str, Any]:
     per_ns: dict[tuple[str, str], float] = {}
     for ns, rec in p.namespace.iterrows():
         for part in PARTS:
-            v = _number(rec[f"{part}_gpu_hours"])
+            v = number(rec[f"{part}_gpu_hours"])
             if v is not None and v > 0:
                 per_ns[(label_value(ns), part)] = v
     return {"fleet_parts": fleet, "namespace_parts": per_ns}
@@ -150,7 +113,7 @@ def _fleet_values(scores: Scores, column: str) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for allocation, tables in (("allocated", scores.allocated), ("all", scores.levels)):
         table = tables.get("fleet")
-        out[allocation] = _number(table[column].iloc[0]) if table is not None and len(table) else None
+        out[allocation] = number(table[column].iloc[0]) if table is not None and len(table) else None
     return out
 
 
@@ -173,10 +136,10 @@ def _job_rows(fleet: Fleet, scores: Scores) -> tuple[JobUtilization, ...]:
         job = label_value(rec["job"])
         if not job:
             continue
-        gpu_hours = _number(rec["allocated_gpu_hours"])
+        gpu_hours = number(rec["allocated_gpu_hours"])
         rows.append(JobUtilization(
             namespace=namespaces.get(job, ""), job=job,
-            effective_util=_number(rec["effective_util"]), reported_util=_number(rec["reported_util"]),
+            effective_util=number(rec["effective_util"]), reported_util=number(rec["reported_util"]),
             allocated_gpus=gpu_hours / hours if gpu_hours is not None and hours > 0 else None,
         ))
     return tuple(rows)
@@ -410,119 +373,4 @@ def prometheus_loader(
     return load
 
 
-#: Attempts at writing a closed day's final rollup before giving up on it (logged each time).
-MAX_ROLLUP_ATTEMPTS = 5
-
-
-class RollupWriter:
-    """After-run hook writing the daily cost rollups (analyzer.finops) to a rollup store.
-
-    Every ``every`` seconds of data it re-analyzes the current UTC day so far, ``[midnight, end)``
-    of the latest run, and replaces that day in the store (``write_day`` is idempotent: a rerun,
-    a restart or a second replica rewrites the same rows). When a run lands on a new day, the
-    day that closed is written once more over all its 24 hours first (its final numbers); on the
-    first run after start-up the previous day is written too when the store lacks it. A day
-    without any data is never written (an outage must not erase a day already stored).
-
-    Runs in the loop thread (the store connection is opened and closed per write, as SQLite
-    connections belong to their thread); errors are logged by the service and retried next run.
-    """
-
-    def __init__(
-        self, loader: Loader, store: str, catalog: Any, *, team_map: Mapping[str, str] | None = None,
-        kinds: Sequence[str] | None = None, every: float = 3600.0, group_bys: Sequence[str] | None = None,
-        site: SiteConfig | None = None,
-    ) -> None:
-        self.loader, self.store, self.catalog, self.site = loader, store, catalog, site
-        self.team_map = dict(team_map) if team_map else None
-        self.kinds = list(kinds) if kinds is not None else None
-        self.every = float(every)
-        self.group_bys = tuple(group_bys) if group_bys is not None else None
-        #: End of the data last written, and the start of the day it belongs to.
-        self.last_end: float | None = None
-        self.last_day: float | None = None
-        #: Closed days still to write (start of day), and failed attempts per day.
-        self.pending: list[float] = []
-        self.failures: dict[float, int] = {}
-        self.writes = 0
-
-    def __call__(self, analysis: Analysis) -> None:
-        end = float(analysis.end)
-        day = math.floor(end / 86400.0) * 86400.0
-        first = self.last_day is None
-        if not first and self.last_day == day and end - (self.last_end or 0.0) < self.every:
-            return
-        if first:
-            previous = day - 86400.0
-            try:
-                if not self._has_day(previous):
-                    self.write(previous, day)
-            except Exception as exc:  # best effort: Prometheus may not hold yesterday at all
-                log.warning("rollup: yesterday (%s) not written: %s", iso(previous), short_error(exc))
-        elif self.last_day is not None and self.last_day < day:
-            self.pending.append(self.last_day)  # the closed day, once more over all its hours
-        for closed in list(self.pending):
-            try:
-                self.write(closed, closed + 86400.0)
-                self.pending.remove(closed)
-            except Exception as exc:
-                self.failures[closed] = self.failures.get(closed, 0) + 1
-                if self.failures[closed] >= MAX_ROLLUP_ATTEMPTS:
-                    self.pending.remove(closed)
-                log.error("rollup: closed day %s not written (attempt %d of %d): %s", iso(closed),
-                          self.failures[closed], MAX_ROLLUP_ATTEMPTS, short_error(exc))
-        self.last_day = day
-        if end > day:
-            self.write(day, end)  # errors reach the service's log; retried on the next run
-        self.last_end = end
-
-    def _has_day(self, day_start: float) -> bool:
-        from datetime import UTC, datetime
-
-        from analyzer.finops.store import open_store
-
-        with open_store(self.store) as store:
-            return datetime.fromtimestamp(day_start, UTC).date() in store.days("namespace")
-
-    def write(self, start: float, end: float) -> int:
-        """Analyze [start, end) (within one UTC day) and replace its day's rollups; the rows written."""
-        from analyzer.finops import ROLLUP_GROUP_BY, cost_report, daily_rollups
-        from analyzer.finops.store import open_store
-        from analyzer.pipeline import analyze
-
-        t0 = time.perf_counter()
-        fleet = self.loader(start, end)
-        if fleet.frame.empty:
-            log.warning("rollup: no data for %s .. %s; not written", iso(start), iso(end))
-            return 0
-        result = analyze(fleet, self.kinds, self.site, partition=False)
-        written = 0
-        with open_store(self.store) as store:
-            for group_by in self.group_bys or ROLLUP_GROUP_BY:
-                report = cost_report(fleet, result.scores, result.findings, self.catalog, group_by=group_by,
-                                     team_map=self.team_map, site=self.site)
-                rows = daily_rollups(report)
-                for day, part in rows.groupby("day", sort=True):
-                    extra = [c for c in part.columns if c in ("cluster", "currency")]  # text: not stored
-                    store.write_day(str(day), group_by, part.drop(columns=extra))
-                    written += len(part)
-        self.writes += 1
-        log.info("rollup: wrote %d row(s) for %s .. %s to %s in %.1fs", written, iso(start), iso(end), self.store,
-                 time.perf_counter() - t0)
-        return written
-
-
-def make_app(service: AnalyzerService, settings: ApiSettings | None = None) -> FastAPI:
-    """The service's HTTP app (analyzer/api.py): /api/*, the / overview, /metrics, /healthz, /docs.
-
-    Without ``settings`` the API is disabled (403) and /metrics, /healthz are open.
-    """
-    from analyzer.api import create_app
-
-    return create_app(service, settings)
-
-
-__all__ = [
-    "Analysis", "AnalyzerService", "Health", "JobUtilization", "RollupWriter", "Snapshot", "label_value", "make_app",
-    "prometheus_loader", "short_error",
-]
+__all__ = ["Analysis", "AnalyzerService", "Health", "JobUtilization", "Loader", "Snapshot", "prometheus_loader"]

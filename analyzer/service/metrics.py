@@ -15,13 +15,14 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import CollectorRegistry
 
 from analyzer import output_schema as O
+from analyzer.service.fmt import label_value
 from exporter.schema import WORKLOAD
 from exporter.schema import Metric as SchemaMetric
 
 if TYPE_CHECKING:
     from analyzer.findings import Finding
     from analyzer.finops.catalog import Catalog
-    from analyzer.service import Analysis, Snapshot
+    from analyzer.service.loop import Analysis, Snapshot
 
 
 def _gauge(m: SchemaMetric, labels: tuple[str, ...] | None = None) -> GaugeMetricFamily:
@@ -31,8 +32,6 @@ def _gauge(m: SchemaMetric, labels: tuple[str, ...] | None = None) -> GaugeMetri
 
 def finding_labels(f: Finding) -> tuple[str, ...]:
     """Label values of a finding series, in FINDING_LABELS order ("" where not applicable)."""
-    from analyzer.service import label_value
-
     values = {
         "kind": f.kind, "severity": f.severity, "hostname": f.hostname, "gpu": f.gpu,
         "gpu_instance": f.gpu_instance, "rack": f.rack, "namespace": f.namespace, WORKLOAD: f.job,

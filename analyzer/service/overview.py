@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 from analyzer.findings import Finding, rfc3339, sort_findings
 from analyzer.report.html import CSS, UNKNOWN, fmt_hours, fmt_pct, fmt_pts, table
 from analyzer.report.svg import esc
+from analyzer.scores import fleet_summary
+from analyzer.service.fmt import integer, text
 
 if TYPE_CHECKING:
-    from analyzer.api import Current
-    from analyzer.service import AnalyzerService
+    from analyzer.service.deps import Current
+    from analyzer.service.loop import AnalyzerService
 
 TOP_FINDINGS = 10
 TOP_COST_GROUPS = 10
@@ -96,9 +98,7 @@ def _fallback_summary(cur: Current) -> dict[str, Any]:
 
 
 def _where(f: Finding) -> str:
-    from analyzer.api import _int, _text
-
-    host, gpu, mig, rack = _text(f.hostname), _int(f.gpu), _text(f.gpu_instance), _text(f.rack)
+    host, gpu, mig, rack = text(f.hostname), integer(f.gpu), text(f.gpu_instance), text(f.rack)
     parts = [p for p in (host, f"GPU {gpu}" if gpu is not None else None, f"MIG {mig}" if mig else None) if p]
     if not parts and rack:
         parts.append(f"rack {rack}")
@@ -106,9 +106,7 @@ def _where(f: Finding) -> str:
 
 
 def _job(f: Finding) -> str:
-    from analyzer.api import _text
-
-    job, ns = _text(f.job), _text(f.namespace)
+    job, ns = text(f.job), text(f.namespace)
     if not job:
         return ""
     return f"{ns}/{job}" if ns else job
@@ -180,12 +178,7 @@ def render_overview(
         header += (f'<div class="stale" id="status"><strong>Stale:</strong> the latest analysis failed '
                    f"({esc(cur.last_error or 'results too old')}); showing the results of {esc(rfc3339(a.finished))}."
                    "</div>")
-    if a.scores is not None:
-        from analyzer.scores import fleet_summary
-
-        summary = fleet_summary(a.scores)
-    else:
-        summary = _fallback_summary(cur)
+    summary = fleet_summary(a.scores) if a.scores is not None else _fallback_summary(cur)
     body = header + _utilization(summary) + _findings(a.findings) + _cost(cost, cost_note)
     return _page(title, body, refresh=service.interval)
 
