@@ -32,9 +32,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from analyzer import output_schema as O
+from analyzer.analysis.xid import CATALOGUE
 from analyzer.detectors import Paging, kinds, load_detectors
 from analyzer.site import THRESHOLDS, Selectors, Thresholds
-from analyzer.xid import CATALOGUE
 from exporter import schema as S
 from exporter.sources import DEFAULT_DEADLINE
 
@@ -87,7 +87,7 @@ ANALYZER_STALE_SECONDS = 900
 #: DCGM blank/not-supported markers start here; comparisons exclude them (treated as missing).
 DCGM_SENTINEL_MIN = int(S.DCGM_SENTINEL_RANGES[0][0])
 
-# XID classes (analyzer.xid is the catalogue: severity per code) -------------------------------
+# XID classes (analyzer.analysis.xid is the catalogue: severity per code) -------------------------------
 CRITICAL_XIDS: tuple[int, ...] = tuple(sorted(c for c, x in CATALOGUE.items() if x.severity == "critical"))
 INFO_XIDS: tuple[int, ...] = tuple(sorted(c for c, x in CATALOGUE.items() if x.severity == "info"))
 
@@ -409,7 +409,7 @@ class PerGpu:
 #: truegpu's own series: the allocation info names each GPU's workload.
 TRUEGPU_GPUS = PerGpu(key=GPU_BY, ref=GPU_REF, holders=S.GPU_ALLOCATION_INFO.name, owner=f"{NAMESPACE}, {WORKLOAD}")
 
-#: GpuXidError per XID class (analyzer.xid's severities): the summary's name for it and what it means.
+#: GpuXidError per XID class (analyzer.analysis.xid's severities): the summary's name for it and what it means.
 _XID_CLASSES = (
     ("critical", "Critical XID", "the GPU cannot be trusted until it is drained and reset."),
     ("warning", "XID", "a driver or hardware error, see the runbook's XID table."),

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from analyzer.signals import ALLOCATION_LABELS
+from analyzer.data.signals import ALLOCATION_LABELS
 
 #: Version of the JSON truegpu writes (analyze --json, the API): 2 names the workload ``workload``
 #: (``job`` in 1) in findings, filters, levels and cost groups.

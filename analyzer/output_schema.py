@@ -68,7 +68,7 @@ GPU_HOURLY_COST = Metric(
     labels=("model", "sku", "currency"), scope="exporter",
 )
 
-#: The label naming a part of the GPU-hour partition, and its values (defined in analyzer.partition).
+#: The label naming a part of the GPU-hour partition, and its values (defined in analyzer.analysis.partition).
 PART_LABEL = "part"
 PARTS: tuple[str, ...] = (
     "effective", "idle_allocated", "masked", "straggler", "throttled", "underused",

@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from analyzer.analysis.partition import attach
+from analyzer.analysis.scores import Scores, compute_scores
+from analyzer.data.frame import Fleet
 from analyzer.detectors import make_detector, run_detectors
 from analyzer.findings import Finding
-from analyzer.frame import Fleet
-from analyzer.partition import attach
-from analyzer.scores import Scores, compute_scores
 from analyzer.site import SiteConfig, default_site
 
 Settings = Mapping[str, Mapping[str, Any]]

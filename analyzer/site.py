@@ -3,7 +3,7 @@
 Sections (each optional; a missing section keeps the defaults):
 
 ``workload_classes``: what a healthy workload of each class attains, so the GPU-hour
-partition (analyzer.partition) can tell the normal headroom of healthy work from recoverable
+partition (analyzer.analysis.partition) can tell the normal headroom of healthy work from recoverable
 under-use. A list, checked in order, before the built-in classes (an entry named like a
 built-in one replaces it)::
 
@@ -75,7 +75,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from analyzer.signals import ALLOCATION_COLUMN_OF
+from analyzer.data.signals import ALLOCATION_COLUMN_OF
 from exporter import schema as S
 
 #: Labels a class can match on, as the site file names them (wire labels: ``workload``, not ``job``).
@@ -94,7 +94,7 @@ class WorkloadClass:
     """A class of workloads and the effective utilization its healthy members attain."""
 
     name: str
-    #: frame column (analyzer.signals.ALLOCATION_COLUMN_OF of a match label) -> globs (case-insensitive).
+    #: frame column (analyzer.data.signals.ALLOCATION_COLUMN_OF of a match label) -> globs (case-insensitive).
     match: Mapping[str, tuple[str, ...]]
     #: Effective utilization healthy work of this class attains at least (0..1).
     floor: float

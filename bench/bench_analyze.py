@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from analyzer.analysis.partition import attach  # noqa: E402
+from analyzer.analysis.scores import compute_scores  # noqa: E402
+from analyzer.data.simulated import fleet_from_cluster  # noqa: E402
 from analyzer.detectors import run_detectors  # noqa: E402
-from analyzer.partition import attach  # noqa: E402
-from analyzer.scores import compute_scores  # noqa: E402
-from analyzer.simulated import fleet_from_cluster  # noqa: E402
 from bench.benchutil import status_mb  # noqa: E402
 from exporter.simulator import Cluster, load_scenario  # noqa: E402
 
@@ -53,7 +53,7 @@ def main() -> None:
         t1 = time.perf_counter()
         findings = run_detectors(fleet)
         t2 = time.perf_counter()
-        attach(scores, fleet, findings)  # the GPU-hour partition analyze prints (analyzer.partition)
+        attach(scores, fleet, findings)  # the GPU-hour partition analyze prints (analyzer.analysis.partition)
         t3 = time.perf_counter()
         best_scores, best_detect = min(best_scores, t1 - t0), min(best_detect, t2 - t1)
         best_split = min(best_split, t3 - t2)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from analyzer.ingest import read_openmetrics  # noqa: E402
+from analyzer.data.ingest import read_openmetrics  # noqa: E402
 from exporter import schema  # noqa: E402
 from exporter.simulator.history import write_openmetrics  # noqa: E402
 

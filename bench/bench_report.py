@@ -10,7 +10,7 @@
 
 IN MEMORY: the fleet comes from the simulator, not from a file or a Prometheus (30 days of
 1,000 GPUs is ~300 M samples, too much to backfill here); the end-to-end 30-day path reads
-daily rollups (issue 15). The work budget (analyzer.budget) admits this request: 8.8 M rows.
+daily rollups (issue 15). The work budget (analyzer.data.budget) admits this request: 8.8 M rows.
 
     .venv/bin/python bench/bench_report.py [--nodes-per-rack 16] [--racks 4] [--days 30] [--step 300]
 """
@@ -26,12 +26,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from analyzer.budget import check_rows, check_window  # noqa: E402
+from analyzer.analysis.scores import compute_scores  # noqa: E402
+from analyzer.data.budget import check_rows, check_window  # noqa: E402
+from analyzer.data.simulated import fleet_from_cluster  # noqa: E402
 from analyzer.detectors import run_detectors  # noqa: E402
 from analyzer.finops.catalog import default_catalog  # noqa: E402
 from analyzer.finops.costs import COST_FINDING_KINDS, cost_report  # noqa: E402
-from analyzer.scores import compute_scores  # noqa: E402
-from analyzer.simulated import fleet_from_cluster  # noqa: E402
 from bench.benchutil import reset_peak, status_mb  # noqa: E402
 from exporter.simulator import Cluster, load_scenario  # noqa: E402
 

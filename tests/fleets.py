@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analyzer.frame import Fleet, gpu_share
-from analyzer.signals import ALLOCATION_COLUMNS
+from analyzer.data.frame import Fleet, gpu_share
+from analyzer.data.signals import ALLOCATION_COLUMNS
 
 START = 1_700_000_000.0
 _CATEGORIES = ("hostname", "gpu", "uuid", "gpu_instance", "mig_profile", "model", "site", "rack", *ALLOCATION_COLUMNS)

@@ -43,7 +43,7 @@ class Source:
         self.cluster, self.down, self.calls = cluster, False, 0
 
     def __call__(self, start: float, end: float):
-        from analyzer.simulated import fleet_from_cluster
+        from analyzer.data.simulated import fleet_from_cluster
 
         self.calls += 1
         if self.down:
@@ -238,7 +238,7 @@ def test_findings_validation_errors_are_422_with_a_clear_message(api, params, wo
 # -- scores --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("level", ["gpu", "node", "workload", "namespace", "model", "fleet"])
 def test_scores_per_level(api, analyzed, level):
-    from analyzer.scores import LEVELS
+    from analyzer.analysis.scores import LEVELS
 
     scores = analyzed[0].snapshot().analysis.scores
     internal = {"workload": "job"}.get(level, level)  # the frame's column for the workload is "job"
@@ -256,7 +256,7 @@ def test_scores_per_level(api, analyzed, level):
 
 
 def test_scores_fleet_matches_fleet_summary_and_validation(api, analyzed):
-    from analyzer.scores import fleet_summary
+    from analyzer.analysis.scores import fleet_summary
 
     summary = fleet_summary(analyzed[0].snapshot().analysis.scores)
     row = get(api, "/api/scores", allocated_only="true").json()["rows"][0]
@@ -352,10 +352,10 @@ def test_cost_validation(api, params, word):
 
 
 def test_rollups_written_idempotently_and_served_beyond_the_window(cluster, catalog, tmp_path: Path):
+    from analyzer.analysis.scores import compute_scores
     from analyzer.finops import cost_report
     from analyzer.finops.outputs import to_focus_csv
     from analyzer.finops.store import open_store
-    from analyzer.scores import compute_scores
 
     store = str(tmp_path / "rollups.db")
     source = Source(cluster)
@@ -404,8 +404,8 @@ def test_rollups_written_idempotently_and_served_beyond_the_window(cluster, cata
 
 
 def test_overview_page_shows_the_numbers(api, analyzed):
+    from analyzer.analysis.scores import fleet_summary
     from analyzer.report.html import fmt_pct
-    from analyzer.scores import fleet_summary
 
     a = analyzed[0].snapshot().analysis
     page = get(api, "/").text

@@ -1,7 +1,7 @@
 """The house rules of the layout: no import cycles anywhere, no function over 120 lines.
 
 An import placed inside a function to dodge a cycle still couples the two modules both ways; what
-both sides need belongs in a leaf module (exporter/simulator/series.py, analyzer/rows.py,
+both sides need belongs in a leaf module (exporter/simulator/series.py, analyzer/analysis/rows.py,
 analyzer/service/fmt.py). Imports under ``if TYPE_CHECKING:`` are for annotations only and do not
 count; a package importing its own submodules (``analyzer/service/__init__.py``) is not a cycle.
 """

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from analyzer import budget
-from analyzer.budget import BudgetError, check_rows, check_window
+from analyzer.data import budget
+from analyzer.data.budget import BudgetError, check_rows, check_window
 from tests.conftest import free_port
 from truegpu.cli import main
 

@@ -9,12 +9,12 @@ import math
 import numpy as np
 import pytest
 
-from analyzer.coverage import coverage, hold_allocations, observed_rows
+from analyzer.analysis.scores import compute_scores, fleet_summary
+from analyzer.data.coverage import coverage, hold_allocations, observed_rows
+from analyzer.data.ingest import read_openmetrics
+from analyzer.data.normalize import normalize
 from analyzer.finops.catalog import default_catalog
 from analyzer.finops.costs import COMPONENTS, cost_report
-from analyzer.ingest import read_openmetrics
-from analyzer.normalize import normalize
-from analyzer.scores import compute_scores, fleet_summary
 from exporter.simulator.history import write_history
 from exporter.simulator.model import Cluster
 from exporter.simulator.scenario import load_scenario

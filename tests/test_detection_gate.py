@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from analyzer.analysis.evaluate import evaluate_scenarios, pooled
 from analyzer.detectors import load_detectors
-from analyzer.evaluate import evaluate_scenarios, pooled
 from analyzer.findings import TOPOLOGY
 
 GATE = 0.95

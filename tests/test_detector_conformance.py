@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from analyzer import detectors as D
+from analyzer.data.frame import Fleet
 from analyzer.findings import Finding
-from analyzer.frame import Fleet
 from tests.fleets import make_fleet
 
 SEVERITIES = ("critical", "warning", "info")
@@ -68,7 +68,7 @@ def _no_signals() -> Fleet:
 
 
 def _scenario(name: str, dialect: str) -> Fleet:
-    from analyzer.evaluate import named_scenario_fleet
+    from analyzer.analysis.evaluate import named_scenario_fleet
 
     return named_scenario_fleet(name, dialect, 60.0)[1]
 

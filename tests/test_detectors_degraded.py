@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analyzer.data.frame import Fleet
 from analyzer.detectors import make_detector, run_detectors
 from analyzer.detectors.degraded import DegradedGpu
 from analyzer.findings import DEGRADED_GPU, Finding
-from analyzer.frame import Fleet
 from tests.test_episodes import STEP, T0, make_fleet
 
 STEPS = 120  # 2 h of one-minute samples
@@ -283,7 +283,7 @@ HEALTHY = ("healthy-fleet", "healthy-long", "noisy-neighbours")
 
 def _scenario_results(dialect: str) -> dict[str, tuple[dict, list[Finding], set[str]]]:
     """scenario -> (evaluation of degraded_gpu, its findings, names of its memory-bound jobs)."""
-    from analyzer.evaluate import evaluate, named_scenario_fleet
+    from analyzer.analysis.evaluate import evaluate, named_scenario_fleet
     from exporter.simulator.scenario import list_scenarios
 
     out = {}

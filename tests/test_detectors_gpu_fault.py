@@ -8,12 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analyzer.analysis.evaluate import evaluate_scenarios
+from analyzer.analysis.xid import APPLICATION_XIDS, describe
+from analyzer.data.frame import Fleet
 from analyzer.detectors import make_detector
 from analyzer.detectors.gpu_fault import GpuFault
-from analyzer.evaluate import evaluate_scenarios
 from analyzer.findings import GPU_FAULT
-from analyzer.frame import Fleet
-from analyzer.xid import APPLICATION_XIDS, describe
 from exporter.simulator.scenario import list_scenarios
 from tests.test_episodes import STEP, T0, make_fleet
 

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analyzer.data.frame import Fleet
 from analyzer.detectors import DETECTORS, Detector, load_detectors, make_detector, register, run_detectors
 from analyzer.detectors.idle_allocated import IdleAllocated
 from analyzer.detectors.idle_masking import IdleMasking
 from analyzer.findings import IDLE_ALLOCATED, IDLE_MASKING, Finding
-from analyzer.frame import Fleet
 from tests.test_episodes import STEP, T0, make_fleet
 
 COMPUTE = {"gpu_util": 0.97, "sm_active": 0.65, "tensor_active": 0.2, "dram_active": 0.32}

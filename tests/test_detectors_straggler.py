@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analyzer.data.frame import Fleet
 from analyzer.detectors import make_detector, run_detectors
 from analyzer.findings import STRAGGLER
-from analyzer.frame import Fleet
 
 STEP = 60.0
 T0 = 1_767_000_000.0
@@ -178,7 +178,7 @@ MAX_ONSET_S = 900.0
 
 
 def _judge(names: list[str], dialect: str) -> tuple[int, int, int, int, list, list]:
-    from analyzer.evaluate import evaluate, matches, named_scenario_fleet
+    from analyzer.analysis.evaluate import evaluate, matches, named_scenario_fleet
 
     tp = fp = det = truth = 0
     wrong, late = [], []

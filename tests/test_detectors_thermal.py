@@ -9,11 +9,11 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
+from analyzer.analysis.evaluate import evaluate_scenarios
+from analyzer.data.frame import Fleet
 from analyzer.detectors import run_detectors
 from analyzer.detectors.thermal import Thermal
-from analyzer.evaluate import evaluate_scenarios
 from analyzer.findings import THERMAL, Finding
-from analyzer.frame import Fleet
 from exporter.simulator.scenario import list_scenarios
 from tests.test_episodes import STEP, T0, make_fleet
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from analyzer.analysis.evaluate import evaluate_scenarios
+from analyzer.data.frame import TOPOLOGY_COLUMNS, Fleet
 from analyzer.detectors import run_detectors
 from analyzer.detectors.topology import Topology, _one_numa_packing
-from analyzer.evaluate import evaluate_scenarios
 from analyzer.findings import TOPOLOGY
-from analyzer.frame import TOPOLOGY_COLUMNS, Fleet
 from exporter.simulator.scenario import list_scenarios
 from tests.test_episodes import STEP, T0, make_fleet
 

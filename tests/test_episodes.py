@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzer.episodes import find_episodes, format_duration, tristate
-from analyzer.frame import Fleet, gpu_share
+from analyzer.analysis.episodes import find_episodes, format_duration, tristate
+from analyzer.data.frame import Fleet, gpu_share
 
 T0 = 1_767_571_200.0  # 2026-01-05T00:00:00Z
 STEP = 60.0

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from analyzer.evaluate import DEFAULT_KINDS, evaluate, evaluate_scenarios, fleet_gpu_hours, format_table, matches
+from analyzer.analysis.evaluate import (
+    DEFAULT_KINDS,
+    evaluate,
+    evaluate_scenarios,
+    fleet_gpu_hours,
+    format_table,
+    matches,
+)
 from analyzer.findings import IDLE_ALLOCATED, IDLE_MASKING, STRAGGLER, THERMAL, Finding
 from exporter.simulator.scenario import list_scenarios
 from tests.test_episodes import T0, make_fleet
@@ -156,7 +163,7 @@ def test_table_lists_every_scenario_and_kind(truegpu_results: list[dict]) -> Non
 
 
 def test_coarser_findings_match_node_truth_they_contain():
-    from analyzer.evaluate import matches
+    from analyzer.analysis.evaluate import matches
     from analyzer.findings import THERMAL, TOPOLOGY, Finding
 
     node_truth = {"kind": THERMAL, "hostname": "r1-n2", "gpu": None, "job": None, "start": 0.0, "end": None}

@@ -14,6 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analyzer.analysis.scores import compute_scores
+from analyzer.data.frame import Fleet, empty_frame
+from analyzer.data.simulated import fleet_from_cluster
 from analyzer.detectors import run_detectors
 from analyzer.findings import IDLE_MASKING, STRAGGLER, Finding
 from analyzer.finops import outputs
@@ -33,9 +36,6 @@ from analyzer.finops.costs import (
     daily_rollups,
     load_team_map,
 )
-from analyzer.frame import Fleet, empty_frame
-from analyzer.scores import compute_scores
-from analyzer.simulated import fleet_from_cluster
 from exporter.simulator import Cluster, load_scenario
 from tests import fleets
 
@@ -487,8 +487,8 @@ def test_html_is_self_contained(mixed_report, tmp_path):
 
 
 def test_savings_ranked_with_their_lever_at_the_top(mixed_report, tmp_path):
+    from analyzer.analysis.partition import LEVERS
     from analyzer.finops.costs import savings
-    from analyzer.partition import LEVERS
 
     top = savings(mixed_report)
     costs = [r["cost"] for r in top]

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from analyzer.ingest import PrometheusClient, PrometheusError
+from analyzer.data.ingest import PrometheusClient, PrometheusError
 from exporter import schema as S
 from exporter.collector import build_registry
 from exporter.sources.dcgm import DcgmSource

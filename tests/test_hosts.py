@@ -1,5 +1,5 @@
 """dcgm-exporter pod names in the host label -> nodes via kube-state-metrics' kube_pod_info
-(analyzer.hosts), from an OpenMetrics file and from a REAL Prometheus backfilled by promtool.
+(analyzer.data.hosts), from an OpenMetrics file and from a REAL Prometheus backfilled by promtool.
 
 The history: node-a's two GPUs are served by dcgm-exporter-wwwjh, then (after a DaemonSet roll
 half-way) by dcgm-exporter-x7k2p; node-b's GPU by nvidia-dcgm-exporter-7xk2p all along. GPU 0 of
@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzer import hosts
-from analyzer.hosts import map_exporter_pods, pod_info, pod_info_query
-from analyzer.load import load_files, load_prometheus
+from analyzer.data import hosts
+from analyzer.data.hosts import map_exporter_pods, pod_info, pod_info_query
+from analyzer.data.load import load_files, load_prometheus
 from exporter import schema as S
 from tests.realprom import backfilled_prometheus
 

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzer.ingest import IngestReport, MetricFilter, metric_filter, read_openmetrics
-from analyzer.ingest.openmetrics import parse_sample_line, unescape_label_value
+from analyzer.data.ingest import IngestReport, MetricFilter, metric_filter, read_openmetrics
+from analyzer.data.ingest.openmetrics import parse_sample_line, unescape_label_value
 from exporter import schema
 from exporter.simulator.history import sample_times, write_openmetrics
 

@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from analyzer.ingest import MetricFilter, PrometheusClient, PrometheusError, query_prometheus, selector
-from analyzer.ingest.prometheus import (
+from analyzer.data.ingest import MetricFilter, PrometheusClient, PrometheusError, query_prometheus, selector
+from analyzer.data.ingest.prometheus import (
     Matcher,
     aggregate_query,
     chunk_windows,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.load import load_files, load_prometheus
-from analyzer.simulated import fleet_from_cluster
+from analyzer.data.load import load_files, load_prometheus
+from analyzer.data.simulated import fleet_from_cluster
 from exporter.simulator.dcgm_dialect import DcgmOptions
 from exporter.simulator.history import write_history
 from exporter.simulator.model import Cluster

@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzer.frame import EVENT_COLUMNS, Fleet
-from analyzer.ingest import BadLine, IngestReport, read_openmetrics
-from analyzer.normalize import normalize
-from analyzer.signals import NAMES
-from analyzer.simulated import fleet_from_cluster
+from analyzer.data.frame import EVENT_COLUMNS, Fleet
+from analyzer.data.ingest import BadLine, IngestReport, read_openmetrics
+from analyzer.data.normalize import normalize
+from analyzer.data.signals import NAMES
+from analyzer.data.simulated import fleet_from_cluster
 from exporter import schema as S
 from exporter.simulator.dcgm_dialect import DcgmOptions
 from exporter.simulator.history import write_history

@@ -97,9 +97,9 @@ def page_url(tmp_path_factory):
 
 
 def test_overview_in_headless_chromium(page_url, tmp_path):
+    from analyzer.analysis.scores import fleet_summary
     from analyzer.finops import cost_report, load_catalog
     from analyzer.report.html import fmt_pct
-    from analyzer.scores import fleet_summary
 
     service, url = page_url
     authed = url.replace("http://", f"http://anyone:{TOKEN}@") + "/"

@@ -10,11 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer.detectors import run_detectors
-from analyzer.findings import IDLE_MASKING
-from analyzer.finops.catalog import default_catalog
-from analyzer.finops.costs import cost_report
-from analyzer.partition import (
+from analyzer.analysis.partition import (
     NORMAL,
     PARTS,
     WASTE,
@@ -23,8 +19,12 @@ from analyzer.partition import (
     row_classes,
     row_parts,
 )
-from analyzer.scores import compute_scores, fleet_summary
-from analyzer.simulated import fleet_from_cluster
+from analyzer.analysis.scores import compute_scores, fleet_summary
+from analyzer.data.simulated import fleet_from_cluster
+from analyzer.detectors import run_detectors
+from analyzer.findings import IDLE_MASKING
+from analyzer.finops.catalog import default_catalog
+from analyzer.finops.costs import cost_report
 from analyzer.site import UNCLASSIFIED, default_site, load_site, parse_site
 from exporter.simulator import Cluster, load_scenario
 from tests import fleets

@@ -11,15 +11,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analyzer.analysis.scores import compute_scores, fleet_summary
+from analyzer.data.frame import Fleet
+from analyzer.data.signals import ALLOCATION_COLUMNS
+from analyzer.data.simulated import fleet_from_cluster
 from analyzer.findings import Finding
-from analyzer.frame import Fleet
 from analyzer.report import data as D
 from analyzer.report import write_report
 from analyzer.report.html import fmt_hours, fmt_pct, fmt_pts
 from analyzer.report.svg import nice_ticks, time_ticks
-from analyzer.scores import compute_scores, fleet_summary
-from analyzer.signals import ALLOCATION_COLUMNS
-from analyzer.simulated import fleet_from_cluster
 from exporter.simulator import Cluster, load_scenario
 
 HOSTILE = '<script>alert("x")</script>'

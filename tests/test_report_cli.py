@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.finops import costs, outputs, report_cli
+from analyzer.cli import report as report_cli
+from analyzer.finops import costs, outputs
 from exporter.simulator import Cluster, load_scenario
 from exporter.simulator.history import write_history
 from truegpu.cli import main
@@ -158,7 +159,7 @@ def test_console_script_lists_and_runs_report(tmp_path):
     help_text = subprocess.run([TRUEGPU, "--help"], capture_output=True, text=True, check=True).stdout
     assert "report" in help_text
     # registering the command loads no pandas (the exporter shares the console script)
-    code = ("import sys, argparse; from analyzer.finops import report_cli; "
+    code = ("import sys, argparse; from analyzer.cli import report as report_cli; "
             "report_cli.register(argparse.ArgumentParser().add_subparsers()); print('pandas' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
         == "False"

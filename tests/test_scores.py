@@ -8,10 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzer import bottleneck as B
-from analyzer.frame import Fleet
-from analyzer.rows import FALLBACK_SM_PER_UTIL
-from analyzer.scores import (
+from analyzer.analysis import bottleneck as B
+from analyzer.analysis.rows import FALLBACK_SM_PER_UTIL
+from analyzer.analysis.scores import (
     AGG_COLUMNS,
     LEVELS,
     aggregate,
@@ -19,7 +18,8 @@ from analyzer.scores import (
     fleet_summary,
     row_scores,
 )
-from analyzer.simulated import fleet_from_cluster
+from analyzer.data.frame import Fleet
+from analyzer.data.simulated import fleet_from_cluster
 from exporter.simulator import Cluster, load_scenario
 from tests import fleets
 
@@ -341,7 +341,7 @@ def test_input_starved_job_is_input_bound_in_the_starved_window():
 
 
 def test_empty_fleet_scores_to_zero_hours_and_unknown_means():
-    from analyzer.frame import empty_frame
+    from analyzer.data.frame import empty_frame
 
     sc = compute_scores(Fleet(frame=empty_frame(), step=STEP, start=START, end=START))
     s = fleet_summary(sc)

@@ -126,7 +126,7 @@ def test_collector_merges_findings_that_share_a_series():
 
 # -- loop (unit) --------------------------------------------------------------------------------
 def test_loop_keeps_last_good_results_and_counts_errors():
-    from analyzer.simulated import fleet_from_cluster
+    from analyzer.data.simulated import fleet_from_cluster
 
     now = 1_699_999_980.0  # a multiple of the 60 s step
     scenario = load_scenario("mixed-fleet")
@@ -172,7 +172,7 @@ def live_history(tmp_path_factory) -> tuple[Path, Cluster]:
 @pytest.fixture
 def serve_in_process() -> Iterator:
     """Run ``truegpu serve ARGS`` in a thread; yields start(argv) -> (service, base URL)."""
-    from analyzer import serve_cli
+    from analyzer.cli import serve as serve_cli
     from truegpu.cli import build_parser
 
     stop = threading.Event()
@@ -205,8 +205,8 @@ def serve_in_process() -> Iterator:
 
 
 def test_serve_against_real_prometheus(tmp_path, live_history, serve_in_process, promtool, prometheus_bin):
+    from analyzer.data.simulated import fleet_from_cluster
     from analyzer.detectors import run_detectors
-    from analyzer.simulated import fleet_from_cluster
 
     om, cluster = live_history
     token_file = tmp_path / "token"
@@ -361,7 +361,7 @@ def test_serve_cli_unreachable_prometheus_stays_up_and_stops_on_sigterm(tmp_path
     (["--rollup-store", "ftp://nowhere/x"], "--rollup-store"),
 ])
 def test_serve_rejects_bad_api_and_cost_flags(tmp_path, capsys, extra, message):
-    from analyzer import serve_cli
+    from analyzer.cli import serve as serve_cli
     from truegpu.cli import build_parser
 
     (tmp_path / "TOKEN").write_text("t")

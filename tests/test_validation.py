@@ -80,7 +80,7 @@ def test_impossible_dcgm_values_are_unknown(tmp_path, capsys, cluster) -> None:
 
 
 def test_conflicting_duplicates_are_reported_not_silently_merged(tmp_path) -> None:
-    from analyzer.load import load_files
+    from analyzer.data.load import load_files
 
     name = S.GPU_UTILIZATION.name
     lines = [f'{name}{{hostname="n",gpu="0",uuid="G0"}} {v} {1_700_000_000 + 15 * i}'

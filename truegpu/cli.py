@@ -20,11 +20,11 @@ from exporter import __version__
 COMMANDS: dict[str, str] = {
     "exporter": "exporter.server",
     "simulate": "exporter.simulator.cli",
-    "analyze": "analyzer.cli",
-    "demo": "analyzer.cli",
-    "evaluate": "analyzer.cli",
-    "serve": "analyzer.serve_cli",
-    "report": "analyzer.finops.report_cli",
+    "analyze": "analyzer.cli.analyze",
+    "demo": "analyzer.cli.analyze",
+    "evaluate": "analyzer.cli.analyze",
+    "serve": "analyzer.cli.serve",
+    "report": "analyzer.cli.report",
 }
 
 

@@ -25,9 +25,9 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
-from analyzer.episodes import column
+from analyzer.analysis.episodes import column
+from analyzer.data.frame import Fleet
 from analyzer.findings import Finding, sort_findings
-from analyzer.frame import Fleet
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.episodes import column
-from analyzer.frame import Fleet
+from analyzer.analysis.episodes import column
+from analyzer.data.frame import Fleet
 
 #: MAD -> standard deviation of normally distributed noise.
 MAD_TO_SIGMA = 1.4826

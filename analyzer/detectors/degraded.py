@@ -68,10 +68,10 @@ import pandas as pd
 from scipy.stats import chi2
 from sklearn.covariance import MinCovDet
 
+from analyzer.analysis.episodes import column, find_episodes, format_duration
+from analyzer.data.frame import Fleet
 from analyzer.detectors import Paging, gpu_busy, register
-from analyzer.episodes import column, find_episodes, format_duration
 from analyzer.findings import DEGRADED_GPU, Finding
-from analyzer.frame import Fleet
 from analyzer.site import THRESHOLDS
 
 #: Soft features scored by the MCD model, in order; cap_deficit is handled apart (configuration).

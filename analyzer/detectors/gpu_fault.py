@@ -11,7 +11,7 @@ shows a problem when any of these *causes* holds:
 
 Hard signals, one step is enough (the counters never move on a healthy GPU):
 
-- an XID event (``Fleet.events``), judged with the catalogue in ``analyzer.xid``:
+- an XID event (``Fleet.events``), judged with the catalogue in ``analyzer.analysis.xid``:
   critical (48, 64, 79, 95, ...), warning (63, 74, 92, 94, ...) or, for the codes that are
   usually the application's own bug (13, 31, 43, 45), severity ``info`` and a summary that
   says so;
@@ -53,7 +53,7 @@ Soft signals, they must persist (a transient is link retraining, not a fault):
   nothing (unknown is unknown). Without an XID 79 to confirm it the finding has
   confidence "low" (it may be the exporter losing the GPU, not the GPU).
 
-Merging: the steps where any cause holds become episodes per GPU (``analyzer.episodes``)
+Merging: the steps where any cause holds become episodes per GPU (``analyzer.analysis.episodes``)
 with ``merge_gap_s`` (5 min) of healthy or unknown steps bridged: an XID and its
 consequences (the ECC counter increment in the same or next scrape, the GPU vanishing 30 s
 after an XID 79, a remap turning pending) land within a scrape interval or two, even at a
@@ -83,12 +83,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.analysis.episodes import Episodes, column, find_episodes, format_duration
+from analyzer.analysis.xid import APPLICATION_XIDS, describe
+from analyzer.data.frame import Fleet
+from analyzer.data.signals import NAMES
 from analyzer.detectors import Paging, gpu_busy, register
-from analyzer.episodes import Episodes, column, find_episodes, format_duration
 from analyzer.findings import GPU_FAULT, SEVERITY_ORDER, Finding, Severity, rfc3339
-from analyzer.frame import Fleet
-from analyzer.signals import NAMES
-from analyzer.xid import APPLICATION_XIDS, describe
 
 #: Signal causes: token -> (severity, headline, action). Order = tie-break among equal severities.
 CAUSES: dict[str, tuple[Severity, str, str]] = {

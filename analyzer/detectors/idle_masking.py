@@ -47,17 +47,17 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from analyzer.analysis.episodes import column, find_episodes, format_duration
+from analyzer.data.frame import Fleet
 from analyzer.detectors import Paging, gpu_busy, register
-from analyzer.episodes import column, find_episodes, format_duration
 from analyzer.findings import IDLE_MASKING, Finding
-from analyzer.frame import Fleet
 
 
 @register
 @dataclass
 class IdleMasking:
     """Settings: see the module docstring; ``max_gap_steps``/``max_unknown_steps`` as in
-    analyzer.episodes (one healthy or missing scrape does not split a problem)."""
+    analyzer.analysis.episodes (one healthy or missing scrape does not split a problem)."""
 
     kind = IDLE_MASKING
     paging = Paging(alert="GpuIdleMasking", team="finops", severity="warning", hold_s=1800.0,

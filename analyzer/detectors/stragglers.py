@@ -62,7 +62,7 @@ Thresholds (configurable; why these values):
   per second give or take the drift and noise above).
 * persistence ``window_s`` 300 with ``persist`` 0.6 (3 of 5 one-minute samples): a
   straggler is a property of the member for minutes, not one noisy sample; then episodes
-  (``analyzer.episodes``) of at least ``min_duration_s`` 600 s.
+  (``analyzer.analysis.episodes``) of at least ``min_duration_s`` 600 s.
 
 Impact (upper bounds, stated as "~"): the job runs ``lead - 1`` slower (compute) or
 ``peer_util / util - 1`` (input): the member's extra time per step, not diluted by
@@ -96,11 +96,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.analysis.episodes import column, find_episodes, format_duration
+from analyzer.data.frame import Fleet
 from analyzer.detectors import Paging, gpu_busy, register
 from analyzer.detectors._peers import Blocks, PeerGroups, peer_groups, persistent, rolling_mean
-from analyzer.episodes import column, find_episodes, format_duration
 from analyzer.findings import STRAGGLER, Finding
-from analyzer.frame import Fleet
 from analyzer.site import THRESHOLDS
 
 CAUSES: tuple[str, ...] = ("thermal", "power", "pcie", "nvlink", "input", "unknown")
@@ -141,7 +141,7 @@ class Straggler:
       perfectly uniform gang (MAD ~0) does not turn a 1-point difference into z = 100.
     - ``power_cap_ratio`` 0.97: drawing 97 % of the power limit or more counts as power-capped (the
       limiter holds power within ~2 % of the cap), the cause named for a slow member there.
-    - ``max_gap_steps``/``max_unknown_steps``: as in analyzer.episodes (one healthy or missing scrape
+    - ``max_gap_steps``/``max_unknown_steps``: as in analyzer.analysis.episodes (one healthy or missing scrape
       does not split a problem).
     """
 

@@ -65,10 +65,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.analysis.episodes import Episodes, column, find_episodes, format_duration
+from analyzer.data.frame import Fleet
 from analyzer.detectors import Paging, register
-from analyzer.episodes import Episodes, column, find_episodes, format_duration
 from analyzer.findings import THERMAL, Finding
-from analyzer.frame import Fleet
 from analyzer.site import THRESHOLDS
 
 #: Smallest power spread (W) between GPUs of one node that gives a usable slope: ~2 C of
@@ -314,7 +314,7 @@ def _group_reduce(m: np.ndarray, groups: np.ndarray, n_groups: int, how: str) ->
 @dataclass
 class Thermal:
     """Settings: see the module docstring; ``max_gap_steps``/``max_unknown_steps`` as in
-    analyzer.episodes (one healthy or missing scrape does not split a problem)."""
+    analyzer.analysis.episodes (one healthy or missing scrape does not split a problem)."""
 
     kind = THERMAL
     paging = Paging(alert="GpuThermal", team="sre",

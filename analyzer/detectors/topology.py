@@ -6,7 +6,7 @@ as the slowest link the collective crosses. Placement decides which link that is
 interconnect between GPUs without NVLink or on different CPU sockets, host memory between
 MIG instances (MIG has no peer-to-peer and no NVLink), a WAN (a few GB/s, milliseconds of
 latency) between sites. The job then waits at barriers: GPU util stays ~97% while SM and
-tensor activity fall (the ``communication_bound`` class of analyzer.bottleneck). Nothing is
+tensor activity fall (the ``communication_bound`` class of analyzer.analysis.bottleneck). Nothing is
 broken, so no other detector fires; the fix is to reschedule. One finding per job and
 problem (``hostname`` None, ``job``/``namespace`` set: the evaluation matches it to the
 per-node truth of that job), open while the placement lasts. Problems (``evidence.problem``):
@@ -52,7 +52,7 @@ every rule requires a training job: any pod named as a gang member (``-worker-N`
 Kubeflow training-operator / MPI-operator conventions), or, with confidence "low",
 behaviour: >= ``min_pods`` pods, none named like a Deployment's ReplicaSet pod
 (``name-<hash>-<5 chars>``), and median kernel-resident time >= ``busy_min`` (0.8 =
-analyzer.bottleneck's BUSY_UTIL: a gang keeps every member busy, request-driven services
+analyzer.analysis.bottleneck's BUSY_UTIL: a gang keeps every member busy, request-driven services
 follow their load). Cross-member correlation is no use at minute resolution: steps last
 seconds, and inference members correlate *more* (shared diurnal load) than training ones.
 
@@ -63,7 +63,7 @@ else the same over every GPU model of the fleet, SM activity being a ratio of th
 else the calibrated busy SM ~0.60, AcmeTrace; ``evidence.reference_scope`` says which),
 giving ``est_slowdown = 1 - job / reference`` and ``gpu_hours_at_stake = gpu_hours *
 est_slowdown``; ``communication_share`` is the share of its GPU-hours classified
-communication_bound (analyzer.bottleneck.classify).
+communication_bound (analyzer.analysis.bottleneck.classify).
 
 Placement is structural, yet a placement that lasts less than ``min_duration_s`` (5 min)
 is a pod restarting or a job being torn down, not worth a ticket; gaps of up to
@@ -79,11 +79,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.bottleneck import CLASSES, COMM, classify
+from analyzer.analysis.bottleneck import CLASSES, COMM, classify
+from analyzer.analysis.episodes import column, format_duration
+from analyzer.data.frame import Fleet
 from analyzer.detectors import gpu_busy, register
-from analyzer.episodes import column, format_duration
 from analyzer.findings import TOPOLOGY, Finding, Severity
-from analyzer.frame import Fleet
 
 WAN, MIG, NO_NVLINK, NUMA = "wan", "mig", "no_nvlink", "numa"
 #: Pods of a gang: Kubeflow PyTorchJob/TFJob (-master-0, -worker-3, -chief-0, -ps-1), MPIJob (-launcher).

@@ -1,12 +1,12 @@
 """Effective cost: what the fleet's GPU-hours cost and where the money did no work.
 
 ``cost_report(fleet, scores, findings, catalog, group_by=...)`` prices every row of the tidy
-frame (``w = step * gpu_share / 3600`` GPU-hours, ``analyzer.scores``) at its model's catalog
+frame (``w = step * gpu_share / 3600`` GPU-hours, ``analyzer.analysis.scores``) at its model's catalog
 price (``analyzer.finops.catalog``; a MIG slice pays its share) and splits each row's hours,
 and so its dollars, into components that add up to the row exactly.
 
 The cost identity (per row, so per group, per day and for the fleet) is the one GPU-hour
-partition (``analyzer.partition``: its docstring defines every part)::
+partition (``analyzer.analysis.partition``: its docstring defines every part)::
 
     cost = effective
            + idle_allocated + masked + straggler + throttled + underused     (recoverable waste)
@@ -49,13 +49,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.coverage import Coverage, coverage_unknown
+from analyzer.analysis.partition import ATTAINABLE, LEVERS, NORMAL, PARTS, WASTE, per_category, row_parts
+from analyzer.analysis.scores import Scores
+from analyzer.data.coverage import Coverage, coverage_unknown
+from analyzer.data.frame import Fleet
+from analyzer.data.signals import ALLOCATION_COLUMN_OF, ALLOCATION_COLUMNS, ALLOCATION_LABELS
 from analyzer.findings import IDLE_MASKING, STRAGGLER, Finding
 from analyzer.finops.catalog import DEFAULT_BILLING_ACCOUNT, Catalog
-from analyzer.frame import Fleet
-from analyzer.partition import ATTAINABLE, LEVERS, NORMAL, PARTS, WASTE, per_category, row_parts
-from analyzer.scores import Scores
-from analyzer.signals import ALLOCATION_COLUMN_OF, ALLOCATION_COLUMNS, ALLOCATION_LABELS
 from analyzer.site import SiteConfig
 from exporter.schema import WORKLOAD
 
@@ -71,9 +71,9 @@ UNMAPPED = "(unmapped)"
 
 #: The finding kinds the split reads (straggler wait, masked): run at least these before cost_report.
 COST_FINDING_KINDS: tuple[str, ...] = (STRAGGLER, IDLE_MASKING)
-#: The cost identity's components: the parts of the one GPU-hour partition (analyzer.partition).
+#: The cost identity's components: the parts of the one GPU-hour partition (analyzer.analysis.partition).
 COMPONENTS: tuple[str, ...] = PARTS
-#: Recoverable waste; the other unused parts are normal for healthy work (analyzer.partition).
+#: Recoverable waste; the other unused parts are normal for healthy work (analyzer.analysis.partition).
 WASTE_COMPONENTS: tuple[str, ...] = WASTE
 #: Unused but normal: the headroom of healthy work, bandwidth-bound work, power caps.
 NORMAL_COMPONENTS: tuple[str, ...] = NORMAL

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.coverage import MOSTLY_EMPTY, Coverage, coverage_unknown
+from analyzer.data.coverage import MOSTLY_EMPTY, Coverage, coverage_unknown
 from analyzer.findings import json_ready
 from analyzer.finops.costs import (
     COMPONENTS,

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from analyzer.analysis.scores import Scores
+from analyzer.data.frame import Fleet
 from analyzer.findings import Finding
-from analyzer.frame import Fleet
 from analyzer.report.html import render
-from analyzer.scores import Scores
 
 __all__ = ["render", "write_report"]
 

@@ -1,6 +1,6 @@
 """The numbers behind the report's charts and tables, vectorized over the tidy frame.
 
-Same weighting as analyzer.scores: a row weighs ``gpu_share`` GPUs over ``step`` seconds;
+Same weighting as analyzer.analysis.scores: a row weighs ``gpu_share`` GPUs over ``step`` seconds;
 a mean is taken over the rows where the value is known (unknown rows are left out, never
 counted as 0).
 """
@@ -12,9 +12,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from analyzer.frame import Fleet
-from analyzer.rows import IDLE_UTIL, allocated_rows, mig_rows
-from analyzer.scores import Scores
+from analyzer.analysis.rows import IDLE_UTIL, allocated_rows, mig_rows
+from analyzer.analysis.scores import Scores
+from analyzer.data.frame import Fleet
 
 #: Most points a time-series chart draws; longer windows are averaged into wider buckets.
 MAX_POINTS = 720

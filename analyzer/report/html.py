@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.coverage import MOSTLY_EMPTY
+from analyzer.analysis.partition import attach
+from analyzer.analysis.rows import FALLBACK_SM_PER_UTIL, IDLE_UTIL, mig_rows
+from analyzer.analysis.scores import Scores, fleet_summary
+from analyzer.data.coverage import MOSTLY_EMPTY
+from analyzer.data.frame import Fleet
 from analyzer.findings import Finding, rfc3339, sort_findings
-from analyzer.frame import Fleet
-from analyzer.partition import attach
 from analyzer.report import data, svg
 from analyzer.report.svg import esc
-from analyzer.rows import FALLBACK_SM_PER_UTIL, IDLE_UTIL, mig_rows
-from analyzer.scores import Scores, fleet_summary
 
 UNKNOWN = "unknown"
 REPORTED_COLOR, EFFECTIVE_COLOR, GAP_COLOR, WASTE_COLOR = "#e08a2c", "#2f6db5", "#8e44ad", "#c0504d"
@@ -446,7 +446,7 @@ def _method() -> str:
         "Masking gap: reported GPU util − SM activity, on whole GPUs. Healthy training typically shows ~35 points.",
         "Recoverable waste: allocated GPU-hours with known utilization that did no SM work and that the owner can "
         "get back: idle GPUs, masked (where the idle-masking detector flags it), straggler wait, throttling by heat "
-        "or hardware, and use below what the workload's class attains (analyzer/partition.py).",
+        "or hardware, and use below what the workload's class attains (analyzer/analysis/partition.py).",
         "Normal headroom: the gap healthy work of the workload's class normally has (site config; built-in: "
         "training 45%, inference 10% effective, from AcmeTrace's busy-GPU SM activity), bandwidth-bound work and "
         "power-capped clocks; unclassified: the gap of workloads of no known class.",

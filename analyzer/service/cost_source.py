@@ -78,7 +78,7 @@ class CostSource:
 
 def last(analysis: Analysis, seconds: float) -> Analysis:
     """The analysis restricted to its last ``seconds`` (scores recomputed; findings that overlap)."""
-    from analyzer.scores import compute_scores
+    from analyzer.analysis.scores import compute_scores
 
     fleet = analysis.fleet
     if fleet is None:

@@ -25,9 +25,9 @@ from analyzer.service.fmt import label_value, number, short_error
 from exporter.timeparse import iso
 
 if TYPE_CHECKING:
+    from analyzer.analysis.scores import Scores
+    from analyzer.data.frame import Fleet
     from analyzer.findings import Finding
-    from analyzer.frame import Fleet
-    from analyzer.scores import Scores
     from analyzer.site import SiteConfig
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class Analysis:
 
 def _part_values(scores: Scores) -> dict[str, Any]:
     """The partition's GPU-hours per part, for the fleet and per namespace (empty when not attached)."""
-    from analyzer.partition import PARTS
+    from analyzer.analysis.partition import PARTS
 
     p = scores.partition
     if p is None:
@@ -366,7 +366,7 @@ def prometheus_loader(
     """A Loader over ``load_prometheus`` with fixed step, matchers and client settings."""
 
     def load(start: float, end: float) -> Fleet:
-        from analyzer.load import load_prometheus
+        from analyzer.data.load import load_prometheus
 
         return load_prometheus(url, start, end, step, matchers=matchers, job_label=job_label, **client_kwargs)
 

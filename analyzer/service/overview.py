@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from analyzer.analysis.scores import fleet_summary
 from analyzer.findings import Finding, rfc3339, sort_findings
 from analyzer.report.html import CSS, UNKNOWN, fmt_hours, fmt_pct, fmt_pts, table
 from analyzer.report.svg import esc
-from analyzer.scores import fleet_summary
 from analyzer.service.fmt import integer, text
 
 if TYPE_CHECKING:

@@ -7,11 +7,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse
 
-from analyzer.scores import AGG_COLUMNS, LEVELS
+from analyzer.analysis.scores import AGG_COLUMNS, LEVELS
+from analyzer.data.signals import ALLOCATION_COLUMN_OF, ALLOCATION_LABELS
 from analyzer.service.deps import API_ERRORS, ServiceDep, answer, api_auth, current, need_scores, reject_unknown
 from analyzer.service.fmt import number, text
 from analyzer.service.models import Level, ScoresOut
-from analyzer.signals import ALLOCATION_COLUMN_OF, ALLOCATION_LABELS
 
 router = APIRouter(tags=["api"])
 

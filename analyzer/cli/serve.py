@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from analyzer.budget import check_window
-from analyzer.cli import (
+from analyzer.cli.analyze import (
     DEFAULT_STEP,
     _arg,
     _client_kwargs,
@@ -29,6 +28,7 @@ from analyzer.cli import (
     add_range_arguments,
     add_site_argument,
 )
+from analyzer.data.budget import check_window
 from analyzer.site import load_site
 from exporter.server import parse_listen
 from exporter.timeparse import parse_positive_duration
@@ -90,7 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cost.add_argument("--rollup-interval", type=_arg(parse_positive_duration), default=DEFAULT_ROLLUP_INTERVAL,
                       help="how often the current day's rollup is rewritten "
                       f"(default {DEFAULT_ROLLUP_INTERVAL / 60:g}m)")
-    # The same Prometheus connection options as `truegpu analyze` (read by analyzer.cli._client_kwargs).
+    # The same Prometheus connection options as `truegpu analyze` (read by analyzer.cli.analyze._client_kwargs).
     add_prometheus_arguments(p.add_argument_group("Prometheus"))
     p.set_defaults(func=run)
 

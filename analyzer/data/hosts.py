@@ -20,10 +20,10 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from analyzer import dialects as D
-from analyzer.ingest import IngestReport, PrometheusClient
-from analyzer.ingest._common import FrameBuilder
-from analyzer.ingest.prometheus import duration, selector
+from analyzer.data import dialects as D
+from analyzer.data.ingest import IngestReport, PrometheusClient
+from analyzer.data.ingest._common import FrameBuilder
+from analyzer.data.ingest.prometheus import duration, selector
 from exporter.schema import DCGM_EXPORTER_POD, KUBE_POD_INFO, KUBE_POD_INFO_NODE, KUBE_POD_INFO_POD
 
 #: Pod names per kube_pod_info query: keeps the regex matcher well under server limits.

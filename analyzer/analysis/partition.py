@@ -4,7 +4,7 @@ Every number that says where GPU-hours went (cost reports, analyze, the HTML rep
 API, the rollups, the overview page and the published series) comes from ``row_parts``.
 Per row (``w = step * gpu_share / 3600`` GPU-hours), the fractions add up to 1:
 
-* rows without data (analyzer.coverage; a partly covered edge row for its uncovered share):
+* rows without data (analyzer.data.coverage; a partly covered edge row for its uncovered share):
   ``unknown``, whoever held the GPU; allocated rows whose effective utilization is unknown:
   ``unknown`` (never 0, never waste); rows with data and no workload: ``unallocated``;
 * allocated and measured, with ``eff`` = effective utilization and ``act = eff / clock_ratio``
@@ -37,13 +37,13 @@ import numpy as np
 import pandas as pd
 
 from analyzer import output_schema as O
+from analyzer.analysis.rows import IDLE_UTIL, allocated_rows
+from analyzer.analysis.scores import Scores
 from analyzer.findings import IDLE_MASKING, STRAGGLER, Finding
-from analyzer.rows import IDLE_UTIL, allocated_rows
-from analyzer.scores import Scores
 from analyzer.site import UNCLASSIFIED, SiteConfig, default_site
 
 if TYPE_CHECKING:
-    from analyzer.frame import Fleet
+    from analyzer.data.frame import Fleet
 
 #: The parts, in report order; recoverable waste; unused but normal (the published contract's names).
 PARTS, WASTE, NORMAL = O.PARTS, O.WASTE_PARTS, O.NORMAL_PARTS

@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.data.frame import Fleet
 from analyzer.findings import IDLE_ALLOCATED, IDLE_MASKING, Finding
-from analyzer.frame import Fleet
 from analyzer.pipeline import detect
 from analyzer.site import SiteConfig
 
@@ -188,16 +188,16 @@ def scenario_fleet(cluster: Any, dialect: str = "truegpu", step: float = 60.0, *
 
     truegpu: straight from the simulator's table (``fleet_from_cluster``). dcgm: the
     cluster's history written as dcgm-exporter would have exposed it (``dcgm_counters``
-    "all" or "default"), read back through ``analyzer.load.load_files``: the full path a
+    "all" or "default"), read back through ``analyzer.data.load.load_files``: the full path a
     user's dcgm data takes.
     """
     if dialect == "truegpu":
-        from analyzer.simulated import fleet_from_cluster
+        from analyzer.data.simulated import fleet_from_cluster
 
         return fleet_from_cluster(cluster, step=step)
     if dialect != "dcgm":
         raise ValueError(f"unknown dialect {dialect!r} (one of {', '.join(DIALECTS)})")
-    from analyzer.load import load_files  # written alongside; imported lazily so truegpu works without it
+    from analyzer.data.load import load_files  # written alongside; imported lazily so truegpu works without it
     from exporter.simulator.dcgm_dialect import DcgmOptions
     from exporter.simulator.history import write_history
 
@@ -208,7 +208,7 @@ def scenario_fleet(cluster: Any, dialect: str = "truegpu", step: float = 60.0, *
         loaded = load_files([path])
     if isinstance(loaded, Fleet):
         return loaded
-    from analyzer.normalize import normalize
+    from analyzer.data.normalize import normalize
 
     return normalize(loaded)
 

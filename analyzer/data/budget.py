@@ -1,6 +1,6 @@
 """Bounded work: refuse a window, step or answer that would not fit, before querying or allocating.
 
-An analysis holds one row per device and step (``analyzer.frame``), about 40 float columns, so
+An analysis holds one row per device and step (``analyzer.data.frame``), about 40 float columns, so
 its memory is rows x ~330 bytes. The limits below keep one analysis inside a 24 GB machine and
 say what to change when a request is over them; they bound a request, not the fleet (the scale
 work splits larger fleets by series and time).

@@ -1,7 +1,7 @@
 """What one row of the tidy frame says on its own: held by a workload, a MIG instance, idle.
 
 The calibration constants every score and classification shares live here, below both
-:mod:`analyzer.scores` and :mod:`analyzer.bottleneck`, so neither imports the other.
+:mod:`analyzer.analysis.scores` and :mod:`analyzer.analysis.bottleneck`, so neither imports the other.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.signals import ALLOCATION_COLUMNS
+from analyzer.data.signals import ALLOCATION_COLUMNS
 
 #: Calibrated SM activity per unit of kernel-resident time on busy GPUs (0.60 / 0.95, AcmeTrace).
 FALLBACK_SM_PER_UTIL = 0.63

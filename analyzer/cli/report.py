@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from analyzer.cli import (
+from analyzer.cli.analyze import (
     DEFAULT_STEP,
     _arg,
     _error,
@@ -29,7 +29,7 @@ from analyzer.cli import (
     add_site_argument,
     resolve_range,
 )
-from analyzer.signals import ALLOCATION_COLUMNS
+from analyzer.data.signals import ALLOCATION_COLUMNS
 from analyzer.site import load_site
 from exporter.timeparse import parse_positive_duration
 
@@ -104,7 +104,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def _fleet(args: argparse.Namespace, progress: _Progress) -> Any:
     if args.demo:
-        from analyzer.simulated import fleet_from_cluster
+        from analyzer.data.simulated import fleet_from_cluster
         from exporter.simulator import Cluster, load_scenario
 
         scenario = load_scenario(DEMO_SCENARIO)
@@ -127,8 +127,8 @@ def _destination(out: Path, fmt: str) -> Path:
 
 
 def run_report(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from analyzer.data.ingest import PrometheusError
     from analyzer.finops.catalog import load_catalog
-    from analyzer.ingest import PrometheusError
 
     out = out or sys.stdout
     progress = _Progress(args.quiet)

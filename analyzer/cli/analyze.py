@@ -17,8 +17,8 @@ from analyzer.site import load_site
 from exporter.timeparse import iso, parse_positive_duration, parse_time
 
 if TYPE_CHECKING:
+    from analyzer.data.frame import Fleet
     from analyzer.findings import Finding
-    from analyzer.frame import Fleet
 
 DEFAULT_STEP = 60.0
 DEFAULT_REPORT_DIR = "truegpu-report"
@@ -127,7 +127,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e = subparsers.add_parser(
         "evaluate", help="judge the detectors on simulator scenarios with ground truth",
         description="Simulate scenarios, analyze them in one or both input dialects, match findings to the "
-        "ground truth (same kind, same entity, overlapping in time; see analyzer/evaluate.py) and print "
+        "ground truth (same kind, same entity, overlapping in time; see analyzer/analysis/evaluate.py) and print "
         "precision, recall, F1 and onset error per kind.",
     )
     e.add_argument("--scenario", action="append", dest="scenarios", metavar="NAME",
@@ -187,7 +187,7 @@ def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _load(args: argparse.Namespace, progress: _Progress) -> Fleet:
-    from analyzer.load import load_files, load_prometheus
+    from analyzer.data.load import load_files, load_prometheus
 
     if bool(args.input) == bool(args.prometheus):
         raise ValueError("give either --input FILE (repeatable) or --prometheus URL")
@@ -226,7 +226,7 @@ def _emit(fleet: Fleet, scores: Any, findings: list[Finding], args: argparse.Nam
 
 
 def run_analyze(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from analyzer.ingest import PrometheusError
+    from analyzer.data.ingest import PrometheusError
 
     out = out or sys.stdout
     progress = _Progress(args.quiet)
@@ -243,7 +243,7 @@ def run_analyze(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def run_demo(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from analyzer.simulated import fleet_from_cluster
+    from analyzer.data.simulated import fleet_from_cluster
     from exporter.simulator import Cluster, load_scenario
 
     out = out or sys.stdout
@@ -262,8 +262,8 @@ def run_demo(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def run_evaluate(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from analyzer.analysis.evaluate import evaluate_scenarios, format_table, pooled
     from analyzer.detectors import load_detectors
-    from analyzer.evaluate import evaluate_scenarios, format_table, pooled
 
     out = out or sys.stdout
     kinds = args.kinds or sorted(load_detectors())
@@ -308,7 +308,7 @@ def _write_report(out_dir: Path, fleet: Fleet, scores: Any, findings: list[Findi
 # -- output -----------------------------------------------------------------------------------
 def build_summary(fleet: Fleet, scores: Any, findings: list[Finding]) -> dict[str, Any]:
     """The JSON summary: fleet_summary's numbers plus what was analyzed and what is unknown."""
-    from analyzer.scores import fleet_summary
+    from analyzer.analysis.scores import fleet_summary
 
     summary = fleet_summary(scores)
     frame = fleet.frame
@@ -341,7 +341,7 @@ def _split_lines(s: dict[str, Any]) -> list[str]:
     if p is None:
         return [f"unused (allocated, no SM work): {_hours(s['unused_gpu_hours'])} GPU-hours, not split "
                 "(the partition needs the findings)"]
-    from analyzer.partition import NORMAL, WASTE
+    from analyzer.analysis.partition import NORMAL, WASTE
 
     def parts(names: tuple[str, ...]) -> str:
         return ", ".join(f"{_hours(p[n])} {n.replace('_', ' ')}" for n in names if p[n] >= 0.05) or "none"

@@ -47,11 +47,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.bottleneck import bottlenecks
-from analyzer.coverage import Coverage, coverage, coverage_unknown, observed_share
-from analyzer.frame import Fleet
-from analyzer.rows import CONFIDENCE, FALLBACK_SM_PER_UTIL, IDLE_UTIL, allocated_rows, mig_rows
-from analyzer.signals import ALLOCATION_COLUMNS
+from analyzer.analysis.bottleneck import bottlenecks
+from analyzer.analysis.rows import CONFIDENCE, FALLBACK_SM_PER_UTIL, IDLE_UTIL, allocated_rows, mig_rows
+from analyzer.data.coverage import Coverage, coverage, coverage_unknown, observed_share
+from analyzer.data.frame import Fleet
+from analyzer.data.signals import ALLOCATION_COLUMNS
 
 #: Named aggregation levels -> grouping columns. "gpu" is a device: a whole GPU or a MIG instance.
 LEVELS: dict[str, tuple[str, ...]] = {
@@ -87,7 +87,7 @@ def row_scores(fleet: Fleet) -> pd.DataFrame:
     instances or when gpu_util is missing), ``clock_ratio``, ``effective_util``,
     ``effective_tensor``, ``masking_gap`` (floats, NaN = unknown), ``confidence``
     (categorical "high" | "low", NaN when nothing is known) and ``observed`` (the share of the
-    row with data, 0..1: analyzer.coverage.observed_share).
+    row with data, 0..1: analyzer.data.coverage.observed_share).
     """
     fr = fleet.frame
     mig = mig_rows(fr)
@@ -188,7 +188,7 @@ def _table(sums: pd.DataFrame, keys: list[str], allocated_only: bool) -> pd.Data
             "masking_gap": mean(total, "gap"),
             "effective_gpu_hours": total["s_eff"],
             "allocated_effective_gpu_hours": al["s_eff"],
-            # Allocated hours we *know* did no work (waste, headroom...: analyzer.partition splits them);
+            # Allocated hours we *know* did no work (waste, headroom...: analyzer.analysis.partition splits them);
             # unknown hours are not in it, they are unknown.
             "unused_gpu_hours": al["h_eff"] - al["s_eff"],
             "idle_gpu_hours": al["h_idle"],
@@ -216,7 +216,7 @@ def aggregate(
       ``allocated_effective_gpu_hours`` the same over allocated rows;
     * ``unused_gpu_hours`` = allocated hours with known effective_util minus the effective
       GPU-hours in them (allocated - effective, over what we can measure): recoverable waste,
-      normal headroom and unclassified together (analyzer.partition tells them apart);
+      normal headroom and unclassified together (analyzer.analysis.partition tells them apart);
     * ``idle_gpu_hours`` = allocated hours whose GPU was idle (busy < IDLE_UTIL);
     * ``unknown_gpu_hours`` = hours without data, plus allocated hours whose effective_util is
       unknown (reported, never counted as 0 or as unallocated). Per group:
@@ -239,16 +239,16 @@ class Scores:
     levels: dict[str, pd.DataFrame]
     #: level name -> aggregate over allocated rows only.
     allocated: dict[str, pd.DataFrame]
-    #: "job" and "gpu" -> bottleneck class per window (analyzer.bottleneck).
+    #: "job" and "gpu" -> bottleneck class per window (analyzer.analysis.bottleneck).
     bottlenecks: dict[str, pd.DataFrame] = field(default_factory=dict)
     step: float = 0.0
     start: float = 0.0
     end: float = 0.0
     #: Why a score is weaker than it could be (e.g. SM activity not collected).
     notes: list[str] = field(default_factory=list)
-    #: How much of the window has data (analyzer.coverage).
+    #: How much of the window has data (analyzer.data.coverage).
     coverage: Coverage = field(default_factory=coverage_unknown)
-    #: The GPU-hour partition (analyzer.partition.attach, once the findings are known); None before.
+    #: The GPU-hour partition (analyzer.analysis.partition.attach, once the findings are known); None before.
     partition: Any = None
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analyzer.coverage import hold_allocations
-from analyzer.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, gpu_share
-from analyzer.signals import ALLOCATION_COLUMNS, ALLOCATION_LABELS, SIGNALS, Signal
+from analyzer.data.coverage import hold_allocations
+from analyzer.data.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, gpu_share
+from analyzer.data.signals import ALLOCATION_COLUMNS, ALLOCATION_LABELS, SIGNALS, Signal
 from exporter import schema as S
 from exporter.simulator.model import SAMPLE_SIGNALS, Cluster
 from exporter.simulator.topology import MODEL_KEYS, closest_link

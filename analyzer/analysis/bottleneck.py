@@ -19,7 +19,7 @@ GPU util with ~60% SM activity and ~20% tensor activity; idle GPUs report ~0):
   nvlink_bps / pcie_bps are reported as evidence.
 
 ``busy`` is the kernel-resident fraction (gpu_util; gr_active on MIG instances, see
-analyzer.scores). Without SM activity (dcgm-exporter defaults) a busy GPU is memory_bound if
+analyzer.analysis.scores). Without SM activity (dcgm-exporter defaults) a busy GPU is memory_bound if
 dram_active >= MEMORY_DRAM with tensor_active < 0.10, compute_bound if tensor_active >= 0.15
 (~3/4 of the calibrated busy tensor level), else unknown (NaN); such windows have
 ``confidence = "low"``.
@@ -38,8 +38,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from analyzer.frame import Fleet
-from analyzer.rows import FALLBACK_SM_PER_UTIL, HIGH, IDLE_UTIL, LOW, allocated_rows
+from analyzer.analysis.rows import FALLBACK_SM_PER_UTIL, HIGH, IDLE_UTIL, LOW, allocated_rows
+from analyzer.data.frame import Fleet
 
 BUSY_UTIL = 0.80
 COMPUTE_SM = 0.45

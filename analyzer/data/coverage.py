@@ -2,7 +2,7 @@
 
 The grid gives every device seen anywhere in the input a row at every step of the window.
 A row is *observed* when any telemetry signal has a value there. A row without one is
-**unknown** in the GPU-hour partition (analyzer.partition): never unallocated, never idle,
+**unknown** in the GPU-hour partition (analyzer.analysis.partition): never unallocated, never idle,
 never zero. Hours before a GPU first reports, after it stops, inside scrape gaps and outside
 the data's time span are therefore unknown.
 
@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
-from analyzer.signals import ALLOCATION_COLUMNS, NAMES
+from analyzer.data.signals import ALLOCATION_COLUMNS, NAMES
 
 #: Below this share of the window with data, every output says the window is mostly empty.
 MOSTLY_EMPTY = 0.5

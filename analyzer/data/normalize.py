@@ -1,11 +1,11 @@
 """Long ingest frame (either dialect) -> the tidy Fleet every score and detector reads.
 
-Input: the long frame of analyzer.ingest (``metric``, ``timestamp``, ``value`` + one
+Input: the long frame of analyzer.data.ingest (``metric``, ``timestamp``, ``value`` + one
 column per label), from truegpu's exporter, from NVIDIA dcgm-exporter (current or 1.x
 spelling) or both, plus kube-state-metrics' ``kube_pod_info`` where present (it maps
-dcgm-exporter pod names in the host label to their nodes: analyzer.hosts). Output:
-analyzer.frame.Fleet on a regular grid of ``step`` seconds, the same frame
-analyzer.simulated.fleet_from_cluster builds straight from the simulator.
+dcgm-exporter pod names in the host label to their nodes: analyzer.data.hosts). Output:
+analyzer.data.frame.Fleet on a regular grid of ``step`` seconds, the same frame
+analyzer.data.simulated.fleet_from_cluster builds straight from the simulator.
 
 Resampling semantics (row ``t`` is the interval ``[t, t + step)``):
 
@@ -33,13 +33,13 @@ import math
 import numpy as np
 import pandas as pd
 
-from analyzer import dialects as D
-from analyzer.budget import BudgetError, check_rows, check_window
-from analyzer.coverage import DATA_SHARE, hold_allocations
-from analyzer.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, empty_frame, gpu_share
-from analyzer.hosts import map_exporter_pods, pod_info
-from analyzer.ingest import IngestReport
-from analyzer.signals import ALLOCATION_COLUMNS, SIGNALS, Signal
+from analyzer.data import dialects as D
+from analyzer.data.budget import BudgetError, check_rows, check_window
+from analyzer.data.coverage import DATA_SHARE, hold_allocations
+from analyzer.data.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, empty_frame, gpu_share
+from analyzer.data.hosts import map_exporter_pods, pod_info
+from analyzer.data.ingest import IngestReport
+from analyzer.data.signals import ALLOCATION_COLUMNS, SIGNALS, Signal
 from exporter import schema as S
 from exporter.attribution.jobs import derive_job
 
@@ -95,7 +95,7 @@ def _check_columns(long: pd.DataFrame) -> None:
     if lacking:
         raise ValueError(
             f"normalize: input frame lacks column(s) {', '.join(lacking)}; expected the long frame of "
-            f"analyzer.ingest (metric, timestamp, value, one column per label), got columns {list(long.columns)}"
+            f"analyzer.data.ingest (metric, timestamp, value, one column per label), got columns {list(long.columns)}"
         )
 
 
@@ -164,7 +164,7 @@ class _Input:
     """Samples sorted by timeline (metric, device, contract labels) and time, plus a series table."""
 
     def __init__(self, long: pd.DataFrame, job_label: str | None, pods: pd.DataFrame) -> None:
-        """``pods``: kube_pod_info rows (analyzer.hosts.pod_info) naming dcgm-exporter pods' nodes."""
+        """``pods``: kube_pod_info rows (analyzer.data.hosts.pod_info) naming dcgm-exporter pods' nodes."""
         self.job_label = job_label
         mcodes, names = _codes(long["metric"])
         keep_name = np.array([n in _NEEDED for n in names], dtype=bool)
@@ -298,7 +298,7 @@ class _Input:
 
 
 _INFO_NAMES = frozenset(m.name for m in D.INFO_METRICS)
-#: The series that measure how much of a row's step has samples (analyzer.coverage.DATA_SHARE).
+#: The series that measure how much of a row's step has samples (analyzer.data.coverage.DATA_SHARE).
 _SHARE_NAMES = frozenset({S.MEMORY_USED.name, *(n for f in S.MEMORY_USED.dcgm for n in f.spellings)})
 
 

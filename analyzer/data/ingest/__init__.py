@@ -8,15 +8,15 @@ canonical signals is the normalize step's job; a MetricFilter keeps only the fam
 it needs so memory stays low.
 """
 
-from analyzer.ingest._common import (
+from analyzer.data.ingest._common import (
     FRAME_COLUMNS,
     BadLine,
     IngestReport,
     MetricFilter,
     metric_filter,
 )
-from analyzer.ingest.openmetrics import read_openmetrics
-from analyzer.ingest.prometheus import (
+from analyzer.data.ingest.openmetrics import read_openmetrics
+from analyzer.data.ingest.prometheus import (
     PrometheusClient,
     PrometheusError,
     aggregate_query,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.frame import Fleet
+from analyzer.data.frame import Fleet
 
 #: Identity of a device (a whole GPU or a MIG instance) in the tidy frame.
 DEVICE_KEY: tuple[str, ...] = ("hostname", "gpu", "uuid", "gpu_instance")

@@ -11,7 +11,7 @@ One row per (device, timestamp) where a device is a whole GPU or a MIG instance.
   (power, temperature, clocks, errors) on MIG instance rows repeat the parent GPU's values:
   sum them per physical GPU (uuid), never per row;
 - allocation (categoricals, NaN while unallocated): namespace, pod, container, job;
-- one float64 column per signal in analyzer.signals.NAMES that the input provides, NaN
+- one float64 column per signal in analyzer.data.signals.NAMES that the input provides, NaN
   where unknown. A signal the input never provides is absent from the frame and named in
   ``Fleet.missing`` with the reason, so "unknown" is never confused with 0.
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from analyzer.signals import ALLOCATION_COLUMNS, DEVICE_COLUMNS, NAMES, PLACEMENT_COLUMNS
+from analyzer.data.signals import ALLOCATION_COLUMNS, DEVICE_COLUMNS, NAMES, PLACEMENT_COLUMNS
 
 #: XID events: one row per (device, timestamp, xid) with the number of events in that step.
 EVENT_COLUMNS: tuple[str, ...] = ("timestamp", "hostname", "gpu", "uuid", "xid", "count")

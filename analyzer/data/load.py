@@ -23,13 +23,13 @@ from typing import Any
 
 import pandas as pd
 
-from analyzer import dialects as D
-from analyzer.budget import check_window
-from analyzer.frame import Fleet
-from analyzer.hosts import exporter_pods, host_values, query_pod_info
-from analyzer.ingest import IngestReport, MetricFilter, PrometheusClient, query_prometheus, read_openmetrics
-from analyzer.ingest.prometheus import MatcherValue
-from analyzer.normalize import normalize
+from analyzer.data import dialects as D
+from analyzer.data.budget import check_window
+from analyzer.data.frame import Fleet
+from analyzer.data.hosts import exporter_pods, host_values, query_pod_info
+from analyzer.data.ingest import IngestReport, MetricFilter, PrometheusClient, query_prometheus, read_openmetrics
+from analyzer.data.ingest.prometheus import MatcherValue
+from analyzer.data.normalize import normalize
 from exporter import schema as S
 
 #: Prometheus evaluates a point this long before the end of its row (ms resolution).
@@ -38,7 +38,7 @@ _EDGE = 0.001
 
 def metric_filter() -> MetricFilter:
     """The families normalize reads, in both dialects and both dcgm-exporter spellings, and
-    kube_pod_info (it maps dcgm-exporter pod names in the host label to nodes: analyzer.hosts)."""
+    kube_pod_info (it maps dcgm-exporter pod names in the host label to nodes: analyzer.data.hosts)."""
     return MetricFilter(D.needed_names() | {S.KUBE_POD_INFO})
 
 

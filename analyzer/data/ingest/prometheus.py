@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 import requests
 
-from analyzer.ingest._common import FrameBuilder, IngestReport, MetricFilter
+from analyzer.data.ingest._common import FrameBuilder, IngestReport, MetricFilter
 from exporter import schema
 
 #: Prometheus' limit on points per series in one range query.

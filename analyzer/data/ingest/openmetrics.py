@@ -37,7 +37,7 @@ from typing import BinaryIO, Literal
 import numpy as np
 import pandas as pd
 
-from analyzer.ingest._common import FrameBuilder, IngestReport, MetricFilter
+from analyzer.data.ingest._common import FrameBuilder, IngestReport, MetricFilter
 
 TimestampUnit = Literal["auto", "s", "ms"]
 

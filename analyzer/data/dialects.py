@@ -1,6 +1,6 @@
 """Where each canonical signal comes from in each input dialect, and what to say when it is absent.
 
-Derived from the metric contract (exporter/schema.py) and analyzer.signals, never typed by
+Derived from the metric contract (exporter/schema.py) and analyzer.data.signals, never typed by
 hand: a truegpu source is the signal's Metric name with its label filter; a dcgm-exporter
 source is each DcgmField of that Metric whose contract labels pass the filter, in both the
 current upper-case and the 1.x lower-case spelling.
@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from analyzer.signals import SIGNALS, Signal
+from analyzer.data.signals import SIGNALS, Signal
 from exporter import schema as S
 from exporter.schema import DCGM_DEFAULT_FIELDS, DCGM_FB_FREE, DCGM_FB_RESERVED
 
