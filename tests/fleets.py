@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
+import numpy as np
 import pandas as pd
 
 from analyzer.data.frame import Fleet, gpu_share
@@ -37,3 +40,51 @@ def make_fleet(
     for c in _CATEGORIES:
         frame[c] = frame[c].astype("category")
     return Fleet(frame=frame, step=step, start=start, end=start + steps * step)
+
+
+#: Timelines (``timeline``): 2026-01-05T00:00:00Z, one-minute steps.
+T0 = 1_767_571_200.0  # 2026-01-05T00:00:00Z
+STEP = 60.0
+
+
+def timeline(
+    devices: Sequence[Mapping[str, object]],
+    steps: int,
+    step: float = STEP,
+    *,
+    drop: Mapping[int, Sequence[int]] | None = None,
+) -> Fleet:
+    """A tidy Fleet by hand: each device dict has identity keys and per-step signal lists/scalars.
+
+    Keys: hostname, gpu, gpu_instance, mig_profile, job/namespace/pod (a scalar or a per-step
+    list, None = unallocated) and any signal column (scalar or per-step list; None/NaN =
+    unknown). ``drop``: device index -> step indexes whose rows are missing entirely.
+    """
+    parts = []
+    for i, d in enumerate(devices):
+        host, gpu, inst = str(d.get("hostname", "node-a")), str(d.get("gpu", i)), str(d.get("gpu_instance", ""))
+        prof = str(d.get("mig_profile", ""))
+        cols: dict[str, object] = {
+            "timestamp": T0 + np.arange(steps) * step, "hostname": host, "gpu": gpu,
+            "uuid": str(d.get("uuid", f"GPU-{host}-{gpu}")), "gpu_instance": inst, "mig_profile": prof,
+            "model": "H100", "site": "dc1", "rack": "dc1-r1", "gpu_share": gpu_share(prof),
+        }
+        for key, value in d.items():
+            if key in ("hostname", "gpu", "gpu_instance", "mig_profile", "uuid"):
+                continue
+            if isinstance(value, list | tuple | np.ndarray):
+                assert len(value) == steps, key
+                value = [np.nan if v is None else v for v in value] if key not in ("job", "namespace", "pod") \
+                    else list(value)
+            cols[key] = value
+        part = pd.DataFrame(cols)
+        if drop and i in drop:
+            part = part.drop(index=list(drop[i])).reset_index(drop=True)
+        parts.append(part)
+    frame = pd.concat(parts, ignore_index=True)
+    for c in ("hostname", "gpu", "uuid", "gpu_instance", "mig_profile", "model", "site", "rack",
+              "namespace", "pod", "container", "job"):
+        if c not in frame.columns:
+            frame[c] = None
+        frame[c] = frame[c].astype("category")
+    return Fleet(frame=frame, step=step, start=T0, end=T0 + steps * step)

@@ -1,0 +1,319 @@
+"""degraded_gpu: soft anomalies vs peers at the same load, on hand-built fleets and every scenario."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzer.data.frame import Fleet
+from analyzer.detectors import make_detector, run_detectors
+from analyzer.detectors.degraded import DegradedGpu
+from analyzer.findings import DEGRADED_GPU, Finding
+from tests.fleets import STEP, T0, timeline
+
+STEPS = 120  # 2 h of one-minute samples
+SIGNALS = ("gpu_util", "sm_active", "tensor_active", "dram_active", "power", "power_limit", "temp", "mem_temp",
+           "sm_clock", "sm_clock_max", "thermal_throttle", "power_throttle")
+#: Per-GPU tweak: (device index, step from which it applies) -> function(dict of per-step arrays) -> None.
+Tweak = Callable[[dict[str, np.ndarray], slice], None]
+
+
+def synthetic_fleet(
+    nodes: int = 5, gpus: int = 8, *, steps: int = STEPS, seed: int = 0,
+    tweaks: Mapping[int, tuple[int, Tweak]] | None = None, memory_bound_node: int | None = None,
+    model: Mapping[int, str] | None = None, drop: tuple[str, ...] = (),
+) -> Fleet:
+    """H100 nodes, one training job per node, physics like the simulator: die = inlet + R x power.
+
+    Each node has its own inlet temperature (unknown to the detector), each GPU its own
+    thermal resistance (±6%) and efficiency (±3%), each sample meter noise; jobs change load
+    over time. ``memory_bound_node`` runs a whole memory-bound job there that draws 25% more
+    power than the fleet's activity model predicts and heats its HBM 8 C more: a workload
+    difference, not a degraded GPU.
+    """
+    rng = np.random.default_rng(seed)
+    devices = []
+    t = np.arange(steps)
+    for n in range(nodes):
+        inlet = 21.5 + rng.normal(0, 2.0)
+        phase = rng.uniform(0, 2 * np.pi)
+        load = 0.8 + 0.2 * np.sin(2 * np.pi * t / 50.0 + phase)  # the job's load drifts, all members together
+        for g in range(gpus):
+            i = n * gpus + g
+            r, eff = 0.088 * rng.normal(1.0, 0.06), rng.normal(1.0, 0.03)
+            mb = n == memory_bound_node
+            util = np.full(steps, 0.95 if mb else 0.97)
+            sm = (0.2 if mb else 0.7 * load) * rng.uniform(0.96, 1.04, steps)
+            ten = (0.02 if mb else 0.22 * load) * rng.uniform(0.95, 1.05, steps)
+            dram = (0.78 if mb else 0.35 * load) * rng.uniform(0.96, 1.04, steps)
+            act = 0.08 * util + 0.5 * sm + 0.7 * ten + 0.3 * dram
+            power = (66 + 634 * 0.8 * act * eff) * rng.uniform(0.97, 1.03, steps) * (1.25 if mb else 1.0)
+            d = {
+                "gpu_util": util, "sm_active": sm, "tensor_active": ten, "dram_active": dram, "power": power,
+                "power_limit": np.full(steps, 700.0), "temp": inlet + r * power + rng.uniform(-0.8, 0.8, steps),
+                "sm_clock": 1980e6 * (1 - 0.02 * rng.random(steps)), "sm_clock_max": np.full(steps, 1980e6),
+                "thermal_throttle": np.zeros(steps), "power_throttle": np.zeros(steps),
+            }
+            d["mem_temp"] = 26 + 0.6 * d["temp"] + rng.uniform(-0.6, 0.6, steps) + (8.0 if mb else 0.0)
+            if tweaks and i in tweaks:
+                start, fn = tweaks[i]
+                fn(d, slice(start, steps))
+            job = f"train-{n}" if not mb else "embed-batch"
+            dev = {"hostname": f"n{n}", "gpu": g, "job": job, "namespace": "ml", "pod": f"{job}-{g}",
+                   **{k: list(v) for k, v in d.items() if k not in drop}}
+            if model and i in model:
+                dev["model_name"] = model[i]
+            devices.append(dev)
+    fleet = timeline([{k: v for k, v in d.items() if k != "model_name"} for d in devices], steps)
+    if model:
+        names = np.repeat([d.get("model_name", "H100") for d in devices], steps)
+        fleet.frame["model"] = pd.Categorical(names)
+    return fleet
+
+
+def hotter(celsius: float) -> Tweak:
+    def fn(d: dict[str, np.ndarray], s: slice) -> None:
+        d["temp"][s] += celsius
+        d["mem_temp"][s] += 0.6 * celsius  # the HBM follows its die
+    return fn
+
+
+def more_power(ratio: float) -> Tweak:
+    def fn(d: dict[str, np.ndarray], s: slice) -> None:
+        extra = d["power"][s] * ratio
+        d["power"][s] += extra
+        d["temp"][s] += 0.088 * extra  # more heat, at the same thermal resistance
+        d["mem_temp"][s] += 0.6 * 0.088 * extra
+    return fn
+
+
+def hbm_hot(celsius: float) -> Tweak:
+    def fn(d: dict[str, np.ndarray], s: slice) -> None:
+        d["mem_temp"][s] += celsius
+    return fn
+
+
+def power_capped(watts: float) -> Tweak:
+    def fn(d: dict[str, np.ndarray], s: slice) -> None:
+        d["power_limit"][s] = watts
+        capped = d["power"][s] > watts * 0.99
+        d["power"][s] = np.minimum(d["power"][s], watts * 0.99)
+        d["sm_clock"][s] *= 0.75
+        d["power_throttle"][s] = capped.astype(float)
+    return fn
+
+
+def throttling(d: dict[str, np.ndarray], s: slice) -> None:
+    d["temp"][s] = 87.0
+    d["thermal_throttle"][s] = 1.0
+    d["sm_clock"][s] *= 0.7
+
+
+def degraded(fleet: Fleet, **config: float) -> list[Finding]:
+    return DegradedGpu(**config).detect(fleet)
+
+
+def where(findings: list[Finding]) -> set[tuple[str | None, int | None]]:
+    return {(f.hostname, f.gpu) for f in findings}
+
+
+# what is found, and what the finding says ---------------------------------------------------
+def test_healthy_fleet_has_no_findings() -> None:
+    for seed in range(3):
+        assert degraded(synthetic_fleet(seed=seed)) == []
+
+
+def test_hot_gpu_is_found_with_evidence_onset_and_an_action() -> None:
+    fleet = synthetic_fleet(tweaks={11: (30, hotter(12.0))})
+    (f,) = degraded(fleet)
+    assert (f.kind, f.hostname, f.gpu, f.job) == (DEGRADED_GPU, "n1", 3, "train-1")
+    assert abs(f.start - (T0 + 30 * STEP)) <= 600  # the change point, within one window
+    assert f.end is None  # still hot at the end of the data
+    ev = f.evidence
+    assert ev["features_off"] == ["temp_excess"]
+    assert ev["temp_excess"] == pytest.approx(12.0, abs=3.0)  # 12 C, give or take this GPU's own spread
+    assert abs(ev["power_excess"]) < 0.05 and abs(ev["mem_temp_excess"]) < 3.0  # the HBM follows its die
+    assert ev["temp_excess_shift"] == pytest.approx(12.0, abs=1.0)  # vs its own level before the change point
+    assert (f"{ev['temp_excess']:.0f} C hotter than its peers at the same power "
+            f"({ev['temp_excess_shift']:.0f} C over its own earlier level) for 1.5 h") in f.summary
+    assert "thermal paste" in f.summary and "schedule maintenance" in f.summary
+    assert 0 < f.score <= 1
+    f.to_json()
+
+
+@pytest.mark.parametrize(("tweak", "feature", "words"), [
+    (more_power(0.25), "power_excess", "more power than peers for the same activity"),
+    (hbm_hot(10.0), "mem_temp_excess", "HBM 10 C hotter"),
+    (power_capped(450.0), "cap_deficit", "power limit at 450 W"),
+])
+def test_each_soft_anomaly_is_found_and_named(tweak: Tweak, feature: str, words: str) -> None:
+    fleet = synthetic_fleet(tweaks={20: (40, tweak)})
+    (f,) = degraded(fleet)
+    assert (f.hostname, f.gpu) == ("n2", 4)
+    assert feature in f.evidence["features_off"]
+    assert words in f.summary
+    assert abs(f.start - (T0 + 40 * STEP)) <= 600
+
+
+def test_power_cap_evidence_names_the_limits() -> None:
+    (f,) = degraded(synthetic_fleet(tweaks={5: (0, power_capped(300.0))}))
+    assert f.evidence["power_limit_w"] == pytest.approx(300.0)
+    assert f.evidence["peer_power_limit_w"] == pytest.approx(700.0)
+    assert f.evidence["sw_power_cap_fraction"] > 0.5
+    assert f.severity == "warning"
+
+
+def test_a_whole_memory_bound_job_is_a_workload_not_a_degraded_gpu() -> None:
+    fleet = synthetic_fleet(memory_bound_node=2)
+    assert degraded(fleet) == []
+    # ... while a degraded member of that job still stands out against its job peers.
+    fleet = synthetic_fleet(memory_bound_node=2, tweaks={17: (0, hotter(12.0))})
+    assert where(degraded(fleet)) == {("n2", 1)}
+
+
+def test_a_shift_in_a_gpus_own_behaviour_is_found_below_the_peer_floor() -> None:
+    """A GPU that ran 4 C cool and now runs 7 C hot: under the 8 C peer floor, but 11 C over itself."""
+    def cool_then_hot(d: dict[str, np.ndarray], s: slice) -> None:
+        hotter(-4.0)(d, slice(0, s.start))
+        hotter(7.0)(d, s)
+    fleet = synthetic_fleet(tweaks={11: (30, cool_then_hot)})
+    (f,) = degraded(fleet)
+    assert (f.hostname, f.gpu) == ("n1", 3)
+    assert f.evidence["temp_excess"] < 8.0 and f.evidence["temp_excess_shift"] == pytest.approx(11.0, abs=1.5)
+    assert abs(f.start - (T0 + 30 * STEP)) <= 600
+    assert degraded(fleet, temp_shift_c=15.0) == []
+
+
+def test_short_excursions_and_sub_floor_differences_are_not_findings() -> None:
+    short = synthetic_fleet(tweaks={3: (60, lambda d, s: hotter(15.0)(d, slice(60, 78)))})  # 18 min
+    assert degraded(short) == []
+    mild = synthetic_fleet(tweaks={3: (0, hotter(3.0))})  # within the fleet's spread
+    assert degraded(mild) == []
+
+
+def test_thermal_throttling_is_left_to_the_thermal_detector() -> None:
+    fleet = synthetic_fleet(tweaks={9: (30, throttling)})
+    assert degraded(fleet) == []
+
+
+def test_warm_node_inlet_is_not_a_degraded_gpu() -> None:
+    def warm(d: dict[str, np.ndarray], s: slice) -> None:
+        hotter(10.0)(d, s)
+    fleet = synthetic_fleet(tweaks={i: (30, warm) for i in range(8, 16)})  # all of node n1
+    assert degraded(fleet) == []
+
+
+# robustness --------------------------------------------------------------------------------
+def test_ten_percent_bad_gpus_in_the_training_data_are_all_found() -> None:
+    """The fleet is its own training set: 10% bad GPUs must not become "normal"."""
+    bad = {1: hotter(12.0), 10: hotter(14.0), 19: more_power(0.25), 28: more_power(0.3), 37: hbm_hot(10.0),
+           42: hotter(11.0), 53: more_power(0.22)}
+    fleet = synthetic_fleet(nodes=8, tweaks={i: (0, fn) for i, fn in bad.items()})  # 7 of 64 (~11%)
+    found = degraded(fleet)
+    assert where(found) == {(f"n{i // 8}", i % 8) for i in bad}
+
+
+def test_too_few_gpus_of_a_model_get_no_verdict_and_a_note() -> None:
+    fleet = synthetic_fleet(tweaks={0: (0, hotter(15.0)), 20: (0, hotter(15.0))},
+                            model={0: "L40S", 1: "L40S", 2: "L40S"})
+    found = degraded(fleet)
+    assert where(found) == {("n2", 4)}  # the H100 is judged, the lone L40S is not
+    assert any("L40S" in n and "no verdict" in n for n in fleet.notes)
+
+
+def test_gpu_without_node_or_job_peers_has_no_temperature_verdict() -> None:
+    fleet = synthetic_fleet(nodes=3, gpus=4, tweaks={0: (0, hotter(15.0))})
+    assert where(degraded(fleet)) == {("n0", 0)}
+    assert degraded(fleet, min_peers=5) == []  # 4 GPUs per node and job: no peer group, no verdict
+
+
+@pytest.mark.parametrize("drop", [("mem_temp",), ("sm_active", "tensor_active"), ("power_limit", "sm_clock"),
+                                  ("thermal_throttle", "power_throttle", "dram_active")])
+def test_missing_signals_are_unknown_and_the_rest_still_works(drop: tuple[str, ...]) -> None:
+    fleet = synthetic_fleet(tweaks={11: (0, hotter(12.0))}, drop=drop)
+    (f,) = degraded(fleet)
+    assert (f.hostname, f.gpu) == ("n1", 3)
+    if "mem_temp" in drop:
+        assert "mem_temp_excess" in f.evidence["unknown"]
+
+
+def test_no_thermal_or_power_telemetry_means_no_findings() -> None:
+    fleet = synthetic_fleet(drop=("power", "temp", "mem_temp", "power_limit", "sm_clock", "sm_clock_max"))
+    assert degraded(fleet) == []
+    empty = timeline([{"gpu": 0}], 10)
+    assert degraded(empty) == []
+
+
+def test_deterministic_and_configurable() -> None:
+    fleet = synthetic_fleet(tweaks={11: (0, hotter(12.0))})
+    a, b = degraded(fleet), degraded(fleet)
+    assert [x.to_json() for x in a] == [x.to_json() for x in b] and len(a) == 1
+    assert degraded(fleet, temp_excess_c=20.0) == []
+    assert len(run_detectors(fleet, [DEGRADED_GPU])) == 1
+    assert isinstance(make_detector(DEGRADED_GPU, {"power_excess": 0.2}), DegradedGpu)
+
+
+def test_mig_gpu_is_judged_once_per_physical_gpu() -> None:
+    """MIG instances repeat device-level signals; one finding per GPU, activity summed by share."""
+    fleet = synthetic_fleet(tweaks={11: (0, hotter(12.0))})
+    f = fleet.frame
+    hot = (f["hostname"] == "n1") & (f["gpu"] == "3")
+    halves = []
+    for inst, prof in (("1", "3g.40gb"), ("2", "3g.40gb")):
+        part = f[hot].copy()
+        part["gpu_instance"], part["mig_profile"], part["gpu_share"] = inst, prof, 3 / 7
+        for s in ("gpu_util", "sm_active", "tensor_active", "dram_active"):
+            part[s] = part[s] * 7 / 6  # two 3/7 slices carry the GPU's work
+        halves.append(part)
+    frame = pd.concat([f[~hot], *halves], ignore_index=True)
+    for c in ("gpu_instance", "mig_profile"):
+        frame[c] = frame[c].astype(str).astype("category")
+    frame = frame.sort_values(["hostname", "gpu", "gpu_instance", "timestamp"], ignore_index=True)
+    (found,) = degraded(Fleet(frame=frame, step=fleet.step, start=fleet.start, end=fleet.end))
+    assert (found.hostname, found.gpu) == ("n1", 3)
+    assert abs(found.evidence["power_excess"]) < 0.05
+
+
+# quality bar on every built-in scenario, both dialects ---------------------------------------
+HEALTHY = ("healthy-fleet", "healthy-long", "noisy-neighbours")
+
+
+def _scenario_results(dialect: str) -> dict[str, tuple[dict, list[Finding], set[str]]]:
+    """scenario -> (evaluation of degraded_gpu, its findings, names of its memory-bound jobs)."""
+    from analyzer.analysis.evaluate import evaluate, named_scenario_fleet
+    from exporter.simulator.scenario import list_scenarios
+
+    out = {}
+    for name in list_scenarios():
+        cluster, fleet = named_scenario_fleet(name, dialect, 60.0, dcgm_counters="all")
+        found = run_detectors(fleet, [DEGRADED_GPU])
+        res = evaluate(found, cluster.ground_truth(), [DEGRADED_GPU], fleet)["kinds"][DEGRADED_GPU]
+        out[name] = (res, found, {j.name for j in cluster.jobs if j.kind == "memory_bound"})
+    return out
+
+
+@pytest.fixture(scope="module", params=["truegpu", "dcgm"])
+def scenario_results(request: pytest.FixtureRequest) -> dict[str, tuple[dict, list[Finding], set[str]]]:
+    return _scenario_results(request.param)
+
+
+def test_precision_and_recall_on_every_scenario(scenario_results: dict) -> None:
+    bad = {name: (round(r["precision"], 3), round(r["recall"], 3), r["false_findings"], r["missed_truth"])
+           for name, (r, _, _) in scenario_results.items() if r["precision"] < 0.95 or r["recall"] < 0.95}
+    assert bad == {}
+    assert sum(r["truth"] for r, _, _ in scenario_results.values()) >= 6  # the soft faults are really there
+
+
+def test_healthy_scenarios_have_no_findings(scenario_results: dict) -> None:
+    present = [n for n in HEALTHY if n in scenario_results]
+    assert "healthy-fleet" in present
+    assert {n: len(scenario_results[n][1]) for n in present} == dict.fromkeys(present, 0)
+
+
+def test_memory_bound_jobs_are_never_flagged(scenario_results: dict) -> None:
+    assert any(mb for _, _, mb in scenario_results.values())
+    flagged = {(n, f.job) for n, (_, found, mb) in scenario_results.items() for f in found if f.job in mb}
+    assert flagged == set()

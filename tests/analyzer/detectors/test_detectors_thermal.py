@@ -1,0 +1,242 @@
+"""thermal: throttle episodes, hot at the same load, rising trends with an ETA, rack/node fold-in;
+and the quality bar on every simulator scenario in both dialects."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from analyzer.analysis.evaluate import evaluate_scenarios
+from analyzer.data.frame import Fleet
+from analyzer.detectors import run_detectors
+from analyzer.detectors.thermal import Thermal
+from analyzer.findings import THERMAL, Finding
+from exporter.simulator.scenario import list_scenarios
+from tests.fleets import STEP, T0, timeline
+
+#: H100 thermal resistance used to build consistent hand-made GPUs: temp = inlet + R x power.
+R = 0.09
+INLET = 24.0
+
+
+def temp_at(power: float, extra: float = 0.0) -> float:
+    return INLET + R * power + extra
+
+
+def gpu(host: str, idx: int, steps: int, power: float | Sequence[float] = 400.0, extra: float | Sequence[float] = 0.0,
+        *, throttle: Sequence[float] | float | None = 0.0, rack: str = "dc1-r1", **more: object) -> dict:
+    """One GPU: power and extra heat (scalar or per step); temperature follows the physics."""
+    p = np.broadcast_to(np.asarray(power, float), (steps,))
+    x = np.broadcast_to(np.asarray(extra, float), (steps,))
+    # a little sensor noise, deterministic per GPU, so nothing is exactly equal
+    noise = np.random.default_rng(zlib.crc32(f"{host}/{idx}".encode())).uniform(-0.5, 0.5, steps)
+    d = {"hostname": host, "gpu": idx, "rack": rack, "power": list(p), "temp": list(temp_at(p, x) + noise), **more}
+    if throttle is not None:
+        d["thermal_throttle"] = list(np.broadcast_to(np.asarray(throttle, float), (steps,)))
+    return d
+
+
+def fleet(devices: list[dict], steps: int, step: float = STEP) -> Fleet:
+    fl = timeline(devices, steps, step)
+    racks = {d["hostname"]: d.get("rack", "dc1-r1") for d in devices}
+    fl.frame["rack"] = fl.frame["hostname"].astype(str).map(racks).astype("category")
+    return fl
+
+
+def node(host: str, steps: int, n: int = 4, **kw: object) -> list[dict]:
+    return [gpu(host, i, steps, **kw) for i in range(n)]  # type: ignore[arg-type]
+
+
+def only(findings: list[Finding]) -> Finding:
+    assert len(findings) == 1, [f.summary for f in findings]
+    return findings[0]
+
+
+# throttle episodes ------------------------------------------------------------------------------
+def test_throttle_shorter_than_60s_is_ignored_longer_is_reported() -> None:
+    steps, step = 80, 15.0
+    short = np.zeros(steps)
+    short[20:23] = 1  # 45 s
+    long_ = np.zeros(steps)
+    long_[40:44] = 1  # 60 s
+    devs = [gpu("node-a", 0, steps, throttle=short), gpu("node-a", 1, steps, throttle=long_),
+            *[gpu("node-a", i, steps) for i in (2, 3)]]
+    f = only(Thermal().detect(fleet(devs, steps, step)))
+    assert (f.kind, f.hostname, f.gpu, f.severity) == (THERMAL, "node-a", 1, "critical")
+    assert (f.start, f.end) == (T0 + 40 * step, T0 + 44 * step)
+    assert f.evidence["throttled_minutes"] == pytest.approx(1.0)
+    assert "thermally throttled" in f.summary and "fans" in f.summary
+    f.to_json()
+
+
+def test_throttled_hot_gpu_reports_excess_over_peers_and_lost_clock() -> None:
+    steps = 60
+    thr = np.r_[np.zeros(10), np.ones(40), np.zeros(10)]
+    extra = np.r_[np.zeros(10), np.full(40, 30.0), np.zeros(10)]
+    clk = np.where(thr == 1, 1.2e9, 1.98e9)
+    devs = [gpu("node-a", 0, steps, power=np.where(thr == 1, 300.0, 400.0), extra=extra, throttle=thr,
+                sm_clock=list(clk), sm_clock_max=1.98e9),
+            *[gpu("node-a", i, steps, sm_clock=1.98e9, sm_clock_max=1.98e9) for i in (1, 2, 3)]]
+    f = only(Thermal().detect(fleet(devs, steps)))
+    assert f.gpu == 0 and f.start == T0 + 10 * STEP and f.end == T0 + 50 * STEP
+    assert f.evidence["excess_over_peers_c"] > 15  # no power spread to learn R from: raw difference (21 C)
+    assert f.evidence["sm_clock_ratio_while_throttled"] == pytest.approx(1.2 / 1.98, abs=0.01)
+    assert "above its peers at the same power" in f.summary and "SM clock at 61% of max" in f.summary
+
+
+def test_without_throttle_reasons_the_die_at_the_slowdown_point_counts_with_low_confidence() -> None:
+    """dcgm-exporter's default counters omit clock-event reasons; temperature is still there."""
+    steps = 30
+    extra = np.r_[np.zeros(10), np.full(10, 30.0), np.zeros(10)]
+    devs = [gpu("node-a", 0, steps, extra=extra, throttle=None), *node("node-a", steps, throttle=None)[1:]]
+    fl = fleet(devs, steps)
+    assert "thermal_throttle" not in fl.frame.columns
+    f = only(Thermal().detect(fl))
+    assert f.gpu == 0 and f.confidence == "low"
+    assert "throttle reasons not collected" in f.summary
+
+
+def test_unknown_telemetry_is_unknown_not_a_finding() -> None:
+    steps = 20
+    devs = [{"hostname": "node-a", "gpu": i, "gpu_util": 0.9} for i in range(4)]
+    assert Thermal().detect(timeline(devs, steps)) == []
+
+
+# hot at the same load vs hot because busy --------------------------------------------------------
+def test_hot_because_busy_is_not_a_finding() -> None:
+    steps = 40
+    busy = gpu("node-a", 0, steps, power=650.0)  # 24 + 0.09 * 650 = 82.5 C: above warn_c, but busy
+    devs = [busy, *[gpu("node-a", i, steps, power=p) for i, p in ((1, 70.0), (2, 120.0), (3, 250.0))]]
+    assert Thermal().detect(fleet(devs, steps)) == []
+
+
+def test_hot_at_the_same_load_near_the_slowdown_point_is_a_warning() -> None:
+    steps = 40
+    devs = [gpu("node-a", 0, steps, power=550.0, extra=12.0),
+            *[gpu("node-a", i, steps, power=550.0) for i in (1, 2, 3)]]
+    # 24 + 49.5 + 12 = 85.5 C would already throttle; keep it just under with a cooler inlet
+    devs[0]["temp"] = [t - 4.0 for t in devs[0]["temp"]]  # 81.5 C: within 8 C of 87 C, 8 C above peers
+    f = only(Thermal().detect(fleet(devs, steps)))
+    assert (f.gpu, f.severity) == (0, "warning")
+    assert f.evidence["excess_over_peers_c"] == pytest.approx(8.0, abs=1.0)
+    assert "above its peers at the same power" in f.summary and "before it throttles" in f.summary
+
+
+def test_hot_at_the_same_load_far_below_the_limit_is_left_to_degraded_gpu() -> None:
+    """Dried paste 12 C hotter at 55 C: a maintenance item for degraded_gpu, not a thermal page."""
+    steps = 60
+    extra = np.r_[np.zeros(20), np.full(40, 12.0)]  # a step, not a ramp
+    devs = [gpu("node-a", 0, steps, extra=extra), *[gpu("node-a", i, steps) for i in (1, 2, 3)]]
+    assert Thermal().detect(fleet(devs, steps)) == []
+
+
+# trends --------------------------------------------------------------------------------------------
+def test_rising_gpu_gets_an_eta_to_the_slowdown_point() -> None:
+    steps = 60
+    ramp = np.r_[np.zeros(20), 0.5 * np.arange(40)]  # +0.5 C/min from minute 20
+    devs = [gpu("node-a", 0, steps, extra=ramp), *[gpu("node-a", i, steps) for i in (1, 2, 3)]]
+    f = only(Thermal().detect(fleet(devs, steps)))
+    assert f.gpu == 0
+    ev = f.evidence
+    assert ev["slope_c_per_min"] == pytest.approx(0.5, abs=0.1)
+    onset_temp = temp_at(400.0) + 0.5 * (f.start - (T0 + 20 * STEP)) / 60.0
+    assert ev["eta_to_slowdown_min"] == pytest.approx((87.0 - onset_temp) / 0.5, rel=0.25)
+    assert ev["eta_to_slowdown_min"] <= 30
+    assert "C/min" in f.summary and "87 C slowdown point in ~" in f.summary
+    # found well before it gets to the limit: warn_c is 79 C, this one starts at 60 C
+    assert f.start < T0 + (20 + (79.0 - temp_at(400.0)) / 0.5) * STEP
+
+
+# rack and node fold-in -----------------------------------------------------------------------------
+def _rack_fleet(hot_nodes: int, steps: int = 120, nodes: int = 3) -> Fleet:
+    ramp = np.r_[np.zeros(30), np.minimum(0.6 * np.arange(steps - 30), 40.0)]
+    temp_pre = temp_at(400.0) + ramp
+    thr = (temp_pre > 85.0).astype(float)
+    devs = []
+    for r, rack in enumerate(("dc1-r1", "dc1-r2")):
+        for n in range(nodes):
+            host = f"{rack}-n{n + 1:02d}"
+            hot = r == 0 and n < hot_nodes
+            for i in range(4):
+                d = gpu(host, i, steps, extra=ramp if hot else 0.0, throttle=thr if hot else 0.0, rack=rack)
+                if hot:  # pinned at the slowdown point while throttling
+                    d["temp"] = list(np.where(thr == 1, 87.0, d["temp"]))
+                devs.append(d)
+    return fleet(devs, steps)
+
+
+def test_a_rack_cooling_failure_is_one_rack_finding_with_the_gpus_folded_in() -> None:
+    f = only(Thermal().detect(_rack_fleet(hot_nodes=3)))
+    assert (f.hostname, f.gpu, f.rack, f.severity) == (None, None, "dc1-r1", "critical")
+    ev = f.evidence
+    assert ev["nodes"] == ["dc1-r1-n01", "dc1-r1-n02", "dc1-r1-n03"]
+    assert len(ev["gpus_folded"]) == 12
+    assert ev["slope_c_per_min"] == pytest.approx(0.6, abs=0.15) and ev["eta_to_slowdown_min"] > 0
+    assert f.summary.startswith("rack dc1-r1: 3 nodes' GPUs")
+    assert "above the other racks at the same power" in f.summary and "rising" in f.summary
+    assert "check the rack's cooling" in f.summary
+    assert f.start < T0 + 60 * STEP  # found while ramping, before throttling (minute ~70)
+
+
+def test_two_hot_nodes_of_a_big_rack_are_one_rack_finding() -> None:
+    f = only(Thermal().detect(_rack_fleet(hot_nodes=2, nodes=6)))
+    assert f.rack == "dc1-r1" and f.hostname is None
+    assert f.evidence["nodes"] == ["dc1-r1-n01", "dc1-r1-n02"]
+
+
+def test_one_hot_node_is_a_node_finding() -> None:
+    f = only(Thermal().detect(_rack_fleet(hot_nodes=1)))
+    assert (f.hostname, f.gpu, f.rack) == ("dc1-r1-n01", None, "dc1-r1")
+    assert len(f.evidence["gpus_folded"]) == 4
+    assert "node dc1-r1-n01" in f.summary and "fans" in f.summary
+
+
+def test_runner_finds_thermal() -> None:
+    fs = run_detectors(_rack_fleet(hot_nodes=3), [THERMAL])
+    assert [f.kind for f in fs] == [THERMAL]
+
+
+# the quality bar on every simulator scenario ---------------------------------------------------------
+NO_FINDINGS = ("healthy-fleet", "healthy-long", "noisy-neighbours")
+
+
+def _assert_quality(results: list[dict]) -> None:
+    for r in results:
+        k = r["kinds"][THERMAL]
+        where = f"{r['scenario']} ({r['dialect']}): {k['false_findings'][:3]} {k['missed_truth'][:3]}"
+        assert k["precision"] >= 0.95, where
+        assert k["recall"] >= 0.95, where
+        if r["scenario"] in NO_FINDINGS:
+            assert k["findings"] == 0, where
+
+
+@pytest.fixture(scope="module")
+def truegpu_results() -> list[dict]:
+    return evaluate_scenarios(list_scenarios(), dialect="truegpu", step=60, kinds=[THERMAL])
+
+
+def test_quality_bar_truegpu(truegpu_results: list[dict]) -> None:
+    _assert_quality(truegpu_results)
+    found = {r["scenario"]: r["kinds"][THERMAL]["detected"] for r in truegpu_results}
+    assert found["thermal-straggler"] == 1 and found["rack-cooling"] == 3  # not met vacuously
+    rack = next(r for r in truegpu_results if r["scenario"] == "rack-cooling")["kinds"][THERMAL]
+    assert rack["findings"] == 1  # one rack finding for the three nodes' truth
+
+
+def test_quality_bar_dcgm_all_counters() -> None:
+    _assert_quality(evaluate_scenarios(list_scenarios(), dialect="dcgm", step=60, kinds=[THERMAL],
+                                       dcgm_counters="all"))
+
+
+def test_dcgm_default_counters_still_find_thermal_from_temperature() -> None:
+    """dcgm-exporter's default counters collect no throttle reasons but do collect temperature and
+    power: throttling is inferred from the die at the slowdown point (confidence low), and the
+    hot-together rules need only temperature and power. Without rack labels in dcgm data a rack
+    failure is reported per node (rack-level truth is per node, so that still matches)."""
+    names = ["thermal-straggler", "rack-cooling", "mixed-fleet", "multi-fault", "degraded-gpus", *NO_FINDINGS]
+    results = evaluate_scenarios([n for n in names if n in list_scenarios()], dialect="dcgm", step=60,
+                                 kinds=[THERMAL], dcgm_counters="default")
+    _assert_quality(results)
