@@ -42,7 +42,7 @@ from exporter.sources.base import Source  # noqa: E402
 from exporter.sources.dcgm import DcgmSource  # noqa: E402
 from exporter.sources.deadline import DeadlineSource  # noqa: E402
 from exporter.sources.nvml import NvmlSource  # noqa: E402
-from tests.fakes.fake_pynvml import FakeNvml, VirtualClock, h100_node  # noqa: E402
+from tests.exporter.fakes.fake_pynvml import FakeNvml, VirtualClock, h100_node  # noqa: E402
 
 DCGM_FIXTURE = ROOT / "fixtures" / "dcgm" / "h100_mig_pods.txt"
 
