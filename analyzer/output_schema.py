@@ -19,7 +19,8 @@ FINDING_LABELS: tuple[str, ...] = (
 
 FINDING_ACTIVE = Metric(
     "truegpu_finding_active", "gauge", "",
-    "1 while the analyzer has an open finding of this kind on this entity (absent once it ends).",
+    "1 while the analyzer has an open finding of this kind on this entity (absent once it ends); kind is one "
+    "of the detector registry's kinds, listed with who is paged for each in docs/findings.md.",
     labels=FINDING_LABELS, scope="exporter",
 )
 FINDING_SCORE = Metric(

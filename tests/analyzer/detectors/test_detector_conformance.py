@@ -157,7 +157,11 @@ def test_a_new_detector_reaches_every_consumer_without_other_edits(toy_detector:
     assert "| `toy` | GpuToy | sre |" in render() and "`floor` = 0.0" in render()  # docs/findings.md
     settings = detector_settings(parse_site({"detectors": {"toy": {"floor": 0.5}}}))
     assert settings["toy"] == {"floor": 0.5}  # the site config's detectors section
-    assert detect(_no_signals(), site=parse_site({"detectors": {"toy": {"floor": 0.5}}})) == []  # evaluate/analyze
+    assert detect(_no_signals(), site=parse_site({"detectors": {"toy": {"floor": 0.5}}})) == []  # analyze, serve
+    from analyzer.analysis.evaluate import evaluate_scenarios
+
+    judged = evaluate_scenarios(["healthy-fleet"], dialect="truegpu", step=60.0, kinds=D.kinds())[0]["kinds"]
+    assert judged["toy"]["findings"] == 0 and judged["toy"]["fp"] == 0  # evaluate judges it with the others
 
 
 def test_docs_findings_is_generated_from_the_registry() -> None:
