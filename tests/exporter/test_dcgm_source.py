@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,33 +43,17 @@ from exporter.sources.dcgm import (
     DcgmSource,
     from_args,
 )
-from tests.conftest import ROOT, free_port
+from tests.conftest import free_port
+from tests.exporter.kit import DCGM_PAGES, FakeClock
 from tests.httpstub import Endpoint
 
-FIXTURES = ROOT / "fixtures" / "dcgm"
+FIXTURES = DCGM_PAGES
 H100 = FIXTURES / "h100_mig_pods.txt"
 A100_1X = FIXTURES / "a100_1x_dialect.txt"
 L40S = FIXTURES / "l40s_default_counters.txt"
 V100 = FIXTURES / "v100_ecc_nvlink_xid.txt"
 SENTINELS = FIXTURES / "t4_sentinels.txt"
 POD_LABELS = {"pod", "namespace", "container", "pod_name", "pod_namespace", "container_name", "job", "hpc_job"}
-
-
-@pytest.fixture
-def endpoint() -> Iterator[Endpoint]:
-    ep = Endpoint()
-    yield ep
-    ep.close()
-
-
-class FakeClock:
-    """Monotonic time the test advances explicitly, so rate integration is exact."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def source_for(ep: Endpoint, **kw: object) -> DcgmSource:

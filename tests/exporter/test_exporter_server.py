@@ -27,6 +27,8 @@ from exporter.server import parse_listen
 from exporter.server import run as run_exporter
 from exporter.sources.base import Reading, Source
 from tests.conftest import ROOT, free_port, promtool_check, sample_value
+from tests.exporter.kit import DCGM_PAGES
+from tests.httpstub import Endpoint
 
 TRUEGPU = str(Path(sys.executable).with_name("truegpu"))
 CONTRACT = {m.family_name: m for m in S.METRICS}
@@ -354,10 +356,8 @@ def test_each_collection_is_rendered_once_per_request_shape():
 def test_nvml_without_a_driver_and_dcgm_together(promtool):
     """This machine has no NVIDIA driver: the nvml source reports itself down and the exporter
     keeps serving the dcgm-exporter data, with the configured family precedence and no duplicates."""
-    from tests.exporter.test_dcgm_source import FIXTURES, Endpoint
-
     endpoint = Endpoint()
-    endpoint.serve(FIXTURES / "h100_mig_pods.txt")
+    endpoint.serve(DCGM_PAGES / "h100_mig_pods.txt")
     try:
         with exporter("--source", "nvml", "--source", "dcgm", "--dcgm-url", endpoint.url,
                       "--precedence", "truegpu_sm_active_ratio=dcgm,nvml") as exp:

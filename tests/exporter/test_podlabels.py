@@ -25,12 +25,7 @@ from exporter.attribution import (
     load_job_map,
 )
 from exporter.attribution.podlabels import in_cluster_url, pod_path
-from tests.exporter import test_attribution
-from tests.exporter.test_attribution import GPU0, GPU1, MIG_C, TRAINING, FakeClock, pod
-
-# The real gRPC pod-resources server (a kubelet on a unix socket) of test_attribution.
-kubelet = test_attribution.kubelet
-sockdir = test_attribution.sockdir
+from tests.exporter.kit import GPU0, GPU1, MIG_C, TRAINING, FakeClock, pod
 
 JOB_LABEL = "training.kubeflow.org/job-name"
 

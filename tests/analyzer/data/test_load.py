@@ -13,7 +13,7 @@ from exporter.simulator.dcgm_dialect import DcgmOptions
 from exporter.simulator.history import write_history
 from exporter.simulator.model import Cluster
 from exporter.simulator.scenario import load_scenario
-from tests.analyzer.data.test_normalize import (
+from tests.analyzer.data.kit import (
     DCGM_ATOL,
     FIXTURES,
     STEP,
