@@ -6,6 +6,9 @@ shows as annotations (``FINDINGS``); every dashboard is generated twice, ``trueg
 truegpu's exporter and ``dcgm-<key>.json`` for plain dcgm-exporter data. ``python -m dashboards``
 rewrites ``dashboards/generated/`` (committed; tests fail when it drifts) for the default cluster
 label; ``python -m dashboards --site FILE --out DIR`` renders them for a site config's.
+
+To add a panel: one ``PanelSpec`` in the dashboard's module with PromQL from ``queries.Dialect``
+(both dialects at once), then ``python -m dashboards``; tests/dashboards lint it with a real promtool.
 """
 
 from __future__ import annotations
