@@ -7,15 +7,17 @@ the sources asked for): start-up to the first scrape well under a second, RSS in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import html
 import logging
 import signal
 import socket
 import socketserver
+import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
@@ -28,6 +30,7 @@ from exporter.sources import (
     known_sources,
     source_name,
 )
+from exporter.webconfig import StartResponse, WebConfig, WebConfigError, WsgiApp, load_web_config, protect
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
@@ -43,9 +46,9 @@ DEFAULT_LISTEN = f":{DEFAULT_PORT}"
 #: well under 1% of a core. GPM byte counters integrate every window whatever this is;
 #: GPM ratios average the last one (set it to the scrape interval to cover all of it).
 DEFAULT_COLLECT_INTERVAL = 5.0
+#: Longest a client may take for the TLS handshake and each read of its request (seconds).
+TLS_TIMEOUT = 10.0
 
-StartResponse = Callable[..., Any]
-WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -96,6 +99,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="which source serves a family when several provide it, e.g. "
         "truegpu_sm_active_ratio=dcgm,nvml (repeatable; default: the order of --source)",
     )
+    p.add_argument(
+        "--web-config-file", metavar="FILE",
+        help="TLS (incl. client-certificate mTLS), bcrypt basic-auth users and response headers, in the "
+        "Prometheus exporter-toolkit format (the same file as node_exporter's); default: plain HTTP",
+    )
     add_source_arguments(p)
     p.set_defaults(func=run)
 
@@ -116,9 +124,12 @@ class _Handler(WSGIRequestHandler):
 
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    """Thread per request, so a slow scrape does not block /healthz."""
+    """Thread per request, so a slow scrape does not block /healthz. With ``tls`` set (the web
+    config's), the handshake runs in the request's thread, never in the accept loop: a client that
+    stalls it only holds its own thread, for at most ``TLS_TIMEOUT`` seconds."""
 
     daemon_threads = True
+    tls: ssl.SSLContext | None = None
     allow_reuse_address = True
     # socketserver's default backlog of 5 drops the SYNs of a burst of concurrent scrapers,
     # which then retry after a full second; a node may have several Prometheus replicas,
@@ -136,12 +147,32 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
         self.setup_environ()
 
 
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(TLS_TIMEOUT)
+        try:
+            conn = self.tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as exc:  # a wrong CA, plain HTTP on the TLS port, a scanner
+            log.info("TLS handshake with %s refused: %s", client_address[0], exc)
+            return
+        try:
+            super().finish_request(conn, client_address)
+        finally:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+
+
 class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
-def make_server(host: str, port: int, app: WsgiApp) -> WSGIServer:
-    """Bind ``host:port``; an empty host means every interface (IPv6 dual stack when available)."""
+def make_server(host: str, port: int, app: WsgiApp, web: WebConfig | None = None) -> WSGIServer:
+    """Bind ``host:port``; an empty host means every interface (IPv6 dual stack when available).
+    ``web`` (``--web-config-file``): TLS, basic auth and response headers."""
+    web = web or WebConfig()
     if host == "":
         try:
             server: WSGIServer = _Server6(("::", port), _Handler)
@@ -151,7 +182,8 @@ def make_server(host: str, port: int, app: WsgiApp) -> WSGIServer:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         cls = _Server6 if family == socket.AF_INET6 else _Server
         server = cls((host, port), _Handler)
-    server.set_app(app)
+    server.tls = web.tls
+    server.set_app(protect(app, web))
     return server
 
 
@@ -242,6 +274,10 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     if len(set(names)) != len(names):
         return _error(f"--source given twice: {' '.join(names)}")
 
+    try:  # before any source starts: a bad web config must not leave a half-started exporter
+        web = load_web_config(getattr(args, "web_config_file", None))
+    except WebConfigError as exc:
+        return _error(str(exc))
     sources = []
     try:
         for name in names:
@@ -265,7 +301,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         return _error(str(exc))
     host, port = args.listen
     try:
-        server = make_server(host, port, make_app(registry, collector))
+        server = make_server(host, port, make_app(registry, collector), web)
     except OSError as exc:
         collector.close()
         return _error(f"cannot listen on {host or '*'}:{port}: {exc}")
@@ -284,7 +320,8 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     thread.start()
     bound_host, bound_port = server.server_address[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    log.info("truegpu exporter %s listening on http://%s:%d/metrics", __version__, shown, bound_port)
+    log.info("truegpu exporter %s listening on %s://%s:%d/metrics%s", __version__, web.scheme, shown, bound_port,
+             " (basic auth)" if web.users else "")
     try:
         while not stop.wait(1.0):
             pass
