@@ -19,11 +19,12 @@ demo: install
 	$(VENV)/bin/truegpu demo
 
 # Real parts the tests start (Debian packages): Prometheus, promtool, Alertmanager, amtool,
-# a PostgreSQL server (cost rollups) and Chromium (the service's HTML page in a browser).
-DEBIAN_TEST_PACKAGES := prometheus prometheus-alertmanager postgresql chromium
+# a PostgreSQL server (cost rollups), Chromium (the service's HTML page in a browser) and
+# systemd-analyze (the exporter's unit file).
+DEBIAN_TEST_PACKAGES := prometheus prometheus-alertmanager postgresql chromium systemd
 system-deps:
 	@missing=; \
-	for b in prometheus promtool amtool chromium; do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
+	for b in prometheus promtool amtool chromium systemd-analyze; do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
 	command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null || missing="$$missing alertmanager"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
