@@ -13,6 +13,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
+# checkov (tests/deploy's security scan) in a venv of its own: its pins would downgrade ours.
+# Only `make test` needs it, not `make demo`.
+CHECKOV := $(VENV)/checkov/.installed
+$(CHECKOV): requirements/checkov.txt | $(STAMP)
+	$(PYTHON) -m venv $(VENV)/checkov
+	$(VENV)/checkov/bin/pip install -q -r requirements/checkov.txt
+	touch $@
+
 install: $(STAMP)
 
 demo: install
@@ -39,7 +47,7 @@ system-deps:
 lint: install
 	$(VENV)/bin/ruff check .
 
-test: install system-deps lint
+test: install $(CHECKOV) system-deps lint
 	$(VENV)/bin/pytest
 
 bench: install
