@@ -74,8 +74,8 @@ def _exporter(web: Path, log: Path) -> Iterator[str]:
         deadline = time.monotonic() + 30
         while True:
             assert proc.poll() is None, log.read_text()
-            try:  # only waits for the port: the certificate is checked by the tests themselves
-                requests.get(url + "/healthz", timeout=2, verify=False)
+            try:
+                requests.get(url + "/healthz", timeout=2, verify=str(web.parent / "ca.crt"))
                 break
             except requests.exceptions.SSLError:  # TLS answers (and refuses a client without a certificate)
                 break
