@@ -23,6 +23,8 @@ huge z-score.
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -246,3 +248,130 @@ def persistent(cond: np.ndarray, window: int, k: int) -> np.ndarray:
     present = rolling_count(np.ones((1, cond.shape[1]), dtype=bool), window)
     need = np.ceil(k * present / window - 1e-9)
     return np.where(true >= need, 1.0, np.where(known > 0, 0.0, np.nan))
+
+
+def block_max(blocks: Blocks, m: np.ndarray) -> np.ndarray:
+    """Every member gets its set's NaN-skipping maximum (NaN where the set has no known value or
+    outside any set): "is this member the busiest of its job" without a loop per job."""
+    out = np.full((blocks.n_slots, m.shape[1]), np.nan)
+    for idx in blocks.batches:
+        x = m[idx]  # (sets, k, T)
+        mx = np.where(np.isnan(x), -np.inf, x).max(axis=1)
+        out[idx] = np.where(np.isinf(mx), np.nan, mx)[:, None, :]
+    return out
+
+
+#: Pods of a declared gang: Kubeflow PyTorchJob/TFJob/MPIJob members (-master-0, -worker-3, -chief-0,
+#: -ps-1, -launcher) and the -trainer-N / -rank-N conventions of other launchers.
+GANG_POD = re.compile(r"-(?:worker|master|chief|trainer|rank|ps|launcher)(?:-\d+)?$")
+
+
+@dataclass(frozen=True)
+class Communication:
+    """Whether the members of one workload talk to each other, and why we think so.
+
+    ``communicating``: True (a sign below), False (signals known, no sign), None (nothing to
+    judge by: no NVLink counter, SM/util unknown, fewer than two members at a time).
+    ``evidence``: ``declared`` (gang pod names), ``nvlink``, ``synchronized`` or ``none``.
+    """
+
+    job: str
+    communicating: bool | None
+    evidence: str
+    concurrent_pods: int
+    members: int
+    nvlink_bps: float | None
+    sync: float | None
+
+
+def communicating(fleet: Fleet, *, nvlink_bps: float = 1e9, sync_min: float = 0.5, busy_min: float = 0.8,
+                  min_steps: int = 10, busy: np.ndarray | None = None) -> dict[str, Communication]:
+    """Per workload (``job``): do its members communicate, i.e. could they be one synchronous job?
+
+    A shared name is no such sign (independent replicas ``name-0..N`` share one), nor is being
+    busy. Signs, any of which suffices:
+
+    - ``declared``: a pod named as a gang member (:data:`GANG_POD`: the training operators set
+      up the rendezvous of such pods, so they are one collective by construction);
+    - ``nvlink``: two or more members move NVLink traffic >= ``nvlink_bps`` (1 GB/s) at the
+      same time. A gang on NVLink moves 10-40 GB/s per GPU; idle links move ~0. PCIe bytes are
+      no sign: DCGM's PCIe counters include the host<->device copies every inference server
+      makes, and cannot be told from peer traffic;
+    - ``synchronized``: the members' busy/wait phases move together. Per member, the
+      step-to-step changes of SM activity (kernel-resident time where SM is not collected);
+      their average pairwise correlation, ``(k var(mean) / mean(var) - 1) / (k - 1)``, is ~0
+      for independent members and 1 for lock-step ones; >= ``sync_min`` 0.5 (more than half
+      of each member's movement shared) counts, over >= ``min_steps`` 10 steps with two or
+      more members known. Only where the members are steadily busy (median kernel-resident
+      time >= ``busy_min`` 0.8, analyzer.analysis.bottleneck's BUSY_UTIL): request-driven
+      replicas also move together when one load balancer feeds them a shared daily load, but
+      then their util follows the load and is not steadily high.
+
+    ``busy``: per-row kernel-resident time (``analyzer.detectors.gpu_busy``); ``gpu_util`` when
+    None. Vectorized per workload: one numpy pass over its (members, T) block.
+    """
+    f = fleet.frame
+    if not len(f) or "job" not in f.columns or not f["job"].notna().any():
+        return {}
+    pg = peer_groups(fleet, keys=("job",))
+    util = pg.matrix(column(fleet, "gpu_util") if busy is None else busy)
+    sm = pg.matrix("sm_active")
+    nvl = pg.matrix("nvlink_bps")
+    alloc = f["job"].notna().to_numpy()
+    pods = (f["pod"].astype(object).where(f["pod"].notna(), "") if "pod" in f.columns
+            else pd.Series("", index=f.index, dtype=object))[alloc]
+    per_t = pd.DataFrame({"job": f["job"].astype(object).to_numpy()[alloc], "t": f["timestamp"].to_numpy()[alloc],
+                          "pod": pods.to_numpy()})
+    concurrent = per_t[per_t["pod"] != ""].groupby(["job", "t"])["pod"].nunique().groupby(level="job").max()
+    declared = per_t.drop_duplicates(["job", "pod"]).assign(g=lambda d: d["pod"].str.contains(GANG_POD)) \
+        .groupby("job")["g"].any()
+    out: dict[str, Communication] = {}
+    for g in range(pg.n_groups):
+        job = pg.group_labels[g].get("job")
+        if job is None:
+            continue
+        sl = slice(int(pg.bounds[g]), int(pg.bounds[g + 1]))
+        k = sl.stop - sl.start
+        talking = np.nansum(nvl[sl] >= nvlink_bps, axis=0) if k else np.zeros(0)
+        nv_known = bool(np.isfinite(nvl[sl]).any())
+        act = sm[sl] if np.isfinite(sm[sl]).any() else util[sl]
+        steady = bool(np.nanmedian(util[sl]) >= busy_min) if np.isfinite(util[sl]).any() else False
+        sync = _sync_score(act, min_steps) if k >= 2 else None
+        if bool(declared.get(job, False)):
+            yes, why = True, "declared"
+        elif nv_known and bool((talking >= 2).any()):
+            yes, why = True, "nvlink"
+        elif sync is not None and steady and sync >= sync_min:
+            yes, why = True, "synchronized"
+        elif k < 2 or (sync is None and not nv_known):
+            yes, why = None, "none"
+        else:
+            yes, why = False, "none"
+        peak = float(np.nanmax(nvl[sl])) if nv_known else None
+        out[str(job)] = Communication(str(job), yes, why, int(concurrent.get(job, 0)), k, peak, sync)
+    return out
+
+
+def _sync_score(act: np.ndarray, min_steps: int) -> float | None:
+    """Average pairwise correlation of the members' step-to-step changes (rows: members; NaN unknown)."""
+    d = np.diff(act, axis=1)
+    known = ~np.isnan(d)
+    cols = known.sum(axis=0) >= 2
+    if cols.sum() < min_steps:
+        return None
+    d = d[:, cols]
+    known = known[:, cols]
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # members with no known change: NaN, dropped below
+        centred = d - np.nanmean(d, axis=1, keepdims=True)
+        var_each = np.nanmean(centred ** 2, axis=1)
+        ok = np.isfinite(var_each) & (var_each > 0)
+        if ok.sum() < 2:
+            return None
+        c = np.where(known[ok], centred[ok], np.nan)
+        k = np.sum(~np.isnan(c), axis=0)
+        mean_t = np.nanmean(c, axis=0)
+        # Var of the members' mean, scaled back by the members known at each step (k var(mean) / mean(var)).
+        r = float(np.nanmean(k * mean_t ** 2) / np.nanmean(var_each[ok]))
+    n = int(ok.sum())
+    return float(np.clip((r - 1.0) / (n - 1.0), -1.0, 1.0))

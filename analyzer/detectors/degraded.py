@@ -17,6 +17,19 @@ Features, per physical GPU (uuid) and window (``window_s``, aggregates, never ra
 - ``power_excess`` (ratio): power / power predicted from activity (GPU util or GR engine,
   SM, tensor and DRAM activity; robust linear fit per model) - 1: more watts for the
   same work; judged in busy windows only (at idle there is no work to be inefficient at).
+- ``power_deficit`` (ratio): the mirror of ``power_excess``, 1 - power / predicted power,
+  against the fleet-wide fit *and* the job peers (the smaller counts): a GPU drawing a fifth
+  to a third less than identical GPUs doing the same work at the same util, SM activity and
+  clock has a failing VRM or power sensor, or a power/clock limit set low. The fit over
+  activity is the "same load band" peer group (GPUs of the model at the same load), the job
+  the "same job" group. Busy windows only, and not while the GPU's own power cap binds
+  (``sw_power_cap``): a GPU held at its limit draws less than its activity asks by design,
+  and a limit below its peers' is ``cap_deficit``; where the clock-event reasons are not
+  collected (dcgm-exporter's defaults) a capped GPU reads as a deficit, which it is.
+  Healthy chips differ: leakage spreads dynamic power up to ~+/-10% within one model (fleet
+  studies report ~20% spreads), so the floor is ``power_deficit`` 0.15 (the fault is 20-33%);
+  a deficit that a leaky chip hides under the floor is still found as a shift below its own
+  earlier level (``power_shift``, both directions).
 - ``clock_deficit`` (ratio): 1 - (SM clock / max SM clock while busy) relative to the
   model's median: clocks held down without a thermal reason.
 - ``cap_deficit`` (ratio): 1 - power limit / the model's median power limit: a limit
@@ -76,7 +89,9 @@ from analyzer.site import THRESHOLDS
 
 #: Soft features scored by the MCD model, in order; cap_deficit is handled apart (configuration).
 SOFT = ("temp_excess", "mem_temp_excess", "power_excess", "clock_deficit")
-FEATURES = (*SOFT, "cap_deficit")
+FEATURES = (*SOFT, "power_deficit", "cap_deficit")
+#: Level features scored like the soft ones (gated by the MCD model, which sees power_excess in both directions).
+LEVEL = (*SOFT, "power_deficit")
 _ACTIVITY = ("busy", "sm_active", "tensor_active", "dram_active")
 _MAX_FIT = 4000  # windows per model for the regressions (fixed-seed subsample): fit cost is flat in fleet size
 _MAX_MCD = 500  # windows per model for MinCovDet: below 500 FastMCD needs no subset merging (~0.1 s, not 4 s)
@@ -103,6 +118,10 @@ class DegradedGpu:
     - ``power_excess`` / ``power_shift`` 0.12: per-GPU efficiency differs ~3% (1 sd; 10k
       healthy busy max 9%) plus ~1% meter noise per window: 12% is ~4 sd and 60% of a
       clearly inefficient part (+20%).
+    - ``power_deficit`` 0.15: healthy chips of one model spread up to ~+/-10% in dynamic power
+      (leakage; ~20% fleet-wide spreads are reported) plus ~1% meter noise per window, so the
+      least-drawing healthy GPU sits < 12% under the fit; 15% clears it and a failing VRM/sensor
+      or a low limit (20-33% less) passes it. ``power_shift`` applies to the deficit as well.
     - ``baseline_windows`` 2: 20 min of the GPU's own history before a change point.
     - ``busy_min`` 0.5: busy windows (util or GR engine) for clocks and power efficiency.
     - ``clock_deficit`` 0.10: unthrottled busy GPUs hold max clock within ~2%; 10% lower
@@ -132,6 +151,7 @@ class DegradedGpu:
     mem_temp_excess_c: float = 6.0
     mem_temp_shift_c: float = 6.0
     power_excess: float = 0.12
+    power_deficit: float = 0.15
     power_shift: float = 0.12
     baseline_windows: int = 2
     clock_deficit: float = 0.10
@@ -149,7 +169,8 @@ class DegradedGpu:
     # ---------------------------------------------------------------------------------------
     def floors(self) -> dict[str, float]:
         return {"temp_excess": self.temp_excess_c, "mem_temp_excess": self.mem_temp_excess_c,
-                "power_excess": self.power_excess, "clock_deficit": self.clock_deficit,
+                "power_excess": self.power_excess, "power_deficit": self.power_deficit,
+                "clock_deficit": self.clock_deficit,
                 "cap_deficit": self.cap_deficit}
 
     def windows(self, fleet: Fleet) -> tuple[pd.DataFrame, np.ndarray]:
@@ -304,13 +325,16 @@ class DegradedGpu:
         win["mem_temp_excess"] = np.fmin(node["mem_res"], job["mem_res"])
         # Power and clocks: the fleet-wide fit is a valid baseline too (no inlet in it).
         win["power_excess"] = np.fmin(win["pow_res"], job["pow_res"])
+        win["power_deficit"] = np.fmin(-win["pow_res"], -job["pow_res"])
+        # held at its own limit: less power than the activity asks is the cap's doing (cap_deficit judges the limit)
+        win.loc[win["power_capped"].to_numpy() > 0.5, "power_deficit"] = np.nan
         win["clock_deficit"] = np.fmin(win["clk_res"], job["clk_res"])
         # Thermal throttling belongs to the thermal detector: no verdict in those windows.
         thr = win["throttled"].to_numpy() > 0
-        win.loc[thr, list(SOFT)] = np.nan
+        win.loc[thr, list(LEVEL)] = np.nan
         # Power efficiency is judged on busy windows: at idle the dynamic part is ~0 and per-GPU idle
         # power spreads ~4% (12% of 66 W is 8 W nobody should be paged for).
-        win.loc[~(win["busy"].to_numpy() >= self.busy_min), "power_excess"] = np.nan
+        win.loc[~(win["busy"].to_numpy() >= self.busy_min), ["power_excess", "power_deficit"]] = np.nan
         win.loc[~win["model_ok"].to_numpy(), list(FEATURES)] = np.nan
         return win, row_win, notes
 
@@ -334,8 +358,9 @@ class DegradedGpu:
         gate = np.zeros(len(win), bool)
         for _, idx in win.groupby("model", sort=True, observed=True).indices.items():
             gate[idx] = self._mcd_gate(scaled[idx])
-        soft = np.where(np.isnan(scaled), -np.inf, scaled).max(axis=1)
-        soft = np.where(np.isnan(scaled).all(axis=1), np.nan, np.where(gate, np.maximum(soft, 0.0), 0.0))
+        level = np.column_stack([win[c].to_numpy() / floors[c] for c in LEVEL])
+        soft = np.where(np.isnan(level), -np.inf, level).max(axis=1)
+        soft = np.where(np.isnan(level).all(axis=1), np.nan, np.where(gate, np.maximum(soft, 0.0), 0.0))
         cap = win["cap_deficit"].to_numpy() / floors["cap_deficit"]
         z = np.fmax(soft, np.maximum(cap, 0.0))
         shifts = self.shift_floors()
@@ -347,7 +372,7 @@ class DegradedGpu:
 
     def shift_floors(self) -> dict[str, float]:
         return {"temp_excess": self.temp_shift_c, "mem_temp_excess": self.mem_temp_shift_c,
-                "power_excess": self.power_shift}
+                "power_excess": self.power_shift, "power_deficit": self.power_shift}
 
     def own_shifts(self, win: pd.DataFrame) -> None:
         """Adds ``<feature>_shift``: rise over the GPU's own baseline after its best change point.
@@ -509,6 +534,12 @@ class DegradedGpu:
             parts.append(f"draws {means['power_excess'][i]:.0%} more power than peers for the same activity"
                          + _since(means["power_excess_shift"][i], "%"))
             actions.append("check for a failing VRM or leaky part")
+        if "power_deficit" in off:
+            parts.append(f"draws {means['power_deficit'][i]:.0%} less power than peers for the same activity and "
+                         "clock" + _since(means["power_deficit_shift"][i], "%", "below"))
+            actions.append("suspect a failing VRM or power sensor, or a power/clock limit set low: compare "
+                           "nvidia-smi -q -d POWER,CLOCK (enforced limit, application clocks) with its peers and "
+                           "the BMC reading; RMA the board if power delivery is failing")
         if "cap_deficit" in off:
             lim, peer = float(means["power_limit"][i]), float(means["peer_limit"][i])
             parts.append(f"has its power limit at {lim:.0f} W, {means['cap_deficit'][i]:.0%} below its peers' "
@@ -521,12 +552,12 @@ class DegradedGpu:
         return f"{who} {what} for {dur}: {'; '.join(actions) or 'inspect it'}; schedule maintenance."
 
 
-def _since(shift: float, unit: str) -> str:
-    """`` (+10 C over its own earlier level)`` when a change point was found, else ""."""
+def _since(shift: float, unit: str, word: str = "over") -> str:
+    """`` (+10 C over its own earlier level)`` when a change point was found, else "" (``word``: over/below)."""
     if not np.isfinite(shift) or shift <= 0:
         return ""
     amount = f"{shift:.0f} C" if unit == "C" else f"{shift:.0%}"
-    return f" ({amount} over its own earlier level)"
+    return f" ({amount} {word} its own earlier level)"
 
 
 def _grid(win: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int, int]:

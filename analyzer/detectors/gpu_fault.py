@@ -31,6 +31,34 @@ Soft signals, they must persist (a transient is link retraining, not a fault):
   see sporadic CRC errors, a handful per hour, all corrected by replay; one per second
   sustained for 5 minutes is >= 300 errors, orders of magnitude above that background,
   and the replays eat link bandwidth (warning);
+- NVLink errors *rising*: over the trailing ``storm_window_s`` (10 min) the later half's
+  errors are >= ``nvlink_rising_growth`` (1.5) x the earlier half's, significantly (the
+  difference >= 3 Poisson standard deviations of the counts, so counting noise of a steady
+  link never reads as growth), the later half's mean rate >= ``nvlink_rising_rate_min``
+  (0.05/s = 180/h, ~50x the healthy "handful per hour") and both halves show errors in >=
+  ``rising_active_fraction`` (0.8) of their scrapes. A link whose rate steps up and stays is
+  not rising once both halves see it, and while the step straddles the window one half lacks
+  errors: only a rate that keeps climbing qualifies. DCGM's own limit is 100 CRC errors/s
+  ("RM has informed us that CRC errors only matter at rates of 100+ per second",
+  ``DCGM_LIMIT_MAX_NVLINK_CRC_ERROR``): a link on its way there is found while it is still
+  far below, within ~10 minutes of leaving normal (a doubling every 5 minutes from 0.1/s is
+  flagged after 10 scrapes; the steady >= 1/s rule above would wait for the rate to reach
+  1/s first). The flagged steps reach back to the first scrape of the qualifying window with
+  errors, so the finding starts where the rate left normal (warning, same cause as above);
+- a correctable-ECC storm (``ecc_correctable_rate``, single-bit errors corrected by ECC): the
+  mean rate over the trailing ``storm_window_s`` >= ``ecc_correctable_rate_min`` (0.01/s =
+  36/h) with errors in >= ``storm_active_fraction`` (0.5) of its scrapes. A healthy GPU sees
+  ~0 SBE/s: field studies (Titan's 18,688 K20X over two years, Tiwari et al. HPCA 2015; Blue
+  Waters; Delta's A100/H100) find most cards log none for months and a handful of cards
+  account for nearly all SBEs, and pre-Ampere drivers retired a page after just two SBEs at
+  one address. 36/h sustained for 10 minutes is orders of magnitude above a healthy card's
+  lifetime background; errors in half the scrapes keep one burst (a weak cell read
+  repeatedly by one kernel: many errors in one scrape) out. The finding's evidence carries
+  the rate's growth (window rate at its peak / when it first qualified; "accelerating" when
+  >= ``accelerating_growth`` 2): a growing SBE rate is cells degrading, the precursor of
+  uncorrectable errors and row-remap exhaustion (warning: "memory cells degrading", schedule
+  a drain, a GPU reset and field diagnostics). Like the NVLink rule, the flagged steps reach
+  back to the window's first scrape with errors;
 - PCIe generation or width below the link's max while the GPU is busy
   (``gpu_busy`` >= ``pcie_busy_min`` 0.1) for ``pcie_min_s`` (5 min): idle GPUs
   legitimately drop the link to gen1 to save power (ASPM / the idle P-state) and train
@@ -106,6 +134,9 @@ CAUSES: dict[str, tuple[Severity, str, str]] = {
     "nvlink_errors": ("warning", "NVLink CRC/replay errors growing",
                       "drain and reset the GPU at the next opportunity; if errors persist check/reseat the NVLink "
                       "bridge or baseboard, then RMA"),
+    "ecc_storm": ("warning", "correctable ECC error storm",
+                  "memory cells degrading: schedule a drain and a GPU reset (applies pending row remaps), then run "
+                  "field diagnostics (dcgmi diag -r 3 / NVIDIA field diag); RMA if the storm returns"),
     "pcie_downgrade": ("warning", "PCIe link running below its max while busy",
                        "reseat the GPU, check the riser/PCIe cable and slot (and BIOS PCIe settings); replace the "
                        "riser if it persists"),
@@ -119,7 +150,7 @@ CAUSES: dict[str, tuple[Severity, str, str]] = {
 #: Attribution tokens (the findings taxonomy): NVLink causes are "nvlink", PCIe link causes "pcie_downgrade",
 #: XIDs "xidNN"; the other causes are their own token.
 ATTRIBUTION: dict[str, str] = {"nvlink_down": "nvlink", "nvlink_errors": "nvlink", "pcie_replays": "pcie_downgrade"}
-_ECC_SIGNS = frozenset({"ecc_uncorrectable", "row_remap_pending", "remapped_rows"})
+_ECC_SIGNS = frozenset({"ecc_uncorrectable", "row_remap_pending", "remapped_rows", "ecc_storm"})
 #: Signal causes an XID explains: with the XID present they are its evidence, and the XID's own (more
 #: precise) severity and action apply: XID 94 is a *contained* uncorrectable error (warning: the process
 #: died, the GPU serves others), although the uncorrectable counter alone would read critical.
@@ -131,9 +162,9 @@ CONSEQUENCES: dict[int, frozenset[str]] = {
 }
 _SCORE: dict[str, float] = {"critical": 1.0, "warning": 0.6, "info": 0.2}
 #: Signals that show faults, with what it means when the input lacks them.
-_FAULT_SIGNALS: tuple[str, ...] = ("ecc_uncorrectable_rate", "row_remap_pending", "row_remap_failure",
-                                   "remapped_rows_rate", "nvlink_error_rate", "nvlink_links_down", "pcie_gen",
-                                   "pcie_width")
+_FAULT_SIGNALS: tuple[str, ...] = ("ecc_uncorrectable_rate", "ecc_correctable_rate", "row_remap_pending",
+                                   "row_remap_failure", "remapped_rows_rate", "nvlink_error_rate", "nvlink_links_down",
+                                   "pcie_gen", "pcie_width")
 
 
 @register
@@ -143,6 +174,8 @@ class GpuFault:
 
     - ``application_xids`` True: report the XIDs that are usually the job's own bug (13, 31, 43, 45)
       as ``info`` findings; False ignores them entirely (sites whose users own their crashes).
+    - ``storm_window_s`` 600: the trailing window error storms are judged over (10 scrapes at the
+      usual 60 s): long enough that a burst is not a storm, short enough to page within ~10 min.
     """
 
     kind = GPU_FAULT
@@ -157,6 +190,13 @@ class GpuFault:
     xid_hold_s: float = 600.0
     lost_min_s: float = 180.0
     merge_gap_s: float = 300.0
+    storm_window_s: float = 600.0
+    storm_active_fraction: float = 0.5
+    ecc_correctable_rate_min: float = 0.01
+    accelerating_growth: float = 2.0
+    nvlink_rising_rate_min: float = 0.05
+    nvlink_rising_growth: float = 1.5
+    rising_active_fraction: float = 0.8
     #: Report application XIDs (13, 31, 43, 45, severity info); off: ignore them entirely.
     application_xids: bool = True
 
@@ -185,6 +225,10 @@ class GpuFault:
         nvl = rows("nvlink_error_rate")
         causes["nvlink_errors"] = self._persistent(g, _tri(nvl >= self.nvlink_error_rate_min, ~np.isnan(nvl)),
                                                    self.nvlink_errors_min_s, gap)
+        nvl_rising, _ = self._storm(g, nvl, fleet.step, rising=True)
+        causes["nvlink_errors"] = np.fmax(causes["nvlink_errors"], nvl_rising)
+        sbe = rows("ecc_correctable_rate")
+        causes["ecc_storm"], sbe_window = self._storm(g, sbe, fleet.step, rising=False)
         down = rows("nvlink_links_down")
         causes["nvlink_down"] = self._persistent(g, _tri(down >= 1, ~np.isnan(down)), self.links_down_min_s, gap)
 
@@ -234,6 +278,9 @@ class GpuFault:
             "ecc_uncorrectable_errors": _ep_sum(eps, np.nan_to_num(np.maximum(ecc, 0.0)) * fleet.step),
             "remapped_rows": _ep_sum(eps, np.nan_to_num(np.maximum(remap, 0.0)) * fleet.step),
             "nvlink_error_rate_max": _ep_reduce(eps, nvl, np.fmax),
+            "nvlink_rising": _ep_reduce(eps, np.where(nvl_rising == 1.0, 1.0, np.nan), np.fmax),
+            "ecc_rate_max": _ep_reduce(eps, np.abs(sbe_window), np.fmax),
+            "ecc_rate_start": _rate_start(eps, sbe_window),
             "nvlink_links_down_max": _ep_reduce(eps, down, np.fmax),
             "pcie_gen_min": _ep_reduce(eps, np.where(causes["pcie_downgrade"] == 1.0, gen, np.nan), np.fmin),
             "pcie_width_min": _ep_reduce(eps, np.where(causes["pcie_downgrade"] == 1.0, wid, np.nan), np.fmin),
@@ -282,8 +329,15 @@ class GpuFault:
         if "row_remap_failure" in found:
             ev["row_remap_failure"] = True
         if "nvlink_errors" in found or "nvlink_down" in found:
-            ev["nvlink_error_rate_max"] = float(stats["nvlink_error_rate_max"][i])
-            ev["nvlink_links_down_max"] = float(stats["nvlink_links_down_max"][i])
+            ev["nvlink_error_rate_max"] = _finite(stats["nvlink_error_rate_max"][i])
+            ev["nvlink_links_down_max"] = _finite(stats["nvlink_links_down_max"][i])
+            ev["nvlink_errors_rising"] = bool(stats["nvlink_rising"][i] == 1.0)
+        if "ecc_storm" in found:
+            peak, first = _finite(stats["ecc_rate_max"][i]), _finite(stats["ecc_rate_start"][i])
+            ev["ecc_correctable_rate_max"] = peak
+            ev["ecc_correctable_rate_start"] = first
+            ev["ecc_correctable_growth"] = peak / first if first > 0 else 1.0
+            ev["ecc_accelerating"] = bool(first > 0 and peak >= self.accelerating_growth * first)
         if "pcie_downgrade" in found or "pcie_replays" in found:
             for key in ("pcie_gen_min", "pcie_gen_max", "pcie_width_min", "pcie_width_max", "pcie_replay_rate"):
                 ev[key] = float(stats[key][i])
@@ -311,7 +365,13 @@ class GpuFault:
             elif c == "pcie_replays":
                 head = f"PCIe replays at {ev['pcie_replay_rate'] * 60:.3g}/min"
             elif c == "nvlink_errors":
-                head = f"NVLink errors at up to {ev['nvlink_error_rate_max']:.3g}/s"
+                head = (f"NVLink errors at up to {ev['nvlink_error_rate_max']:.3g}/s"
+                        + (" and rising" if ev.get("nvlink_errors_rising") else ""))
+            elif c == "ecc_storm":
+                head = f"correctable ECC errors at up to {ev['ecc_correctable_rate_max']:.3g}/s"
+                if ev["ecc_accelerating"]:
+                    head += (f", accelerating (x{ev['ecc_correctable_growth']:.0f} since "
+                             f"{ev['ecc_correctable_rate_start']:.2g}/s)")
             elif c == "nvlink_down":
                 head = f"{ev['nvlink_links_down_max']:g} NVLink link(s) down"
             parts.append(head)
@@ -331,6 +391,50 @@ class GpuFault:
         inside = np.zeros(len(raw), bool)
         inside[eps.order[eps.member >= 0]] = True
         return np.where((raw == 1.0) & ~inside, 0.0, raw)
+
+    def _storm(self, g: _PhysGrid, rate: np.ndarray, step: float, rising: bool) -> tuple[np.ndarray, np.ndarray]:
+        """An error storm per physical row (1/0/NaN) and the qualifying windows' mean rate (NaN elsewhere,
+        negated where the window is not yet full of errors: see ``_rate_start``).
+
+        Level (``rising`` False, the ECC rule): the window's mean rate >= ``ecc_correctable_rate_min``
+        with errors in >= ``storm_active_fraction`` of its scrapes. Rising (the NVLink rule): the
+        later half's count >= ``nvlink_rising_growth`` x the earlier half's, by >= 3 Poisson sd, at a
+        mean rate >= ``nvlink_rising_rate_min``, both halves with errors in >= ``rising_active_fraction``
+        of their scrapes. A row with errors is part of the storm when a qualifying window covers it.
+        Dense (GPU, step) matrices are built only for the GPUs that have any error at all.
+        """
+        known = ~np.isnan(rate)
+        out, win_rate = np.where(known, 0.0, np.nan), np.full(g.n, np.nan)
+        pos = np.nan_to_num(rate) > 0
+        if not pos.any():
+            return out, win_rate
+        gid, t = g.key // g.T, g.key % g.T
+        idx = np.flatnonzero(np.isin(gid, np.unique(gid[pos])))
+        _, gi = np.unique(gid[idx], return_inverse=True)
+        cnt, act, kn = (np.zeros((int(gi.max()) + 1, g.T)) for _ in range(3))
+        cnt[gi, t[idx]] = np.maximum(np.nan_to_num(rate[idx]), 0.0) * step
+        act[gi, t[idx]] = pos[idx]
+        kn[gi, t[idx]] = known[idx]
+        w = max(round(self.storm_window_s / step), 2)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = _roll(cnt, w) / (_roll(kn, w) * step)
+        if rising:
+            h = w // 2
+            late, early = _roll(cnt, h), _shift(_roll(cnt, h), h)
+            need = self.rising_active_fraction * h
+            ok = ((_roll(act, h) >= need) & (_shift(_roll(act, h), h) >= need)
+                  & (late >= self.nvlink_rising_growth * early) & (late - early >= 3.0 * np.sqrt(late + early))
+                  & (late >= self.nvlink_rising_rate_min * h * step))
+        else:
+            ok = (mean >= self.ecc_correctable_rate_min) & (_roll(act, w) >= self.storm_active_fraction * w)
+        covered = _roll(ok[:, ::-1].astype(np.float64), w)[:, ::-1] > 0  # a qualifying window ends within w steps
+        storm = (covered & (act > 0)) | ok
+        out[idx] = np.where(storm[gi, t[idx]], 1.0, out[idx])
+        # the window rate where it qualifies; negative where its window is not yet full of the storm (at its
+        # onset the window still holds the healthy zeros before it: no measure of the storm's own starting rate)
+        full = _roll(act, w) >= self.rising_active_fraction * w
+        win_rate[idx] = np.where(ok, np.where(full, mean, -mean), np.nan)[gi, t[idx]]
+        return out, win_rate
 
     def _events(self, fleet: Fleet, g: _PhysGrid) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """XID events placed on physical-GPU rows: (row, code, count, time); unplaceable ones are dropped."""
@@ -358,6 +462,31 @@ class GpuFault:
                 f"remapped rows and lost GPUs are still found)")
         if note not in fleet.notes:
             fleet.notes.append(note)
+
+
+def _roll(x: np.ndarray, n: int) -> np.ndarray:
+    """Trailing sums over ``n`` steps along axis 1 (a window ending at each step; shorter at the start)."""
+    c = np.concatenate([np.zeros((x.shape[0], 1)), np.cumsum(x, axis=1)], axis=1)
+    lo = np.maximum(np.arange(x.shape[1]) + 1 - n, 0)
+    return c[:, 1:] - c[:, lo]
+
+
+def _shift(x: np.ndarray, n: int) -> np.ndarray:
+    """``x`` delayed by ``n`` steps along axis 1 (zeros shifted in)."""
+    out = np.zeros_like(x)
+    out[:, n:] = x[:, :x.shape[1] - n]
+    return out
+
+
+def _rate_start(eps: Episodes, win_rate: np.ndarray) -> np.ndarray:
+    """Per episode, the storm's starting rate: the lowest window rate among windows full of errors
+    (positive values of ``win_rate``), else among all qualifying windows (a sparse storm)."""
+    full = _ep_reduce(eps, np.where(win_rate > 0, win_rate, np.nan), np.fmin)
+    return np.where(np.isfinite(full), full, _ep_reduce(eps, np.abs(win_rate), np.fmin))
+
+
+def _finite(x: float) -> float:
+    return float(x) if np.isfinite(x) else 0.0
 
 
 def _tri(value: np.ndarray, known: np.ndarray) -> np.ndarray:

@@ -64,6 +64,43 @@ Thresholds (configurable; why these values):
   straggler is a property of the member for minutes, not one noisy sample; then episodes
   (``analyzer.analysis.episodes``) of at least ``min_duration_s`` 600 s.
 
+Quiet stragglers (issue 12), found from the peer relation itself at GPU level:
+
+* **silent** (same clock, no throttle reason: a weak GPU/HBM, or data imbalance): over
+  ``silent_window_s`` 900 s the member is the *busiest* of its job (highest activity) by a
+  clock-normalized lead (lead x its clock ratio: a lead its lower clock explains is the clock
+  path's, or healthy chip-to-chip spread) >= ``silent_lead`` 0.06 and >= ``silent_z`` 2.5
+  robust SDs of the group. Why: 15 minutes of averaging leave ~3% of the members' kernel-mix
+  drift (a 15-40 min wander, attenuated ~0.8 by the window) and no per-sample noise; a member
+  that slows a multi-node gang by 10% leads by >= 11% (``1 + s (1 + comm)``), >= 8% at the
+  drift's worst, so 6% sits between the two; 2.5 SDs keeps replicas of an inference service
+  (per-replica load differs by ~10%, persistently) from looking like one; only the busiest is
+  named, since a synchronous job waits for one member. Cause ``unknown`` with "unexplained:
+  suspect the GPU/HBM, or data imbalance".
+* **intermittent** (slow in recurring spells of a few minutes): a *spell* sample is one where
+  the member is the busiest of its job over two samples by a clock-normalized lead >=
+  ``spell_lead`` 0.08 (or throttled with the clock path's lead), two samples in a row at
+  least. Why 8%: a 10% gang slowdown leads by >= 11% (minus drift and noise, ~±5% over two
+  samples), while a healthy member must have its drift and noise peak together to reach it,
+  and also be the busiest, for two samples running. Spells at most ``spell_gap_s`` 1800 s
+  apart form one episode (from the first spell's start to the last one's end; open while the
+  data ends within that gap); it is a finding when it has >= ``spells_min`` 3 spells (one or
+  two are a blip or a coincidence, three are a pattern: "again and again") slow >=
+  ``duty_min`` 0.1 of the span (a tenth of the time at >= 10% costs the job >= 1% and is
+  well above the rate of chance spells). Evidence: ``spells``, ``duty_cycle``,
+  ``spell_minutes``; the lost GPU-hours count the slow share only. A member slow less than
+  half the time is intermittent: that finding replaces overlapping continuous ones.
+
+Early warning: a problem still open at the end of the data that has lasted
+``suspect_after_s`` 180 s (3 samples at 60 s, the persistence rule's 3 of 5) but not yet
+``min_duration_s`` is reported as a *suspected* straggler (confidence "low", evidence
+``suspected``, severity "warning" when its slowdown >= ``suspect_slowdown`` 0.2, else "info"),
+only on strong evidence: a lower clock explaining the lead, or a slowdown >= 0.2 (each minute
+of it costs a fifth of the whole job; the healthy spread is a few percent). It becomes the
+normal finding once it lasts ``min_duration_s`` and disappears if it ends before (withdrawn).
+Replayed every 5 minutes over the healthy scenarios (30-minute windows, as ``serve`` cuts
+them) none appears; thermal/power stragglers of 10-50% are suspected 2-3 minutes after onset.
+
 Impact (upper bounds, stated as "~"): the job runs ``lead - 1`` slower (compute) or
 ``peer_util / util - 1`` (input): the member's extra time per step, not diluted by
 communication time that is not visible; each other member spends ``1 - 1/(1 + slowdown)``
@@ -99,7 +136,7 @@ import pandas as pd
 from analyzer.analysis.episodes import column, find_episodes, format_duration
 from analyzer.data.frame import Fleet
 from analyzer.detectors import Paging, gpu_busy, register
-from analyzer.detectors._peers import Blocks, PeerGroups, peer_groups, persistent, rolling_mean
+from analyzer.detectors._peers import Blocks, PeerGroups, block_max, peer_groups, persistent, rolling_mean
 from analyzer.findings import STRAGGLER, Finding
 from analyzer.site import THRESHOLDS
 
@@ -130,6 +167,9 @@ class _Cells:
     ref_util: np.ndarray
     ref_clk: np.ndarray
     clk: np.ndarray
+    silent: np.ndarray
+    spell: np.ndarray
+    spell_lead: np.ndarray
 
 
 @register
@@ -170,12 +210,34 @@ class Straggler:
     max_unknown_steps: int = 2
     critical_slowdown: float = 0.3
     critical_gpu_hours: float = 8.0
+    silent_window_s: float = 900.0
+    silent_lead: float = 0.06
+    silent_z: float = 2.5
+    spell_lead: float = 0.08
+    spell_gap_s: float = 1800.0
+    spells_min: int = 3
+    duty_min: float = 0.1
+    suspect_after_s: float = 180.0
+    suspect_slowdown: float = 0.2
 
     # Per-cell conditions ---------------------------------------------------------------
+    @staticmethod
+    def _lead(TEN: np.ndarray, SM: np.ndarray, use_t: np.ndarray, ref: Any, window: int,
+              spread: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(activity lead over the peers, relative spread) on activity averaged over ``window`` samples:
+        tensor activity where the job uses tensor cores (``use_t``), else SM activity."""
+        TEN_s, SM_s = rolling_mean(TEN, window), rolling_mean(SM, window)
+        rTs, sTs = ref(TEN_s, spread)
+        rSs, sSs = ref(SM_s, spread)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            lead = np.where(use_t, TEN_s / rTs, np.where(rSs > 0, SM_s / rSs, np.nan))
+            return lead, np.where(use_t, sTs / rTs, sSs / rSs)
+
     def _cells(self, U: np.ndarray, TEN: np.ndarray, SM: np.ndarray, CLK: np.ndarray, CLKMAX: np.ndarray,
-               NVL: np.ndarray, ref: Any, steps: int) -> _Cells:
+               NVL: np.ndarray, ref: Any, steps: int, top: Blocks | None = None, long_w: int = 1) -> _Cells:
         """Straggler conditions of every cell against its peers (``ref`` = PeerGroups.reference or
-        the node-level equivalent; ``steps`` = the persistence window in samples)."""
+        the node-level equivalent; ``steps`` = the persistence window in samples; ``top``: the peer
+        sets for the quiet paths, GPU level only)."""
         rU, _ = ref(U, False)
         rK, _ = ref(CLK, False)
         rKmax, _ = ref(CLKMAX, False)
@@ -183,14 +245,11 @@ class Straggler:
         # noise (~±5%) averages out, the member's kernel-mix drift does not and sets the spread.
         rT, _ = ref(TEN, False)
         rS, _ = ref(SM, False)
-        TEN_s, SM_s = rolling_mean(TEN, steps), rolling_mean(SM, steps)
-        rTs, sTs = ref(TEN_s)
-        rSs, sSs = ref(SM_s)
         with np.errstate(invalid="ignore", divide="ignore"):
             use_t = rT >= self.min_tensor
             lead_now = np.where(use_t, TEN / rT, np.where(rS > 0, SM / rS, np.nan))
-            lead = np.where(use_t, TEN_s / rTs, np.where(rSs > 0, SM_s / rSs, np.nan))
-            noise = np.fmax(np.where(use_t, sTs / rTs, sSs / rSs), self.mad_floor)
+            lead, noise = self._lead(TEN, SM, use_t, ref, steps, True)
+            noise = np.fmax(noise, self.mad_floor)
             clk_rel = CLK / rK
             peers_clock = rK / rKmax
         sm_known = ~np.isnan(rS)
@@ -215,11 +274,44 @@ class Straggler:
             nvl_rel = np.where(rN >= self.nvlink_min_bps, NVL / rN, np.nan)
         nvlink = peers_busy & progress & (self.busy_util <= U) & (nvl_rel <= self.nvlink_ratio_max)
         known = ~np.isnan(lead) & ~np.isnan(U) & ~np.isnan(rU)
+        gate = peers_busy & progress & peers_full & (self.busy_util <= U) & known
+        silent, spell, spell_lead = self._quiet(TEN, SM, use_t, clk_rel, throttled, gate, ref, top, long_w)
         return _Cells(compute & known, starved & known, nvlink & known, nvl_rel, known, lead, clk_rel, U, rU, rK,
-                      CLK)
+                      CLK, silent, spell, spell_lead)
+
+    def _quiet(self, TEN: np.ndarray, SM: np.ndarray, use_t: np.ndarray, clk_rel: np.ndarray, throttled: np.ndarray,
+               gate: np.ndarray, ref: Any, top: Blocks | None,
+               long_w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(silent, spell, short lead): the quiet signatures, from the peer relation itself.
+
+        silent: over ``silent_window_s`` the member is the busiest of its job by a clock-normalized lead
+        >= ``silent_lead`` (it computes longer at the same clock while its peers wait). spell: over two
+        samples it is the busiest by >= ``spell_lead`` at the same clock (or throttled with the clock
+        path's lead), for at least two samples in a row.
+        """
+        none = np.zeros_like(gate)
+        if top is None:
+            return none, none, np.full(gate.shape, np.nan)
+        # A lead its lower clock explains is the clock path's, or healthy chip-to-chip spread: divide it out.
+        clk = np.where(np.isnan(clk_rel), 1.0, clk_rel)
+        lead_l, spread_l = self._lead(TEN, SM, use_t, ref, long_w, True)
+        lead_s, _ = self._lead(TEN, SM, use_t, ref, 2)
+        with np.errstate(invalid="ignore"):
+            norm_l = lead_l * rolling_mean(clk, long_w)
+            norm_s = lead_s * rolling_mean(clk, 2)
+            z = (norm_l - 1.0) / np.fmax(spread_l, self.mad_floor)  # NaN spread (a pair): the relative test decides
+            silent = (gate & (norm_l >= 1.0 + self.silent_lead) & (norm_l >= block_max(top, norm_l))
+                      & ~(z < self.silent_z))
+            spell = gate & (lead_s >= block_max(top, lead_s)) & (
+                (norm_s >= 1.0 + self.spell_lead) | (throttled & (lead_s >= 1.0 + self.clock_lead_min)))
+        run = np.zeros_like(spell)  # a spell lasts two samples at least: one noisy sample is no spell
+        run[:, 1:] |= spell[:, :-1]
+        run[:, :-1] |= spell[:, 1:]
+        return silent, spell & run, lead_s
 
     def _tristate(self, cells: _Cells, steps: int) -> np.ndarray:
-        cond = np.where(cells.known, (cells.compute | cells.input | cells.nvlink).astype(np.float64), np.nan)
+        cond = np.where(cells.known, (cells.compute | cells.input | cells.nvlink | cells.silent).astype(np.float64),
+                        np.nan)
         k = max(1, math.ceil(self.persist * steps))
         return persistent(cond, steps, k)
 
@@ -238,7 +330,8 @@ class Straggler:
         U, TEN, SM = pg.matrix(gpu_busy(fleet)), pg.matrix("tensor_active"), pg.matrix("sm_active")
         CLK, CLKMAX, NVL = pg.matrix("sm_clock"), pg.matrix(_clock_max(fleet)), pg.matrix("nvlink_bps")
         steps = max(1, round(self.window_s / fleet.step))
-        gpu = self._cells(U, TEN, SM, CLK, CLKMAX, NVL, pg.reference, steps)
+        gpu = self._cells(U, TEN, SM, CLK, CLKMAX, NVL, pg.reference, steps, pg.blocks,
+                          max(1, round(self.silent_window_s / fleet.step)))
         gpu_cond = self._tristate(gpu, steps)
 
         # Node level: host medians of each group against the group's other hosts.
@@ -252,38 +345,58 @@ class Straggler:
             # A node that stands out names its GPUs: drop their GPU-level condition meanwhile.
             gpu_cond = np.where(node_cond == 1.0, 0.0, gpu_cond)
             out += self._node_findings(fleet, pg, hosts, node, node_cond, U)
-        out += self._gpu_findings(fleet, pg, gpu, gpu_cond)
-        return out
+        return out + _merge_intermittent(self._gpu_findings(fleet, pg, gpu, gpu_cond),
+                                         self._intermittent_findings(fleet, pg, gpu))
 
     # Findings -------------------------------------------------------------------------
+    _SIGNALS = ("thermal_throttle", "power_throttle", "temp", "power", "power_limit", "pcie_gen", "pcie_gen_max",
+                "pcie_width", "pcie_width_max", "pcie_replay_rate", "nvlink_error_rate", "nvlink_links_down")
+
+    @staticmethod
+    def _means(eps: Any, flat: Any, cells: _Cells, signal: Any) -> dict[str, np.ndarray]:
+        """Per-episode means of the cells (``flat``: matrix -> the episodes' rows) and of the raw signals."""
+        m = {k: eps.mean(flat(getattr(cells, k))) for k in ("lead", "clk_rel", "clk", "util", "nvl_rel")}
+        m["ref_clk"], m["ref_util"] = eps.mean(flat(cells.ref_clk)), eps.mean(flat(cells.ref_util))
+        for k in ("input", "compute", "nvlink", "silent"):
+            m[k] = eps.mean(flat(getattr(cells, k).astype(np.float64)))
+        for k in Straggler._SIGNALS:
+            m[k] = eps.mean(signal(k))
+        return m
+
+    def _episodes(self, fleet: Fleet, cond: np.ndarray) -> Any:
+        """Episodes of a condition, suspected ones (open, >= ``suspect_after_s``) included."""
+        return find_episodes(fleet, cond, max_gap_steps=self.max_gap_steps, max_unknown_steps=self.max_unknown_steps,
+                             min_duration_s=min(self.suspect_after_s, self.min_duration_s), split_on=("job",))
+
+    def _status(self, ep: Any, v: dict[str, float] | None = None) -> str | None:
+        """"confirmed" (lasted ``min_duration_s``), "suspected" (still open, shorter) or None (withdrawn:
+        it ended short)."""
+        if float(getattr(ep, "evidence_s", ep.duration_s)) >= self.min_duration_s - 1e-6:
+            return "confirmed"
+        if not ep.open or v is None:
+            return None
+        # Early, only on strong evidence: a lower clock explaining the lead, or a large slowdown.
+        clocked = v["compute"] >= 0.5 and v["clk_rel"] <= 1.0 - self.clock_drop
+        return "suspected" if clocked or self._slowdown(v) >= self.suspect_slowdown else None
+
     def _gpu_findings(self, fleet: Fleet, pg: PeerGroups, cells: _Cells, cond: np.ndarray) -> list[Finding]:
         if not (cond == 1.0).any():
             return []
-        eps = find_episodes(fleet, pg.to_rows(cond), max_gap_steps=self.max_gap_steps,
-                            max_unknown_steps=self.max_unknown_steps, min_duration_s=self.min_duration_s,
-                            split_on=("job",))
+        eps = self._episodes(fleet, pg.to_rows(cond))
         if not len(eps):
             return []
-        m = {
-            "lead": eps.mean(pg.to_rows(cells.lead)), "clk_rel": eps.mean(pg.to_rows(cells.clk_rel)),
-            "clk": eps.mean(pg.to_rows(cells.clk)), "ref_clk": eps.mean(pg.to_rows(cells.ref_clk)),
-            "util": eps.mean(pg.to_rows(cells.util)), "ref_util": eps.mean(pg.to_rows(cells.ref_util)),
-            "input": eps.mean(pg.to_rows(cells.input.astype(np.float64))),
-            "compute": eps.mean(pg.to_rows(cells.compute.astype(np.float64))),
-            "nvlink": eps.mean(pg.to_rows(cells.nvlink.astype(np.float64))),
-            "nvl_rel": eps.mean(pg.to_rows(cells.nvl_rel)),
-        }
-        for s in ("thermal_throttle", "power_throttle", "temp", "power", "power_limit", "pcie_gen", "pcie_gen_max",
-                  "pcie_width", "pcie_width_max", "pcie_replay_rate", "nvlink_error_rate", "nvlink_links_down"):
-            m[s] = eps.mean(column(fleet, s))
+        m = self._means(eps, pg.to_rows, cells, lambda k: column(fleet, k))
         members = _members(pg)
         conf = "high" if fleet.has("sm_active") and fleet.has("sm_clock") else "low"
         out = []
         for i, ep in enumerate(eps.table.itertuples(index=False)):
             v = {k: float(a[i]) for k, a in m.items()}
+            status = self._status(ep, v)
+            if status is None:
+                continue
             n_members = members.get((ep.job, ep.hostname, ep.gpu, ep.gpu_instance or None), 1)
-            who = f"GPU {ep.hostname}/{ep.gpu}" + (f" (MIG {ep.gpu_instance})" if ep.gpu_instance else "")
-            out.append(self._finding(ep, v, who, n_members - 1, conf, gpu=_int(ep.gpu)))
+            out.append(self._finding(ep, v, _who(ep), n_members - 1, conf, gpu=_int(ep.gpu),
+                                     suspected=status == "suspected"))
         return out
 
     def _node_findings(self, fleet: Fleet, pg: PeerGroups, hosts: _NodeView, cells: _Cells, cond: np.ndarray,
@@ -310,40 +423,65 @@ class Straggler:
             "gpu_share": np.repeat(hosts.share[idx], T),
         })
         small = Fleet(frame=frame, step=fleet.step, start=fleet.start, end=fleet.end)
-        eps = find_episodes(small, cond[idx].reshape(-1), max_gap_steps=self.max_gap_steps,
-                            max_unknown_steps=self.max_unknown_steps, min_duration_s=self.min_duration_s,
-                            split_on=("job",))
+        eps = self._episodes(small, cond[idx].reshape(-1))
         if not len(eps):
             return []
 
         def flat(mx: np.ndarray) -> np.ndarray:
             return mx[idx].reshape(-1)
 
-        m = {
-            "lead": eps.mean(flat(cells.lead)), "clk_rel": eps.mean(flat(cells.clk_rel)),
-            "clk": eps.mean(flat(cells.clk)), "ref_clk": eps.mean(flat(cells.ref_clk)),
-            "util": eps.mean(flat(cells.util)), "ref_util": eps.mean(flat(cells.ref_util)),
-            "input": eps.mean(flat(cells.input.astype(np.float64))),
-            "compute": eps.mean(flat(cells.compute.astype(np.float64))),
-            "nvlink": eps.mean(flat(cells.nvlink.astype(np.float64))),
-            "nvl_rel": eps.mean(flat(cells.nvl_rel)),
-        }
-        for s in ("thermal_throttle", "power_throttle", "temp", "power", "power_limit", "pcie_gen", "pcie_gen_max",
-                  "pcie_width", "pcie_width_max", "pcie_replay_rate", "nvlink_error_rate", "nvlink_links_down"):
-            m[s] = eps.mean(flat(hosts.median(pg.matrix(s))))
+        m = self._means(eps, flat, cells, lambda k: flat(hosts.median(pg.matrix(k))))
         size = hosts.size
         conf = "high" if fleet.has("sm_active") and fleet.has("sm_clock") else "low"
         out = []
         for i, ep in enumerate(eps.table.itertuples(index=False)):
             v = {k: float(a[i]) for k, a in m.items()}
+            status = self._status(ep, v)
+            if status is None:
+                continue
             s = idx[np.flatnonzero((pg.slot_host[idx] == ep.hostname)
                                    & np.array([pg.group_labels[g].get("job") == ep.job
                                                for g in pg.slot_group[idx]]))[0]]
             g = pg.slot_group[s]
             n_here = int(size[s])
             n_group = int(pg.bounds[g + 1] - pg.bounds[g])
-            who = f"Node {ep.hostname}"
-            fnd = self._finding(ep, v, who, n_group - n_here, conf, gpu=None, n_node=n_here)
+            out.append(self._finding(ep, v, f"Node {ep.hostname}", n_group - n_here, conf, gpu=None, n_node=n_here,
+                                     suspected=status == "suspected"))
+        return out
+
+    def _intermittent_findings(self, fleet: Fleet, pg: PeerGroups, cells: _Cells) -> list[Finding]:
+        """Recurring slow spells of one member: spells at most ``spell_gap_s`` apart form one episode (from
+        the first spell's start to the last one's end); it is a finding with >= ``spells_min`` spells covering
+        >= ``duty_min`` of that span (``_merge_intermittent`` then settles overlaps with continuous findings)."""
+        spell = cells.spell
+        if not spell.any():
+            return []
+        gap = max(1, round(self.spell_gap_s / fleet.step))
+        cond = np.where(cells.known, spell.astype(np.float64), np.nan)
+        eps = find_episodes(fleet, pg.to_rows(cond), max_gap_steps=gap, max_unknown_steps=gap,
+                            min_duration_s=self.min_duration_s, split_on=("job",))
+        if not len(eps):
+            return []
+        first = spell & ~np.pad(spell, ((0, 0), (1, 0)))[:, :-1]
+        duty = eps.mean(pg.to_rows(spell.astype(np.float64)), "all")
+        spans = eps.table["true_steps"].to_numpy(np.float64) / np.maximum(duty, 1e-9)
+        n_spells = np.rint(eps.mean(pg.to_rows(first.astype(np.float64)), "all") * spans)
+        m = self._means(eps, pg.to_rows, cells, lambda k: column(fleet, k))
+        m["lead"] = eps.mean(pg.to_rows(cells.spell_lead))
+        members = _members(pg)
+        conf = "high" if fleet.has("sm_active") and fleet.has("sm_clock") else "low"
+        out = []
+        for i, ep in enumerate(eps.table.itertuples(index=False)):
+            end = float(ep.end) if not ep.open else fleet.end
+            if n_spells[i] < self.spells_min or duty[i] < self.duty_min:
+                continue
+            v = {k: float(a[i]) for k, a in m.items()}
+            v.update(compute=1.0, input=0.0, nvlink=0.0)
+            n_members = members.get((ep.job, ep.hostname, ep.gpu, ep.gpu_instance or None), 1)
+            spell_min = float(ep.true_steps) * fleet.step / max(n_spells[i], 1.0) / 60.0
+            fnd = self._finding(ep, v, _who(ep), n_members - 1, conf, gpu=_int(ep.gpu),
+                                spells=(int(n_spells[i]), float(duty[i]), spell_min))
+            fnd.end = None if fleet.end - end <= self.spell_gap_s else end  # recurring as far as the data tells
             out.append(fnd)
         return out
 
@@ -379,26 +517,44 @@ class Straggler:
             return "nvlink", f"NVLink traffic {v['nvl_rel']:.0%} of its peers'{down}{errs}"
         if lower:
             return "unknown", f"{clock_txt} with no throttle reason reported"
-        return "unknown", "no throttling, link or input evidence; it computes longer for the same work"
+        return "unknown", ("unexplained: suspect the GPU/HBM, or data imbalance (same clock, no throttling, link or "
+                           "input evidence; it is the busiest member while its peers wait)")
 
-    def _finding(self, ep: Any, v: dict[str, float], who: str, n_peers: int, conf: str, *, gpu: int | None,
-                 n_node: int | None = None) -> Finding:
-        cause, detail = self._cause(v)
+    def _slowdown(self, v: dict[str, float]) -> float:
+        """The job's slowdown from the member's episode means (module docstring, Impact)."""
         if v["input"] >= 0.5 and v["input"] >= v["compute"]:
             slowdown = v["ref_util"] / max(v["util"], 1e-6) - 1.0
         elif v["compute"] >= 0.5 or not v["nvlink"] >= 0.5:
             slowdown = v["lead"] - 1.0
         else:  # the collective stretched by 1/bandwidth share, on the assumed communication share of a step
             slowdown = self.comm_share * (1.0 / max(v["nvl_rel"], 1e-3) - 1.0)
-        slowdown = max(slowdown, 0.0)
+        return max(slowdown, 0.0) if math.isfinite(slowdown) else 0.0
+
+    def _finding(self, ep: Any, v: dict[str, float], who: str, n_peers: int, conf: str, *, gpu: int | None,
+                 n_node: int | None = None, suspected: bool = False,
+                 spells: tuple[int, float, float] | None = None) -> Finding:
+        """One finding; ``suspected``: still short of ``min_duration_s`` (lower severity, "low" confidence);
+        ``spells``: (count, duty cycle, mean minutes) of an intermittent straggler."""
+        cause, detail = self._cause(v)
+        slowdown = self._slowdown(v)
         waiting = 1.0 - 1.0 / (1.0 + slowdown)  # share of each peer's time spent at the barrier
         hours = float(ep.duration_s) / 3600.0
-        lost = max(n_peers, 0) * hours * waiting * float(ep.gpu_share if n_node is None else 1.0)
+        duty = spells[1] if spells else 1.0
+        lost = max(n_peers, 0) * hours * waiting * duty * float(ep.gpu_share if n_node is None else 1.0)
         severity = "critical" if slowdown >= self.critical_slowdown or lost >= self.critical_gpu_hours else "warning"
         job = ep.job or "its job"
         peers = f"the other {n_peers} GPU{'s' if n_peers != 1 else ''}"
-        summary = (f"{who} is slowing job {job} by ~{slowdown:.0%} ({detail}): {peers} lost ~{lost:.1f} GPU-hours "
+        how = f"is slowing job {job} by ~{slowdown:.0%}"
+        if spells:
+            how += (f" in recurring spells ({spells[0]} spells of ~{spells[2]:.0f} min, slow {duty:.0%} of "
+                    "the time)")
+        summary = (f"{who} {how} ({detail}): {peers} lost ~{lost:.1f} GPU-hours "
                    f"waiting over {format_duration(float(ep.duration_s))}; {_ADVICE[cause]}.")
+        if suspected:  # early warning: lower severity, confirmed (or withdrawn) once min_duration_s has passed
+            severity = "warning" if slowdown >= self.suspect_slowdown else "info"
+            conf = "low"
+            summary = (f"Suspected straggler: {who} {how} for {format_duration(float(ep.duration_s))} ({detail}); "
+                       f"confirmed if it lasts {format_duration(self.min_duration_s)}.")
         evidence = {
             "cause": cause, "cause_detail": detail, "level": "gpu" if n_node is None else "node",
             "slowdown": slowdown, "lost_gpu_hours": lost, "peers": n_peers, "activity_lead": v["lead"],
@@ -406,10 +562,12 @@ class Straggler:
             "gpu_util": v["util"], "peer_gpu_util": v["ref_util"], "temp_celsius": v["temp"],
             "power_watts": v["power"], "power_limit_watts": v["power_limit"],
             "thermal_throttle_share": v["thermal_throttle"], "power_throttle_share": v["power_throttle"],
-            "minutes": float(ep.duration_s) / 60.0,
+            "minutes": float(ep.duration_s) / 60.0, "suspected": suspected,
         }
         if n_node is not None:
             evidence["node_gpus"] = n_node
+        if spells:
+            evidence.update(intermittent=True, spells=spells[0], duty_cycle=duty, spell_minutes=spells[2])
         return Finding(
             kind=self.kind, severity=severity, summary=summary, start=float(ep.start),
             end=None if ep.open else float(ep.end), score=float(np.clip(slowdown, 0.0, 1.0)),
@@ -434,6 +592,29 @@ def _clock_max(fleet: Fleet) -> np.ndarray:
     codes = pd.factorize(model)[0]
     best = pd.Series(clk).groupby(codes).max()
     return np.where(missing, best.reindex(codes).to_numpy(dtype=np.float64), mx)
+
+
+def _merge_intermittent(found: list[Finding], spells: list[Finding]) -> list[Finding]:
+    """A member slow less than half the time is intermittent: its recurring-spell finding replaces the
+    continuous findings it overlaps (a long window's average of the spells); slow most of the time, the
+    continuous findings stand and the spell finding goes."""
+    def over(a: Finding, b: Finding) -> bool:
+        return ((a.hostname, a.gpu, a.job) == (b.hostname, b.gpu, b.job) and a.start < (b.end or math.inf)
+                and b.start < (a.end or math.inf))
+
+    keep, drop = [], set()
+    for sp in spells:
+        hits = {i for i, f in enumerate(found) if over(f, sp)}
+        if sp.evidence["duty_cycle"] < 0.5:
+            drop |= hits
+            keep.append(sp)
+        elif not hits:
+            keep.append(sp)
+    return [f for i, f in enumerate(found) if i not in drop] + keep
+
+
+def _who(ep: Any) -> str:
+    return f"GPU {ep.hostname}/{ep.gpu}" + (f" (MIG {ep.gpu_instance})" if ep.gpu_instance else "")
 
 
 def _int(v: object) -> int | None:

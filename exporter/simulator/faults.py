@@ -7,7 +7,9 @@ seconds), ``cause`` (one sentence) and ``attribution``, a machine-readable token
 
 * straggler: ``thermal`` | ``power`` | ``pcie`` | ``nvlink`` | ``input`` | ``unknown``
 * gpu_fault: ``xid48`` ``xid63`` ``xid64`` ``xid79`` ``xid94`` ``xid95`` | ``pcie_downgrade`` | ``nvlink``
+  | ``ecc_storm``
 * degraded_gpu: ``power_cap`` | ``thermal_degradation`` | ``power_inefficiency`` | ``hbm_hot``
+  | ``power_deficit``
 * thermal: ``gpu_cooling`` (one GPU) | ``rack_cooling`` (one record per node of the rack)
 * topology: ``wan`` | ``mig`` | ``numa`` | ``no_nvlink`` (one record per node of the job, ``job`` set)
 * idle_masking: ``memory_bound``; idle_allocated: ``unused_allocation``
@@ -36,6 +38,25 @@ What each fault looks like in the signals (what a detector should find):
 * ``slow_gpu`` (one GPU, ``slowdown``): a member computes slower with no visible reason (full
   clock, no clock event, normal temperature and power): peers wait at the barrier.
   Ground truth: ``straggler``/unknown.
+* ``intermittent_straggler`` (one GPU, ``slowdown`` 0.15, ``period`` 600 s, ``duty`` 0.3): the
+  member is slow only in recurring spells: the first ``duty x period`` seconds of every
+  ``period`` from ``start`` it computes like a ``slow_gpu`` that slows the gang by ``slowdown``
+  (same clock, no clock event), in between it is healthy. Each spell its peers wait at the
+  barrier (SM and tensor activity down, util ~97%) while it is the busiest member; a spell
+  of 3 minutes is shorter than any one-episode persistence rule, only the recurrence tells.
+  Ground truth: ``straggler``/unknown from the first spell's start to the last spell's end
+  (the span it recurs over; ``_straggler_span`` of the spells' slowdown).
+* ``chip_spread`` (a training job, ``spread`` 0.04; healthy variation, *no* ground truth):
+  chip-to-chip spread of healthy GPUs of one model under the same power cap: each member
+  reaches a fixed clock factor ``1 - spread x u`` (``u`` uniform in [0, 1) per GPU from the
+  seed), so the slowest chip really sets the gang's step, a little. ``spread`` is at most
+  0.05, which slows the gang < 5% (``STRAGGLER_MIN_SLOWDOWN``): variation a detector must
+  tolerate, not a straggler.
+* ``startup`` (a training job, ``seconds`` 300; healthy, *no* ground truth): the job's start-up
+  phase: from ``start`` every member loads its data/checkpoint for ``seconds x u`` (``u`` per
+  GPU from the seed) with no kernel running (util 0), while the members that finished wait at
+  the first barrier inside NCCL (util ~97%, SM ~5%, no tensor work), as a hung gang looks;
+  then the gang steps normally. The last member to load is not a straggler.
 * ``input_starved`` (one node of a training job, ``starve`` = data wait per step in units
   of compute time): every GPU of that node has true idle gaps, so GPU util drops too
   (unlike a compute straggler); the peers on other nodes wait at the barrier (high util,
@@ -87,6 +108,29 @@ same job):
   above what the die temperature and DRAM activity predict. Relation: memory temperature
   vs GPU temperature (HBM otherwise reads ~26 + 0.6 x die + 6 x DRAM activity).
 
+Quiet partial failures (no XID, nothing crosses a hard limit at first):
+
+* ``ecc_storm`` (one GPU, ``start_per_second`` 0.02, ``peak_per_second`` 3, ``ramp_seconds``
+  3600): correctable (single-bit) ECC errors, volatile and aggregate, at a rate that leaves
+  the healthy background (~0/s) at ``start_per_second`` and grows exponentially to
+  ``peak_per_second`` over ``ramp_seconds`` (then stays there): HBM cells degrading. No XID,
+  no uncorrectable error, the job runs on. Ground truth: ``gpu_fault``/ecc_storm from the
+  fault's start (the rate has left normal there).
+* ``nvlink_crc_rising`` (one NVLink GPU, same growth parameters, defaults ``start_per_second``
+  0.1, ``peak_per_second`` 20, ``ramp_seconds`` 2400): NVLink CRC/replay/recovery counters grow
+  at a rate that keeps rising (a marginal link getting worse); no link goes down, so no
+  slowdown. Ground truth: ``gpu_fault``/nvlink from the fault's start.
+* ``power_deficit`` (one GPU, ``deficit_fraction`` 0.25): the GPU draws ``deficit_fraction``
+  less power than its model predicts for its activity at full clock (a failing VRM or power
+  sensor, a power-delivery limit nobody configured); util, SM/tensor activity and clocks stay
+  those of its peers, the die runs cooler with the lower power. Ground truth:
+  ``degraded_gpu``/power_deficit.
+* ``power_spread`` (a whole job ``{job}`` or node ``{hostname}``, ``spread`` 0.2): healthy
+  chip-to-chip variation, *not* a fault (no ground truth): each GPU's dynamic power is scaled
+  by its own factor, uniform in 1 +/- ``spread``/2 (seeded per GPU), as leakage differs from
+  chip to chip; fleet studies report spreads up to ~20% across one model. Detectors must not
+  flag these GPUs.
+
 Waste patterns and placement mistakes from workloads (ground truth, no fault needed):
 ``memory_bound`` jobs (GPU util ~95%, SM ~20%, DRAM ~75%; power per SM activity and HBM
 temperature high for the *whole job*: a workload difference, not a degraded GPU) ->
@@ -113,7 +157,9 @@ from exporter.simulator.topology import MODEL_KEYS, MODELS, Job, Layout
 #: Seconds from the XID 79 event until the GPU's telemetry disappears.
 LOST_AFTER = 30.0
 GPU_FAULTS = ("thermal_straggler", "power_cap", "pcie_downgrade", "nvlink_errors", "xid", "slow_gpu",
-              "thermal_degradation", "power_inefficiency", "hbm_hot")
+              "thermal_degradation", "power_inefficiency", "hbm_hot", "intermittent_straggler")
+#: Healthy variation injected like a fault on a whole training job: shapes signals, no ground truth.
+JOB_VARIATIONS = ("chip_spread", "startup")
 #: A fault makes its gang member a straggler while the gang's step is at least this much slower.
 STRAGGLER_MIN_SLOWDOWN = 0.05
 #: Host<->device (and GPUDirect RDMA) transfer time per step at full PCIe speed, in compute units.
@@ -127,8 +173,11 @@ PCIE_ONLY_COMM = 0.3
 #: Faults that can slow a training gang, and the straggler attribution they carry.
 STRAGGLER_CAUSE = {"thermal_straggler": "thermal", "power_cap": "power", "slow_gpu": "unknown",
                    "input_starved": "input", "pcie_downgrade": "pcie", "nvlink_errors": "nvlink",
-                   "rack_cooling": "thermal"}
+                   "rack_cooling": "thermal", "intermittent_straggler": "unknown"}
 KILLING_XIDS = (48, 94, 95)
+#: Partial failures (issue 12) and healthy variation: their kinds, and the error-rate growth profile.
+PARTIAL_FAULTS = ("ecc_storm", "nvlink_crc_rising", "power_deficit")
+SPREAD_KINDS = ("power_spread",)
 
 
 @dataclass
@@ -148,6 +197,17 @@ class Fault:
         return int(self.params.get("code", 0))
 
 
+def spell_on(f: Fault, tr: np.ndarray) -> np.ndarray:
+    """Where an ``intermittent_straggler`` is in a slow spell at relative times ``tr`` (bool, per time)."""
+    period = max(f.params["period"], 1.0)
+    return (tr >= f.start) & (tr < f.end) & (np.mod(tr - f.start, period) < f.params["duty"] * period)
+
+
+def per_gpu_uniform(keys: np.ndarray) -> np.ndarray:
+    """A fixed uniform in [0, 1) per row from its (seeded) noise key: which chip is slower, who loads last."""
+    return ((keys >> np.uint64(11)) & np.uint64(0xFFFF)).astype(np.float64) / 65536.0
+
+
 def _resolve(sc: Scenario, lay: Layout, f: FaultSpec) -> tuple[np.ndarray, str | None, str, str | None]:
     """Target -> (rows, job, hostname, gpu)."""
     t = f.target
@@ -156,6 +216,8 @@ def _resolve(sc: Scenario, lay: Layout, f: FaultSpec) -> tuple[np.ndarray, str |
     def err(msg: str) -> ScenarioError:
         return ScenarioError(f"{sc.path}: {f.where}.target: {msg}")
 
+    if f.kind in SPREAD_KINDS:
+        return _resolve_group(sc, lay, f)
     job_name = t.get("job")
     job = None
     if job_name is not None:
@@ -174,6 +236,10 @@ def _resolve(sc: Scenario, lay: Layout, f: FaultSpec) -> tuple[np.ndarray, str |
         k = int(f.params["nodes"]) or len(nodes)
         nodes = nodes[:k]
         return np.flatnonzero(np.isin(host_arr, nodes)), None, ",".join(nodes), None
+    if f.kind in JOB_VARIATIONS:
+        if job is None or job.kind != "training":
+            raise err(f"{f.kind} needs target.job (a training workload)")
+        return job.rows, job.name, str(host_arr[job.rows[0]]), None
     if f.kind == "input_starved":
         if job is None:
             raise err("input_starved needs target.job (a training workload)")
@@ -202,6 +268,55 @@ def _resolve(sc: Scenario, lay: Layout, f: FaultSpec) -> tuple[np.ndarray, str |
     jobs = {int(lay.row_job[r]) for r in rows if lay.row_job[r] >= 0}
     jname = lay.jobs[min(jobs)].name if jobs else None
     return rows, jname, host, gpu
+
+
+def _resolve_group(sc: Scenario, lay: Layout, f: FaultSpec) -> tuple[np.ndarray, str | None, str, str | None]:
+    """A whole workload (``{job}``) or node (``{hostname}``) -> (rows, job, hostname(s), None)."""
+    t, host_arr = f.target, lay.gpus.hostname
+    if "job" in t:
+        job = next((j for j in lay.jobs if j.name == t["job"]), None)
+        if job is None or not len(job.rows):
+            raise ScenarioError(f"{sc.path}: {f.where}.target: no workload named {t['job']!r} with GPUs")
+        return job.rows, job.name, ",".join(dict.fromkeys(host_arr[job.rows])), None
+    if "hostname" in t and "gpu" not in t:
+        rows = np.flatnonzero(host_arr == str(t["hostname"]))
+        if not len(rows):
+            raise ScenarioError(f"{sc.path}: {f.where}.target: no host {t['hostname']!r}")
+        return rows, None, str(t["hostname"]), None
+    raise ScenarioError(f"{sc.path}: {f.where}.target: {f.kind} needs {{job}} or {{hostname}} (no gpu)")
+
+
+def growth_count(opened: np.ndarray, start: float, peak: float, ramp: float) -> np.ndarray:
+    """Errors counted after ``opened`` seconds of an exponentially growing rate (the storm profile).
+
+    The rate is ``start`` at the fault's start and grows by ``peak/start`` over ``ramp`` seconds,
+    then stays at ``peak``: the closed-form integral, so the counter is exact at any time.
+    """
+    opened = np.asarray(opened, float)
+    ramp = max(ramp, 1.0)
+    growth = max(peak, start) / max(start, 1e-12)
+    k = np.log(growth) / ramp
+    tr = np.minimum(opened, ramp)
+    ramped = start * tr if k < 1e-12 else start / k * np.expm1(k * tr)
+    return ramped + max(peak, start) * np.maximum(opened - ramp, 0.0)
+
+
+def _partial_truth(f: Fault, s: float, e: float) -> list[dict]:
+    """Ground truth of a partial failure (none for healthy variation and for every other kind)."""
+    p = f.params
+    if f.kind == "ecc_storm":
+        return [_rec("gpu_fault", f.hostname, f.gpu, f.job, s, e,
+                     f"correctable ECC errors growing from {p['start_per_second']:g}/s to {p['peak_per_second']:g}/s "
+                     "(HBM cells degrading), no XID", "ecc_storm")]
+    if f.kind == "nvlink_crc_rising":
+        return [_rec("gpu_fault", f.hostname, f.gpu, f.job, s, e,
+                     f"NVLink CRC/replay errors rising from {p['start_per_second']:g}/s to {p['peak_per_second']:g}/s",
+                     "nvlink")]
+    if f.kind == "power_deficit":
+        return [_rec("degraded_gpu", f.hostname, f.gpu, f.job, s, e,
+                     f"GPU draws {p['deficit_fraction']:.0%} less power than its peers at the same activity and clock "
+                     "(failing VRM/power sensor)", "power_deficit")]
+    return []
 
 
 def compile_faults(sc: Scenario, lay: Layout) -> list[Fault]:
@@ -238,6 +353,7 @@ _STRAGGLER_WHY = {
     "pcie_downgrade": "GPU on a downgraded PCIe link (slow host/NIC transfers)",
     "nvlink_errors": "GPU with NVLink links down (the all-reduce runs at its bandwidth)",
     "rack_cooling": "node throttled by its rack's cooling failure",
+    "intermittent_straggler": "GPU slow in recurring spells (same clock, no throttling)",
 }
 
 SlowdownFn = Callable[[Fault, Job], tuple[np.ndarray, np.ndarray]]
@@ -285,6 +401,7 @@ def ground_truth(sc: Scenario, lay: Layout, faults: list[Fault], t0: float,
     for f in faults:
         p = f.params
         s, e = t0 + f.start, t0 + f.end
+        out.extend(_partial_truth(f, s, e))
         if f.kind == "thermal_straggler":
             out.append(_rec("thermal", f.hostname, f.gpu, f.job, s, e,
                             f"GPU runs {p['extra_celsius']:.0f} C hotter than its neighbours and thermally throttles",

@@ -35,7 +35,7 @@ rows in ``sample()`` and appear once per physical GPU (without MIG labels) in ``
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -47,12 +47,17 @@ from exporter.simulator.faults import (
     LOST_AFTER,
     NVLINK_COMM,
     NVLINK_SPEEDUP,
+    PARTIAL_FAULTS,
     PCIE_ONLY_COMM,
     PCIE_XFER_MULTI_NODE,
     PCIE_XFER_SINGLE_NODE,
+    SPREAD_KINDS,
     Fault,
     compile_faults,
     ground_truth,
+    growth_count,
+    per_gpu_uniform,
+    spell_on,
 )
 from exporter.simulator.scenario import XID_CODES, Scenario
 from exporter.simulator.topology import (
@@ -192,6 +197,8 @@ class _FaultEffects:
     rscale: np.ndarray | None = None  # thermal resistance factor
     pscale: np.ndarray | None = None  # dynamic power factor
     memheat: np.ndarray | None = None  # extra HBM celsius
+    binning: np.ndarray | None = None  # clock factor of healthy chip-to-chip spread (chip_spread)
+    pdraw: np.ndarray | None = None  # power drawn vs what the activity needs (power_deficit)
 
 
 @dataclass
@@ -321,6 +328,8 @@ def _power(act: _Activity, f: np.ndarray, p: dict[str, np.ndarray], mig: tuple[n
     power = idle + (limit - idle) * 0.8 * np.minimum(act_p, 1.0) * p["eff"]
     if fx.pscale is not None:
         power = idle + (power - idle) * fx.pscale
+    if fx.pdraw is not None:
+        power = power * fx.pdraw
     if n2 is not None:
         power = power * (1.0 + (n2[0] - 0.5) * 0.06)
     plimit = limit if fx.cap is None else fx.cap
@@ -346,6 +355,44 @@ def _thermals(power: np.ndarray, temp_pre: np.ndarray, r_th: np.ndarray, f: np.n
         memtemp = memtemp + fx.memheat
     return {"temp": temp, "memtemp": np.where(p["hbm"], memtemp, np.nan), "clk": np.round(clk / 1e6) * 1e6,
             "thr": thr, "hw": temp_pre > HW_THROTTLE_C}
+
+
+def _partial_effects(fx: _FaultEffects, f: Fault, cols: np.ndarray, oc: np.ndarray, p: dict[str, np.ndarray],
+                     mat: Callable[..., np.ndarray]) -> None:
+    """Gauge effects of the partial failures and of healthy chip spread (see ``faults``)."""
+    fp = f.params
+    if f.kind == "power_deficit":
+        fx.pdraw = mat(1.0) if fx.pdraw is None else fx.pdraw
+        fx.pdraw[:, cols] *= np.where(oc, 1.0 - fp["deficit_fraction"], 1.0)
+    elif f.kind == "power_spread":  # per physical GPU (dkey), uniform in 1 +/- spread/2
+        u = (p["dkey"][cols] >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+        fx.pscale = mat(1.0) if fx.pscale is None else fx.pscale
+        fx.pscale[:, cols] *= np.where(oc, 1.0 + (u - 0.5) * fp["spread"], 1.0)
+
+
+def _storm_count(fp: dict[str, float], opened: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """(T, 1) errors counted by ``opened`` seconds into a growing storm (whole errors)."""
+    c = growth_count(opened, fp["start_per_second"] * scale, fp["peak_per_second"] * scale, fp["ramp_seconds"])
+    return np.floor(c)[:, None]
+
+
+def _straggler_effects(fx: _FaultEffects, f: Fault, cols: np.ndarray, tr: np.ndarray,
+                       p: dict[str, np.ndarray]) -> None:
+    """Quiet stragglers and the healthy job variations they must be told from (see ``faults``):
+    slow spells at the same clock, a fixed clock factor per chip, the start-up loading phase."""
+    fp, shape = f.params, (len(tr), len(p["key"]))
+    on = ((tr >= f.start) & (tr < f.end))[:, None]
+    if f.kind == "intermittent_straggler":  # like slow_gpu, during the spells only
+        fac = 1.0 / (1.0 + fp["slowdown"] * (1.0 + p["comm"][cols]))
+        fx.slow = np.ones(shape) if fx.slow is None else fx.slow
+        fx.slow[:, cols] *= np.where(spell_on(f, tr)[:, None], fac[None, :], 1.0)
+    elif f.kind == "chip_spread":
+        fx.binning = np.ones(shape) if fx.binning is None else fx.binning
+        fx.binning[:, cols] *= np.where(on, 1.0 - fp["spread"] * per_gpu_uniform(p["key"][cols])[None, :], 1.0)
+    elif f.kind == "startup":  # loading: no kernel (util 0); the loaded members wait at the first barrier
+        done = f.start + fp["seconds"] * per_gpu_uniform(p["key"][cols])[None, :]
+        fx.dead = np.zeros(shape, bool) if fx.dead is None else fx.dead
+        fx.dead[:, cols] |= on & (tr[:, None] < done)
 
 
 class Cluster:
@@ -601,6 +648,8 @@ class Cluster:
             elif f.kind == "slow_gpu":
                 fx.slow = mat(1.0) if fx.slow is None else fx.slow
                 fx.slow[:, cols] *= np.where(oc, fp.get("factor", 1.0), 1.0)
+            elif f.kind in ("intermittent_straggler", "chip_spread", "startup"):
+                _straggler_effects(fx, f, cols, tr, p)
             elif f.kind == "thermal_degradation":  # higher thermal resistance: +extra at 60% of the limit
                 fx.rscale = mat(1.0) if fx.rscale is None else fx.rscale
                 rs = 1.0 + fp["extra_celsius"] / (p["r"][cols] * 0.6 * p["limit"][cols])
@@ -611,6 +660,8 @@ class Cluster:
             elif f.kind == "hbm_hot":
                 fx.memheat = mat() if fx.memheat is None else fx.memheat
                 fx.memheat[:, cols] += np.where(oc, fp["extra_celsius"], 0.0)
+            elif f.kind in PARTIAL_FAULTS or f.kind in SPREAD_KINDS:
+                _partial_effects(fx, f, cols, oc, p, mat)
             elif f.kind == "power_cap":
                 fx.cap = np.broadcast_to(p["limit"], (T, n)).copy() if fx.cap is None else fx.cap
                 fx.cap[:, cols] = np.where(oc, np.minimum(fx.cap[:, cols], fp["limit_watts"]), fx.cap[:, cols])
@@ -665,6 +716,8 @@ class Cluster:
         if fx.heat is not None:
             temp_pre = temp_pre + fx.heat
         f = np.clip(1.0 - 0.025 * (temp_pre - THROTTLE_C), 0.4, 1.0)
+        if fx.binning is not None:  # healthy chip-to-chip spread: some chips reach a lower clock
+            f = f * fx.binning
         cap = fx.cap
         if cap is not None:
             fx.capped = pnom > cap
@@ -836,6 +889,11 @@ class Cluster:
                     nvle[t][:, fc] += np.floor(rate * share * opened)[:, None]
             elif f.kind == "pcie_downgrade":
                 replays[:, fc] += np.floor(fp["replays_per_second"] * opened)[:, None]
+            elif f.kind == "ecc_storm":
+                ecc_cv[:, fc] += _storm_count(fp, opened)
+            elif f.kind == "nvlink_crc_rising":
+                for t, share in zip(S.NVLINK_ERROR_TYPES, (1.0, 0.2, 0.1, 0.01), strict=True):
+                    nvle[t][:, fc] += np.floor(_storm_count(fp, opened, scale=share))
         for c in XID_CODES:
             o[_k(S.XID_ERRORS, str(c))] = xid[c]
         o[_k(S.ECC_ERRORS, "correctable", "volatile")] = ecc_cv

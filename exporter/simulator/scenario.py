@@ -58,6 +58,25 @@ FAULT_PARAMS: dict[str, dict[str, float]] = {
     "hbm_hot": {"extra_celsius": 10.0},
 }
 
+#: Quiet partial failures (issue 12) and healthy chip-to-chip variation: see simulator.faults.
+PARTIAL_FAULT_PARAMS: dict[str, dict[str, float]] = {
+    "ecc_storm": {"start_per_second": 0.02, "peak_per_second": 3.0, "ramp_seconds": 3600.0},
+    "nvlink_crc_rising": {"start_per_second": 0.1, "peak_per_second": 20.0, "ramp_seconds": 2400.0},
+    "power_deficit": {"deficit_fraction": 0.25},
+    "power_spread": {"spread": 0.2},
+}
+FAULT_KINDS = (*FAULT_KINDS, *PARTIAL_FAULT_PARAMS)
+FAULT_PARAMS.update(PARTIAL_FAULT_PARAMS)
+
+#: Quiet stragglers (issue 12) and the healthy job variations they must be told from: see simulator.faults.
+STRAGGLER_FAULT_PARAMS: dict[str, dict[str, float]] = {
+    "intermittent_straggler": {"slowdown": 0.15, "period": 600.0, "duty": 0.3},
+    "chip_spread": {"spread": 0.04},
+    "startup": {"seconds": 300.0},
+}
+FAULT_KINDS = (*FAULT_KINDS, *STRAGGLER_FAULT_PARAMS)
+FAULT_PARAMS.update(STRAGGLER_FAULT_PARAMS)
+
 
 class ScenarioError(ValueError):
     """A scenario file (or override) that does not describe a usable cluster."""
@@ -273,11 +292,40 @@ def _fault(ctx: _Ctx, raw: Any, i: int) -> FaultSpec:
         raise ctx.err(f"{key}.slowdown", "at most 4 (the slowest clock is 40% of max)")
     if kind == "xid" and int(params["code"]) not in XID_CODES:
         raise ctx.err(f"{key}.code", f"unsupported XID {params['code']:g} (supported: {XID_CODES})")
+    if kind in PARTIAL_FAULT_PARAMS:
+        _check_partial(ctx, key, params)
+    if kind in STRAGGLER_FAULT_PARAMS:
+        _check_straggler(ctx, key, kind, params)
     start = ctx.dur(raw.get("start", 0), f"{key}.start")
     end = ctx.dur(raw["end"], f"{key}.end") if raw.get("end") is not None else None
     if end is not None and end <= start:
         raise ctx.err(f"{key}.end", "must be after start")
     return FaultSpec(kind, dict(target), start, end, params, key)
+
+
+def _check_partial(ctx: _Ctx, key: str, params: dict[str, float]) -> None:
+    """Ranges of the partial-failure parameters (a growth that shrinks, a deficit of 100% are typos)."""
+    if "peak_per_second" in params and params["peak_per_second"] < params["start_per_second"]:
+        raise ctx.err(f"{key}.peak_per_second", "must be >= start_per_second (the rate grows)")
+    if params.get("start_per_second", 1.0) <= 0:
+        raise ctx.err(f"{key}.start_per_second", "must be > 0")
+    if not params.get("deficit_fraction", 0.5) < 0.9:
+        raise ctx.err(f"{key}.deficit_fraction", "must be < 0.9 (a GPU drawing nothing is a lost GPU)")
+    if not params.get("spread", 0.0) < 1.0:
+        raise ctx.err(f"{key}.spread", "must be < 1")
+
+
+def _check_straggler(ctx: _Ctx, key: str, kind: str, params: dict[str, float]) -> None:
+    """Ranges of the quiet-straggler parameters (spells that never end, a spread that is a straggler)."""
+    if kind == "intermittent_straggler":
+        if not 0.0 < params["duty"] < 1.0:
+            raise ctx.err(f"{key}.duty", "must be in (0, 1): the share of each period spent slow")
+        if params["period"] < 60.0:
+            raise ctx.err(f"{key}.period", "must be >= 60 s (spells shorter than a scrape are not seen)")
+        if params["slowdown"] <= 0.0:
+            raise ctx.err(f"{key}.slowdown", "must be > 0")
+    if kind == "chip_spread" and params["spread"] > 0.05:
+        raise ctx.err(f"{key}.spread", "at most 0.05 (more slows the gang >= 5%: a straggler, not spread)")
 
 
 _TOP_KEYS = ("name", "description", "seed", "duration", "start", "topology", "workloads", "fill", "faults")

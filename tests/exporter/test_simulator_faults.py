@@ -244,3 +244,122 @@ def test_multi_fault_two_faults_on_one_node():
     degr = next(int(f.rows[0]) for f in c.faults if f.kind == "thermal_degradation")
     assert c.gpus.hostname[strag] == c.gpus.hostname[degr] == "dc1-r1-n01"
     assert d[thermal][:, degr].max() == 0.0 and d[thermal][window(c, t, 40 * 60, 2 * 3600), strag].min() == 1.0
+
+
+# Quiet stragglers and the healthy variation they must be told from (issue 12) --------------
+
+QUIET = """
+duration: 1h
+topology: {sites: [dc1], racks_per_site: 1, nodes_per_rack: 2, model: H100}
+workloads:
+  - {name: g, kind: training, namespace: llm, nodes: 2}
+faults:
+"""
+
+
+def _step_slowdown(c: Cluster, fault_kind: str) -> tuple[np.ndarray, np.ndarray]:
+    f = next(f for f in c.faults if f.kind == fault_kind)
+    return c._fault_slowdown(f, c.jobs[0])
+
+
+def test_intermittent_straggler_is_slow_in_spells_and_true_over_the_span_it_recurs():
+    c = inline(QUIET + "  - {kind: intermittent_straggler, target: {job: g, rank: 3}, start: 10m, end: 50m,"
+                       " slowdown: 0.15, period: 600, duty: 0.3}\n")
+    t, sd = _step_slowdown(c, "intermittent_straggler")
+    spell = np.mod(t - 600.0, 600.0) < 180.0
+    assert sd[spell] == pytest.approx(0.15, abs=1e-6) and np.abs(sd[~spell]).max() < 1e-9
+    (truth,) = [g for g in c.ground_truth() if g["kind"] == "straggler"]
+    assert truth["attribution"] == "unknown" and truth["start"] - c.start == 600.0
+    assert truth["end"] - c.start == pytest.approx(2400.0 + 180.0)  # the last spell's end
+    # Same clock in and out of spells (no throttling); tensor activity higher on the slow member in spells.
+    tt = c.start + np.arange(600.0, 3000.0, 30.0)
+    s = c.sample(tt)
+    assert np.nanmax(s[sample_key(S.CLOCK_EVENT_ACTIVE, reason="sw_thermal")]) == 0.0
+    on = np.mod(tt - c.start - 600.0, 600.0) < 150.0
+    lead = s[K_TENSOR][:, 3] / np.median(s[K_TENSOR], axis=1)
+    assert lead[on].mean() > 1.12 and abs(lead[~on].mean() - 1.0) < 0.04
+
+
+def test_chip_spread_and_startup_are_healthy_variation_without_truth():
+    c = inline(QUIET + "  - {kind: chip_spread, target: {job: g}, spread: 0.04}\n"
+                       "  - {kind: startup, target: {job: g}, start: 0, seconds: 300}\n")
+    assert [g for g in c.ground_truth() if g["kind"] == "straggler"] == []
+    t = c.start + np.arange(0.0, 3600.0, 60.0)
+    s = c.sample(t)
+    late = t >= c.start + 600
+    clk = s[K_CLOCK][late].mean(axis=0)
+    assert 0.005 < 1.0 - clk.min() / clk.max() <= 0.045  # spread, under the 5% straggler truth
+    _, sd = _step_slowdown(c, "chip_spread")
+    assert 0.0 < sd.max() < 0.05
+    first = s[K_UTIL][:5]  # start-up: loading members idle, loaded ones wait at the first barrier
+    assert (first < 0.05).any() and (first > 0.9).any()
+    assert s[K_UTIL][late].min() > 0.9
+
+
+@pytest.mark.parametrize("body, key", [
+    ("{kind: chip_spread, target: {job: g}, spread: 0.08}", "spread"),
+    ("{kind: intermittent_straggler, target: {job: g, rank: 0}, duty: 1.0}", "duty"),
+    ("{kind: intermittent_straggler, target: {job: g, rank: 0}, period: 30}", "period"),
+    ("{kind: startup, target: {hostname: x, gpu: 0}}", "target"),
+])
+def test_quiet_straggler_parameters_are_validated(body: str, key: str):
+    from exporter.simulator.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError, match=key):
+        inline(QUIET + f"  - {body}\n")
+
+
+# quiet partial failures (issue 12) ------------------------------------------------------------
+K_SBE = sample_key(S.ECC_ERRORS, type="correctable", scope="volatile")
+K_DBE = sample_key(S.ECC_ERRORS, type="uncorrectable", scope="volatile")
+K_CRC = sample_key(S.NVLINK_ERRORS, type="crc_flit")
+
+
+def test_ecc_storm_and_rising_nvlink_errors_grow_from_their_starting_rate() -> None:
+    c, _t, d = run("error-storms", 60.0)
+    truth = {x["attribution"]: x for x in c.ground_truth()}
+    assert set(truth) == {"ecc_storm", "nvlink"} and {x["kind"] for x in truth.values()} == {"gpu_fault"}
+    sbe_row = np.flatnonzero((c.gpus.hostname == truth["ecc_storm"]["hostname"]) & (c.gpus.gpu == "5"))[0]
+    sbe = np.diff(d[K_SBE][:, sbe_row]) / 60.0
+    onset = int((truth["ecc_storm"]["start"] - c.start) // 60)
+    assert np.all(d[K_SBE][:onset, sbe_row] == 0) and np.all(d[K_DBE][:, sbe_row] == 0)
+    assert 0.01 <= sbe[onset:onset + 5].mean() <= 0.04  # leaves normal at ~0.02/s
+    assert sbe[onset + 60:].mean() == pytest.approx(3.0, rel=0.05)  # a few per second after the hour
+    assert np.all(np.diff(d[K_SBE][:, sbe_row]) >= 0)
+    others = np.delete(d[K_SBE], sbe_row, axis=1)
+    assert np.all(others == 0)  # healthy GPUs: no SBE at all
+    nv_row = np.flatnonzero((c.gpus.hostname == truth["nvlink"]["hostname"]) & (c.gpus.gpu == "3"))[0]
+    crc = np.diff(d[K_CRC][:, nv_row]) / 60.0
+    n0 = int((truth["nvlink"]["start"] - c.start) // 60)
+    assert crc[n0 + 10:n0 + 15].mean() > 2 * crc[n0:n0 + 5].mean() > 0  # keeps rising
+    assert d[sample_key(S.NVLINK_LINKS, state="down")][:, nv_row].max() == 0
+
+
+def test_power_deficit_draws_less_at_the_same_activity_and_clock_and_spread_is_no_fault() -> None:
+    c, t, d = run("power-deficit", 60.0)
+    truth = c.ground_truth()
+    assert {(x["kind"], x["attribution"]) for x in truth} == {("degraded_gpu", "power_deficit")}
+    r = np.flatnonzero((c.gpus.hostname == truth[0]["hostname"]) & (c.gpus.gpu == truth[0]["gpu"]))[0]
+    peers = _peers_same_job(c, r)
+    late = window(c, t, 3600, 9000)
+    ratio = d[K_POWER][late, r].mean() / np.median(d[K_POWER][late][:, peers].mean(axis=0))
+    assert 0.6 < ratio < 0.8
+    for k in (K_UTIL, K_SM, K_CLOCK):
+        assert d[k][late, r].mean() == pytest.approx(np.median(d[k][late][:, peers].mean(axis=0)), rel=0.05), k
+    _hard_signals_quiet(c, d, r)
+    # healthy spread: peers' power differs by up to ~+/-10%, no throttling
+    early = window(c, t, 600, 2400)
+    p = d[K_POWER][early][:, peers].mean(axis=0)
+    assert 0.08 < (p.max() - p.min()) / np.median(p) < 0.25
+
+
+@pytest.mark.parametrize(("body", "key"), [
+    ("{kind: ecc_storm, target: {job: j, rank: 0}, start_per_second: 2, peak_per_second: 1}", "peak_per_second"),
+    ("{kind: power_deficit, target: {job: j, rank: 0}, deficit_fraction: 0.95}", "deficit_fraction"),
+    ("{kind: power_spread, target: {hostname: dc1-r1-n01, gpu: 0}}", "needs {job} or {hostname}"),
+])
+def test_partial_failure_parameters_are_validated(body: str, key: str) -> None:
+    from exporter.simulator.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError, match=key.replace("{", r"\{").replace("}", r"\}")):
+        inline("duration: 1h\nworkloads: [{name: j, kind: training, nodes: 1}]\nfaults: [" + body + "]")

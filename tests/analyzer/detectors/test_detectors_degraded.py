@@ -317,3 +317,41 @@ def test_memory_bound_jobs_are_never_flagged(scenario_results: dict) -> None:
     assert any(mb for _, _, mb in scenario_results.values())
     flagged = {(n, f.job) for n, (_, found, mb) in scenario_results.items() for f in found if f.job in mb}
     assert flagged == set()
+
+
+# power deficit (issue 12): less power than load-matched peers ------------------------------------
+def _spread(seed: int, n: int = 40, spread: float = 0.2) -> dict[int, tuple[int, Tweak]]:
+    """Healthy chip-to-chip spread: every GPU's power off by its own factor in +/- spread/2."""
+    u = np.random.default_rng([seed, 12]).uniform(-spread / 2, spread / 2, n)
+    return {i: (0, more_power(float(u[i]))) for i in range(n)}
+
+
+def _then(first: Tweak, second: Tweak, at: int) -> Tweak:
+    def fn(d: dict[str, np.ndarray], s: slice) -> None:
+        first(d, s)
+        second(d, slice(at, s.stop))
+    return fn
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_healthy_chip_spread_of_twenty_percent_is_not_degraded(seed: int) -> None:
+    assert degraded(synthetic_fleet(seed=seed, tweaks=_spread(seed))) == []
+
+
+@pytest.mark.parametrize("deficit", [0.2, 0.25, 0.33])
+def test_a_gpu_drawing_a_fifth_to_a_third_less_power_is_degraded(deficit: float) -> None:
+    tweaks = _spread(7)
+    tweaks[13] = (0, _then(tweaks[13][1], more_power(-deficit), 40))
+    [f] = degraded(synthetic_fleet(seed=7, tweaks=tweaks))
+    assert (f.hostname, f.gpu) == ("n1", 5) and "power_deficit" in f.evidence["features_off"]
+    assert f.evidence["power_deficit"] > 0.1
+    assert "less power than peers for the same activity and clock" in f.summary
+    assert "VRM or power sensor" in f.summary and "limit set low" in f.summary
+    assert f.start <= T0 + 50 * STEP
+
+
+def test_power_deficit_while_held_at_its_own_limit_is_not_a_deficit() -> None:
+    def at_own_cap(d: dict[str, np.ndarray], s: slice) -> None:  # capped at the peers' limit: policy, not a fault
+        more_power(-0.25)(d, s)
+        d["power_throttle"][s] = 1.0
+    assert degraded(synthetic_fleet(tweaks={13: (40, at_own_cap)})) == []

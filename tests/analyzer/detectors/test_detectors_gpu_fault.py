@@ -253,6 +253,60 @@ def test_dcgm_default_counters_still_see_xids_remaps_lost_gpus_and_pcie_replays(
     assert results["healthy-fleet"]["kinds"][GPU_FAULT]["findings"] == 0
 
 
+# quiet partial failures (issue 12): error storms ------------------------------------------------
+def ramp(steps: int, start: int, first: float, doubling_steps: float, signal: str, cap: float = 1e9) -> dict:
+    """A rate leaving normal at ``start`` with ``first``/s and doubling every ``doubling_steps`` steps."""
+    out = series(steps, {**BUSY, "ecc_correctable_rate": 0.0})
+    k = np.arange(steps - start)
+    out[signal][start:] = list(np.minimum(first * 2.0 ** (k / doubling_steps), cap))
+    return out
+
+
+def test_growing_correctable_ecc_storm_is_a_warning_with_its_acceleration() -> None:
+    storm = ramp(90, 20, 0.02, 8, "ecc_correctable_rate", cap=3.0)
+    [f] = detect(fleet_of(storm, series(90, {**BUSY, "ecc_correctable_rate": 0.0}), steps=90))
+    assert f.gpu == 0 and f.severity == "warning" and f.evidence["attribution"] == "ecc_storm"
+    assert f.start == T0 + 20 * STEP  # where the rate left normal
+    assert f.evidence["ecc_accelerating"] and f.evidence["ecc_correctable_growth"] > 10
+    assert "correctable ECC errors at up to 3/s, accelerating" in f.summary
+    assert "memory cells degrading" in f.summary and "field diagnostics" in f.summary
+    json.dumps(f.to_json(), allow_nan=False)
+
+
+def test_ecc_bursts_and_a_background_trickle_are_not_storms() -> None:
+    burst = series(60, {**BUSY, "ecc_correctable_rate": 0.0}, ecc_correctable_rate=(30, 31, 2.0))  # 120 in a scrape
+    bursts = series(60, {**BUSY, "ecc_correctable_rate": 0.0})
+    for at in (10, 14, 18, 40):  # a few separate scrapes with errors
+        bursts["ecc_correctable_rate"][at] = 0.5
+    trickle = series(60, {**BUSY, "ecc_correctable_rate": 0.0})
+    trickle["ecc_correctable_rate"][::7] = [1 / 60] * len(trickle["ecc_correctable_rate"][::7])  # one error / 7 min
+    assert detect(fleet_of(burst, bursts, trickle)) == []
+
+
+def test_steady_sbe_storm_is_found_without_acceleration() -> None:
+    [f] = detect(fleet_of(series(60, {**BUSY, "ecc_correctable_rate": 0.0}, ecc_correctable_rate=(10, 60, 0.05))))
+    assert f.evidence["attribution"] == "ecc_storm" and not f.evidence["ecc_accelerating"]
+    assert "accelerating" not in f.summary
+
+
+def test_nvlink_errors_that_leave_normal_and_keep_rising_are_found_within_ten_minutes() -> None:
+    rising = ramp(60, 20, 0.1, 5, "nvlink_error_rate")
+    found = {}
+    for k in range(0, 15):  # as serve sees it: data up to onset + k minutes
+        found[k] = detect(fleet_of({key: v[:21 + k] for key, v in rising.items()}, steps=21 + k))
+    first = min(k for k, f in found.items() if f)
+    assert first <= 10, first
+    [f] = found[14]
+    assert f.evidence["attribution"] == "nvlink" and f.evidence["nvlink_errors_rising"]
+    assert f.start == T0 + 20 * STEP and "and rising" in f.summary
+    assert max(rising["nvlink_error_rate"][:21 + first]) < 1.0  # found well before the steady >= 1/s rule
+
+
+def test_nvlink_rate_that_steps_up_and_stays_is_not_rising() -> None:
+    for level in (0.1, 0.5):
+        assert detect(fleet_of(series(60, BUSY, nvlink_error_rate=(10, 60, level)))) == [], level
+
+
 def test_thresholds_are_configurable() -> None:
     gpu = series(60, BUSY, nvlink_error_rate=(10, 60, 0.5))
     assert detect(fleet_of(gpu)) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -28,19 +29,25 @@ def gang_fleet(
     thermal: bool = True,
     drop: tuple[str, ...] = (),
     seed: int = 0,
+    same_clock: bool = False,
+    spells: tuple[int, int] | None = None,
 ) -> Fleet:
     """A synchronous data-parallel job: ``slow[(host, gpu)] = clock factor`` (thermal throttling),
     ``starve[host] = data wait per step`` (input starvation), active during ``window`` steps.
 
     Same physics as the simulator: each member needs 1/clock compute (+ data wait), the step
     lasts the slowest member's time plus communication; members wait inside NCCL (util stays
-    ~0.97, SM spins at 0.05, no tensor work).
+    ~0.97, SM spins at 0.05, no tensor work). ``same_clock``: the slow members keep full clock and
+    no throttle reason (a silent straggler); ``spells=(period, on)``: slow only ``on`` of every
+    ``period`` steps of the window (an intermittent straggler).
     """
     rng = np.random.default_rng(seed)
     slow, starve = slow or {}, starve or {}
     n = hosts * gpus
     t = np.arange(steps)
     on = (t >= window[0]) & (t < window[1])
+    if spells:
+        on &= np.mod(t - window[0], spells[0]) < spells[1]
     f = np.ones((steps, n))
     st = np.zeros((steps, n))
     for (h, g), fac in slow.items():
@@ -57,11 +64,12 @@ def gang_fleet(
         "gpu_util": np.round(np.clip(0.97 * (step - st) / step * noise(0.015), 0, 1) * 100) / 100,
         "sm_active": (0.6 * comp + 0.05 * wait + 0.18 * comm) / step * noise(0.04),
         "tensor_active": 0.2 * comp / step * noise(0.05),
-        "sm_clock": np.round(MAXCLK * f * (1 - 0.02 * rng.uniform(0, 1, (steps, n))) / 1e6) * 1e6,
+        "sm_clock": np.round(MAXCLK * (1.0 if same_clock else f) * (1 - 0.02 * rng.uniform(0, 1, (steps, n))) / 1e6)
+        * 1e6,
         "sm_clock_max": np.full((steps, n), MAXCLK),
-        "thermal_throttle": np.where((f < 1) & thermal, 1.0, 0.0),
+        "thermal_throttle": np.where((f < 1) & thermal & (not same_clock), 1.0, 0.0),
         "power_throttle": np.zeros((steps, n)),
-        "temp": np.where(f < 1, 88.0, 60.0) + rng.uniform(-1, 1, (steps, n)),
+        "temp": np.where((f < 1) & (not same_clock), 88.0, 60.0) + rng.uniform(-1, 1, (steps, n)),
         "power": np.full((steps, n), 550.0),
         "power_limit": np.full((steps, n), 700.0),
     }
@@ -169,6 +177,43 @@ def test_unknown_job_and_empty_fleet() -> None:
     assert run_detectors(empty, [STRAGGLER]) == []
 
 
+def test_silent_same_clock_straggler_in_a_16_gpu_job_is_found_from_the_peer_relation() -> None:
+    # 10% slower job step at full clock, no throttle reason: only "busiest while its peers wait" tells.
+    fl = gang_fleet(hosts=2, gpus=8, steps=100, slow={(1, 5): 1 / 1.114}, window=(20, 90), same_clock=True)
+    (found,) = stragglers(fl)
+    assert (found.hostname, found.gpu) == ("n02", 5)
+    assert found.evidence["cause"] == "unknown"
+    assert found.evidence["cause_detail"].startswith("unexplained: suspect the GPU/HBM, or data imbalance")
+    assert found.start == pytest.approx(T0 + 20 * STEP, abs=5 * STEP) and not found.evidence["suspected"]
+    assert stragglers(gang_fleet(hosts=2, gpus=8, steps=100, same_clock=True)) == []
+
+
+def test_suspected_early_then_confirmed_or_withdrawn() -> None:
+    # Data up to "now" = 4 minutes after a 33% thermal straggler began: suspected, not yet a page.
+    (early,) = stragglers(gang_fleet(slow={(0, 2): 0.75}, window=(20, 60), steps=24))
+    assert early.evidence["suspected"] is True and early.confidence == "low" and early.end is None
+    assert early.severity == "warning" and early.summary.startswith("Suspected straggler")
+    (later,) = stragglers(gang_fleet(slow={(0, 2): 0.75}, window=(20, 60), steps=40))
+    assert later.evidence["suspected"] is False and later.confidence == "high"
+    assert later.start == pytest.approx(early.start, abs=2 * STEP)
+    # Withdrawn: it ended before min_duration_s, nothing stays (and nothing at all on a healthy gang).
+    assert stragglers(gang_fleet(slow={(0, 2): 0.75}, window=(20, 25), steps=40)) == []
+    assert stragglers(gang_fleet(steps=24)) == []
+
+
+def test_intermittent_straggler_is_one_finding_with_its_duty_cycle() -> None:
+    # 15% slower 3 of every 10 minutes for 80 minutes: no spell lasts min_duration_s, the recurrence does.
+    fl = gang_fleet(hosts=2, gpus=8, steps=120, slow={(0, 4): 1 / 1.17}, window=(20, 100), spells=(10, 3),
+                    same_clock=True)
+    (found,) = stragglers(fl)
+    assert (found.hostname, found.gpu) == ("n01", 4) and found.evidence["intermittent"] is True
+    assert found.evidence["spells"] >= 6 and 0.2 <= found.evidence["duty_cycle"] <= 0.45
+    assert found.start == pytest.approx(T0 + 20 * STEP, abs=3 * STEP) and "recurring spells" in found.summary
+    # Two spells are no pattern.
+    assert stragglers(gang_fleet(hosts=2, gpus=8, steps=120, slow={(0, 4): 1 / 1.17}, window=(20, 40),
+                                 spells=(10, 3), same_clock=True)) == []
+
+
 # Scenarios ---------------------------------------------------------------------------------
 
 HEALTHY = ("healthy-fleet", "healthy-long", "noisy-neighbours")
@@ -236,3 +281,25 @@ def test_pcie_nvlink_unknown_and_subtle_input_stragglers(tmp_path: Path) -> None
     _, fp, det, truth, wrong, late = _judge([str(path)], "truegpu")
     assert truth == 4 and det == 4 and fp == 0
     assert wrong == [] and late == []
+
+
+def _cut(fleet: Fleet, end: float, window: float = 1800.0) -> Fleet:
+    """The data ``serve`` has at ``end``: its window up to now."""
+    ts = fleet.frame["timestamp"].to_numpy()
+    keep = (ts >= end - window) & (ts < end)
+    return Fleet(frame=fleet.frame[keep].reset_index(drop=True), step=fleet.step, start=end - window, end=end)
+
+
+@pytest.mark.parametrize("name, minutes", [("straggler-slowdowns", 10), ("thermal-straggler", 5),
+                                           ("straggler-silent", 15)])
+def test_time_to_detect_replaying_the_way_serve_sees_it(name: str, minutes: int) -> None:
+    """>= 20% slowdowns within 5 minutes, >= 10% within 10 (thermal/power); silent (same-clock) 10-12% within 15."""
+    from analyzer.analysis.evaluate import matches, named_scenario_fleet
+
+    cluster, fleet = named_scenario_fleet(name, "truegpu", 60.0)
+    det = make_detector(STRAGGLER)
+    for t in (t for t in cluster.ground_truth() if t["kind"] == STRAGGLER):
+        big = "by up to 10%" not in t["cause"] and "by up to 12%" not in t["cause"]
+        limit = 5 if big and name != "straggler-silent" else minutes
+        now = math.floor((t["start"] + limit * 60) / STEP) * STEP
+        assert any(matches(f, t, now) for f in det.detect(_cut(fleet, now))), (name, t["cause"], limit)
