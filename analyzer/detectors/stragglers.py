@@ -172,6 +172,15 @@ class _Cells:
     spell_lead: np.ndarray
 
 
+def _watts(value: float) -> str:
+    return "an unknown power draw" if not math.isfinite(value) else f"{value:.0f} W"
+
+
+def _limit(value: float) -> str:
+    """Unknown is said as unknown: dcgm-exporter's default counters do not collect the limit."""
+    return "an unknown limit (not collected)" if not math.isfinite(value) else f"a {value:.0f} W limit"
+
+
 @register
 @dataclass
 class Straggler:
@@ -507,7 +516,7 @@ class Straggler:
                 return "thermal", f"thermal throttling at {v['temp']:.0f} C, {clock_txt}"
             capped = v["power"] >= self.power_cap_ratio * v["power_limit"]
             if v["power_throttle"] >= 0.5 or (math.isnan(v["power_throttle"]) and lower and capped):
-                return "power", (f"power capping at {v['power']:.0f} W of a {v['power_limit']:.0f} W limit, "
+                return "power", (f"power capping at {_watts(v['power'])} of {_limit(v['power_limit'])}, "
                                  f"{clock_txt}")
             if pcie_low or v["pcie_replay_rate"] > 0:
                 return "pcie", pcie_txt

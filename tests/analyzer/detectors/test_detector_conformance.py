@@ -19,8 +19,10 @@ from analyzer.findings import Finding
 from tests.fleets import make_fleet
 
 SEVERITIES = ("critical", "warning", "info")
-#: Scenario fleets every detector is run on (1 h at 60 s): faults of every kind, in both dialects.
-SCENARIOS = (("multi-fault", "truegpu"), ("mixed-fleet", "dcgm"), ("mig-training", "truegpu"))
+#: Scenario fleets every detector is run on (at 60 s): faults of every kind, in both dialects, and
+#: dcgm-exporter's default counters (no power limit, no throttle reasons: unknown must read as unknown).
+SCENARIOS = (("multi-fault", "truegpu", "all"), ("mixed-fleet", "dcgm", "all"), ("mig-training", "truegpu", "all"),
+             ("straggler-slowdowns", "dcgm", "default"))
 
 
 def check_detector(cls: type) -> None:
@@ -40,9 +42,9 @@ def check_detector(cls: type) -> None:
     det = cls()
     for fleet in (_empty(), _no_signals()):
         assert det.detect(fleet) == [], f"{name}: findings without data"
-    for scenario, dialect in SCENARIOS:
-        fleet = _scenario(scenario, dialect)
-        first, again = det.detect(fleet), cls().detect(_scenario(scenario, dialect))
+    for scenario, dialect, counters in SCENARIOS:
+        fleet = _scenario(scenario, dialect, counters)
+        first, again = det.detect(fleet), cls().detect(_scenario(scenario, dialect, counters))
         _check_findings(cls.kind, first, f"{name} on {scenario}/{dialect}")
         assert [f.to_json() for f in first] == [f.to_json() for f in again], f"{name}: not deterministic"
 
@@ -67,10 +69,10 @@ def _no_signals() -> Fleet:
     return make_fleet([{"namespace": "ns", "job": "train", "pod": f"train-{i}"} for i in range(4)], steps=10, step=60)
 
 
-def _scenario(name: str, dialect: str) -> Fleet:
+def _scenario(name: str, dialect: str, counters: str = "all") -> Fleet:
     from analyzer.analysis.evaluate import named_scenario_fleet
 
-    return named_scenario_fleet(name, dialect, 60.0)[1]
+    return named_scenario_fleet(name, dialect, 60.0, dcgm_counters=counters)[1]
 
 
 @pytest.mark.parametrize("kind", D.kinds())
