@@ -8,14 +8,22 @@ when the device changes hands, i.e. when ``job`` changes), so every detector rep
 
 - a run of True rows starts an episode at its first True row;
 - a following True run on the same device continues it when the rows in between hold at
-  most ``max_gap_steps`` False rows and at most ``max_unknown_steps`` unknown rows
-  (NaN rows, or steps with no row at all: telemetry that is missing is unknown, never
-  a reason to end nor to extend a problem on its own);
-- an episode is kept only when it lasts ``min_duration_s`` (first True row to the end of
-  the last True row's step);
+  most ``max_gap_steps`` False rows and unknown rows (NaN rows, or steps with no row at
+  all) lasting at most ``max(max_unknown_steps x step, max_unknown_s)``: telemetry that
+  is missing is unknown, never a reason to end nor to extend a problem on its own;
+- ``max_unknown_s`` (:data:`MAX_UNKNOWN_S`, 300 s) makes that bridge a matter of time, not
+  of the analysis step: scrape gaps of a few intervals (a whole node's scrape failing for
+  a few minutes, an exporter or Prometheus restart, a rolling upgrade: typically 1-4
+  minutes) never split an episode nor restart a detector's timer, whatever the step
+  (5 steps at 60 s, 20 at 15 s). Longer silences (a node down for good, hours of lost
+  data) do split: nothing says the problem was still there;
+- bridged unknown time is not evidence: an episode is kept only when its *known* time
+  (``evidence_s``: first True row to the end of the last True row's step, less the
+  unknown steps inside) lasts ``min_duration_s``, and ``gpu_hours`` counts that known
+  time only (a gap is unknown, not idle);
 - an episode is *open* (``end`` None in the finding) when nothing known contradicts it up
-  to the end of the data: no False row after it and at most ``max_unknown_steps`` unknown
-  steps before ``fleet.end``.
+  to the end of the data: no False row after it and the data ending within the same
+  unknown bridge after it.
 
 Vectorized: run-length encoding with numpy on device-sorted rows; the only Python loops
 are per episode (in the detectors), never per row.
@@ -31,6 +39,11 @@ import pandas as pd
 
 from analyzer.data.frame import Fleet
 
+#: Unknown time (a scrape gap) that never splits an episode, whatever the step: a few scrape
+#: intervals of a whole node (failed scrapes, exporter or Prometheus restarts, a rolling
+#: upgrade) last 1-4 minutes; 5 minutes covers them and is still shorter than the shortest
+#: ``min_duration_s`` of any detector, so a gap can never be most of an episode's evidence.
+MAX_UNKNOWN_S = 300.0
 #: Identity of a device (a whole GPU or a MIG instance) in the tidy frame.
 DEVICE_KEY: tuple[str, ...] = ("hostname", "gpu", "uuid", "gpu_instance")
 #: Copied onto each episode from its first True row.
@@ -67,8 +80,9 @@ class Episodes:
 
     ``table`` columns: the device identity and allocation of the first True row (strings,
     None when unknown), ``start`` (unix s), ``end`` (unix s, NaN when open), ``open``,
-    ``duration_s`` (to ``fleet.end`` when open), ``true_steps``, ``unknown_steps``,
-    ``gpu_share`` and ``gpu_hours`` (duration x share).
+    ``duration_s`` (to ``fleet.end`` when open), ``true_steps``, ``unknown_steps`` (inside
+    the episode), ``evidence_s`` (known time: duration less every unknown step, the trailing
+    ones of an open episode included), ``gpu_share`` and ``gpu_hours`` (evidence_s x share).
     """
 
     table: pd.DataFrame
@@ -107,8 +121,12 @@ def find_episodes(
     max_unknown_steps: int = 2,
     min_duration_s: float = 300.0,
     split_on: Sequence[str] = ("job",),
+    max_unknown_s: float = MAX_UNKNOWN_S,
 ) -> Episodes:
     """Merge per-row ``condition`` (True/False/NaN, aligned with ``fleet.frame``) into episodes.
+
+    Unknown stretches up to ``max(max_unknown_steps x step, max_unknown_s)`` are bridged
+    (module docstring); ``max_unknown_s=0`` gives the step-count rule alone.
 
     ``split_on`` columns are part of the device key, so an allocation change (another job
     on the GPU) ends one episode and starts another: each finding names one owner.
@@ -143,7 +161,7 @@ def find_episodes(
     run_last = np.flatnonzero(is_true & ~(same_next & next_true))
 
     empty = pd.DataFrame(columns=[*_CARRIED, "start", "end", "open", "duration_s", "true_steps", "unknown_steps",
-                                  "gpu_share", "gpu_hours"])
+                                  "evidence_s", "gpu_share", "gpu_hours"])
     if not len(run_first):
         return Episodes(empty, order, np.full(n, -1, np.int64), c)
 
@@ -152,7 +170,8 @@ def find_episodes(
     gap_steps = np.rint((t[next_first] - t[prev_last]) / step).astype(np.int64) - 1
     gap_false = false_cum[next_first] - false_cum[prev_last]
     gap_unknown = gap_steps - gap_false
-    merge = (d[next_first] == d[prev_last]) & (gap_false <= max_gap_steps) & (gap_unknown <= max_unknown_steps)
+    unknown_ok = max(int(max_unknown_steps), int(np.floor(max(max_unknown_s, 0.0) / step + 1e-6)))
+    merge = (d[next_first] == d[prev_last]) & (gap_false <= max_gap_steps) & (gap_unknown <= unknown_ok)
     new_ep = np.concatenate([[True], ~merge])
     ep_of_run = np.cumsum(new_ep) - 1
     first = run_first[new_ep]
@@ -163,17 +182,17 @@ def find_episodes(
 
     start = t[first]
     end = t[last] + step
-    # Open: no False row after the episode on its device, and the data ends soon after.
-    dev_last = np.searchsorted(d, d[last], side="right") - 1
-    no_false_after = false_cum[dev_last] - false_cum[last] == 0
-    is_open = no_false_after & (fleet.end - end <= max_unknown_steps * step + 1e-6)
+    is_open = _is_open(fleet, keys, order, d, t, false_cum, last, end, unknown_ok * step)
     duration = np.where(is_open, np.maximum(fleet.end, end), end) - start
     span_steps = np.rint((end - start) / step).astype(np.int64)
     unknown_steps = span_steps - true_steps - (false_cum[last] - false_cum[first])
+    # Known time: the span less its unknown steps (an open episode's unknown tail is not known either).
+    evidence = (end - start) - unknown_steps * step
 
-    keep = duration >= min_duration_s - 1e-6
+    keep = evidence >= min_duration_s - 1e-6
     first, last, start, end, is_open = first[keep], last[keep], start[keep], end[keep], is_open[keep]
     duration, true_steps, unknown_steps = duration[keep], true_steps[keep], unknown_steps[keep]
+    evidence = evidence[keep]
 
     member = np.full(n, -1, np.int64)
     if len(first):
@@ -200,8 +219,9 @@ def find_episodes(
     table["duration_s"] = duration
     table["true_steps"] = true_steps
     table["unknown_steps"] = unknown_steps
+    table["evidence_s"] = evidence
     table["gpu_share"] = np.broadcast_to(share, (len(first),)).astype(np.float64)
-    table["gpu_hours"] = duration * table["gpu_share"].to_numpy() / 3600.0
+    table["gpu_hours"] = evidence * table["gpu_share"].to_numpy() / 3600.0
     # Stable output whatever the row order: by device, then time.
     perm = table.sort_values(["hostname", "gpu", "gpu_instance", "start"], kind="stable",
                              key=lambda s: s.fillna("") if s.dtype == object else s).index.to_numpy()
@@ -210,6 +230,20 @@ def find_episodes(
     if len(perm):
         member = np.where(member >= 0, rank[np.maximum(member, 0)], -1)
     return Episodes(table.iloc[perm].reset_index(drop=True), order, member, c)
+
+
+def _is_open(fleet: Fleet, keys: Sequence[str], order: np.ndarray, d: np.ndarray, t: np.ndarray,
+             false_cum: np.ndarray, last: np.ndarray, end: np.ndarray, bridge_s: float) -> np.ndarray:
+    """Open: no False row after the episode on its device, the data ending within ``bridge_s`` after it,
+    and the device not held by another owner later (then it changed hands: closed, not unknown)."""
+    frame = fleet.frame
+    dev_last = np.searchsorted(d, d[last], side="right") - 1
+    is_open = (false_cum[dev_last] - false_cum[last] == 0) & (fleet.end - end <= bridge_s + 1e-6)
+    if len(keys) > len(phys_keys := [k for k in DEVICE_KEY if k in frame.columns]):
+        phys = _device_ids(frame, phys_keys)[order]
+        phys_last_t = pd.Series(t).groupby(phys).transform("max").to_numpy()
+        is_open &= t[dev_last] >= phys_last_t[last] - 1e-6
+    return is_open
 
 
 def _device_ids(frame: pd.DataFrame, keys: Sequence[str]) -> np.ndarray:

@@ -41,7 +41,7 @@ from analyzer.data.hosts import map_exporter_pods, pod_info
 from analyzer.data.ingest import IngestReport
 from analyzer.data.signals import ALLOCATION_COLUMNS, SIGNALS, Signal
 from exporter import schema as S
-from exporter.attribution.jobs import derive_job
+from exporter.attribution.jobs import KNOWN_JOB_LABELS, derive_job, sanitized_job_labels
 
 _EPS = 1e-9
 _NEEDED = D.needed_names()
@@ -125,6 +125,12 @@ def _report_notes(report: IngestReport | None) -> list[str]:
             f"{sum(report.conflicts.values())} conflicting duplicate samples (one series, one time, different "
             f"values; averaged): {parts}; first: {report.conflict_example}"
         )
+    if report.duplicates:
+        notes.append(f"{sum(report.duplicates.values())} repeated samples (one series, one time, one value: a target "
+                     f"scraped twice or an HA pair) kept once")
+    if report.replicas:
+        parts = ", ".join(f"{k}={'/'.join(sorted(v))}" for k, v in sorted(report.replicas.items()))
+        notes.append(f"HA Prometheus replicas merged into one copy ({parts}): every GPU counted once")
     notes.extend(f"ingest warning: {w}" for w in report.warnings)
     return notes
 
@@ -225,7 +231,9 @@ class _Input:
         if "instance" in t:
             # dcgm-exporter 1.x has no host label; Prometheus' target label tells hosts apart
             inst_host = np.array([v.rsplit(":", 1)[0] if v else "" for v in t["instance"]], dtype=object)
+            from_instance = (host == "") & (inst_host != "")
             host = np.where(host != "", host, inst_host)
+            host = self._one_host_per_uuid(host, from_instance)
         # dcgm-exporter pod names in the host label -> their nodes (kube_pod_info), so a roll joins
         host, host_notes = map_exporter_pods(host, pods)
         self.lab["hostname"] = host
@@ -239,6 +247,29 @@ class _Input:
                 "some series carry no hostname/Hostname label (dcgm-exporter 1.x): their GPUs are told apart by "
                 "gpu index only, so read one host's data at a time or keep Prometheus' instance label"
             )
+
+    def _one_host_per_uuid(self, host: np.ndarray, from_instance: np.ndarray) -> np.ndarray:
+        """A GPU whose host is known only from ``instance`` keeps one host whatever target scraped it.
+
+        The same exporter scraped by two jobs (a ServiceMonitor and a static config, the pod IP and the
+        node name) gives two ``instance`` values for one GPU; its UUID is the same, so those series get
+        the host of a series with an explicit host label when there is one, else the first instance
+        host: one device, not two (said once in the notes)."""
+        uuid = self.lab["uuid"]
+        sel = from_instance & (uuid != "")
+        if not sel.any():
+            return host
+        known = uuid != ""
+        cand = pd.DataFrame({"uuid": uuid[known], "inst": from_instance[known], "host": host[known]})
+        first = cand.sort_values(["uuid", "inst", "host"], kind="stable").drop_duplicates("uuid")
+        canon = dict(zip(first["uuid"], first["host"], strict=True))
+        fixed = host.copy()
+        fixed[sel] = [canon[u] for u in uuid[sel]]
+        n = int(pd.Series(uuid[sel][fixed[sel] != host[sel]]).nunique())
+        if n:
+            self.notes.append(f"{n} GPU(s) scraped under more than one instance (two scrape jobs): told apart "
+                              "by UUID and counted once")
+        return fixed
 
     def grid(self, step: float | None, start: float | None, end: float | None, notes: list[str]) -> _Grid:
         telemetry = np.array([m not in _INFO_NAMES for m in self.metric], dtype=bool)[self.sid]
@@ -645,10 +676,8 @@ class _State:
         carries = (alloc_info | (is_dcgm & ~dcgm_rate)) & ((pods != "") | (job != ""))
         derive = carries & (job == "") & (pods != "")
         if derive.any():
-            uniq = pd.unique(pods[derive])
-            derived = {p: derive_job(p) for p in uniq}
             job = job.copy()
-            job[derive] = [derived[p] for p in pods[derive]]
+            job[derive] = self._derive_jobs(lab["namespace"][derive], pods[derive], derive)
         tuples = np.array([f"{a}\x00{b}\x00{c}\x00{j}" for a, b, c, j in
                            zip(lab["namespace"], pods, lab["container"], job, strict=True)], dtype=object)
         alloc_id = np.full(n, -1, dtype=np.int64)
@@ -676,6 +705,24 @@ class _State:
                 np.full(len(per_row), -1)
             out[col] = pd.Categorical.from_codes(codes, cats)
         return out
+
+    def _derive_jobs(self, namespaces: np.ndarray, pods: np.ndarray, sel: np.ndarray) -> list[str]:
+        """Workloads of dcgm-exporter pods: a training operator's label where dcgm-exporter (pod labels)
+        or the query carried one (sanitized names, exporter.attribution.jobs.sanitized_job_labels), else
+        the pod name with its namespace's other pods as siblings (StatefulSet ordinals: derive_job)."""
+        t = self.d.table
+        names = [(k, san) for k, san in zip(KNOWN_JOB_LABELS * 2, sanitized_job_labels(), strict=True) if san in t]
+        label_of = _blank(len(pods))
+        value_of = _blank(len(pods))
+        for k, san in reversed(names):  # the first known label wins
+            v = t[san][sel]
+            label_of = np.where(v != "", k, label_of)
+            value_of = np.where(v != "", v, value_of)
+        siblings = pd.Series(pods).groupby(namespaces).agg(lambda p: frozenset(p)).to_dict()
+        keys = list(zip(namespaces, pods, label_of, value_of, strict=True))
+        derived = {key: derive_job(key[1], {key[2]: key[3]} if key[2] else None, siblings=siblings[key[0]])
+                   for key in dict.fromkeys(keys)}
+        return [derived[key] for key in keys]
 
     # events and missing --------------------------------------------------------------------
     def events(self) -> pd.DataFrame:

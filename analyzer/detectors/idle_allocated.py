@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.analysis.episodes import Episodes, column, find_episodes, format_duration
+from analyzer.analysis.episodes import MAX_UNKNOWN_S, Episodes, column, find_episodes, format_duration
 from analyzer.data.frame import Fleet
 from analyzer.detectors import Paging, gpu_busy, register
 from analyzer.findings import IDLE_ALLOCATED, Finding
@@ -36,8 +36,10 @@ from analyzer.findings import IDLE_ALLOCATED, Finding
 @register
 @dataclass
 class IdleAllocated:
-    """Settings: see the module docstring; ``max_gap_steps``/``max_unknown_steps`` as in
-    analyzer.analysis.episodes (one healthy or missing scrape does not split a problem)."""
+    """Settings: see the module docstring; ``max_gap_steps``/``max_unknown_steps``/``max_unknown_s`` as in
+    analyzer.analysis.episodes (one healthy scrape does not split a problem; scrape gaps of up to
+    ``max_unknown_s`` 300 s, whatever the step, neither split it nor restart its timer, and are not
+    counted as its evidence)."""
 
     kind = IDLE_ALLOCATED
     paging = Paging(alert="GpuIdleAllocated", team="finops", severity="warning", hold_s=1800.0,
@@ -51,6 +53,7 @@ class IdleAllocated:
     fault_window_s: float = 600.0
     max_gap_steps: int = 2
     max_unknown_steps: int = 2
+    max_unknown_s: float = MAX_UNKNOWN_S
 
     def condition(self, fleet: Fleet) -> tuple[np.ndarray, np.ndarray]:
         """Per row: 1/0/NaN idle-while-allocated, and whether the fallback proxy decided it."""
@@ -88,6 +91,7 @@ class IdleAllocated:
     def detect(self, fleet: Fleet) -> list[Finding]:
         cond, use_fb = self.condition(fleet)
         eps = find_episodes(fleet, cond, max_gap_steps=self.max_gap_steps, max_unknown_steps=self.max_unknown_steps,
+                            max_unknown_s=self.max_unknown_s,
                             min_duration_s=self.min_duration_s)
         if not len(eps):
             return []

@@ -23,7 +23,9 @@ Not idle masking, although util is high and SM low (their owners are other detec
   peer that died or hung (gang members of a lost GPU: util ~0.97, SM ~0.05, DRAM ~0.02).
   Memory-bound kernels keep DRAM busy (>= 0.5) and are never "stalled".
 - *waiting for a peer*: at the same instant another device of the same job has
-  ``sm_active >= peer_busy_sm`` 0.5 (computing normally). Data-parallel members run the
+  ``sm_active >= peer_busy_sm`` 0.5 (computing normally), unless the job's members are
+  shown not to communicate (analyzer.detectors._peers.communicating: independent replicas
+  sharing a workload name never wait at a barrier). Data-parallel members run the
   same kernels, so a memory-bound job is low-SM on every member; members that sit at
   SM 0.28-0.4 while one peer computes are waiting at the barrier for a straggler
   (throttled, power-capped, input-starved, WAN-split peers) and belong to the straggler
@@ -47,17 +49,20 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.analysis.episodes import column, find_episodes, format_duration
+from analyzer.analysis.episodes import MAX_UNKNOWN_S, column, find_episodes, format_duration
 from analyzer.data.frame import Fleet
 from analyzer.detectors import Paging, gpu_busy, register
+from analyzer.detectors._peers import communicating
 from analyzer.findings import IDLE_MASKING, Finding
 
 
 @register
 @dataclass
 class IdleMasking:
-    """Settings: see the module docstring; ``max_gap_steps``/``max_unknown_steps`` as in
-    analyzer.analysis.episodes (one healthy or missing scrape does not split a problem)."""
+    """Settings: see the module docstring; ``max_gap_steps``/``max_unknown_steps``/``max_unknown_s`` as in
+    analyzer.analysis.episodes (one healthy scrape does not split a problem; scrape gaps of up to
+    ``max_unknown_s`` 300 s, whatever the step, neither split it nor restart its timer, and are not
+    counted as its evidence)."""
 
     kind = IDLE_MASKING
     paging = Paging(alert="GpuIdleMasking", team="finops", severity="warning", hold_s=1800.0,
@@ -74,6 +79,7 @@ class IdleMasking:
     min_duration_s: float = 300.0
     max_gap_steps: int = 2
     max_unknown_steps: int = 2
+    max_unknown_s: float = MAX_UNKNOWN_S
 
     def condition(self, fleet: Fleet) -> tuple[np.ndarray, np.ndarray]:
         """Per row: 1/0/NaN idle masking, and whether the row was judged by the fallback proxy."""
@@ -96,16 +102,23 @@ class IdleMasking:
         return cond, use_fb
 
     def _peer_busy(self, fleet: Fleet, sm: np.ndarray) -> np.ndarray:
-        """Rows whose job has a device computing normally (SM >= peer_busy_sm) at the same time."""
+        """Rows whose job has a device computing normally (SM >= peer_busy_sm) at the same time, in jobs
+        whose members may talk: replicas shown not to communicate (analyzer.detectors._peers.communicating:
+        a StatefulSet's independent servers) never wait for each other."""
         f = fleet.frame
         if "job" not in f.columns or not len(f):
             return np.zeros(len(f), bool)
         peak = pd.Series(sm).groupby([f["job"].to_numpy(), f["timestamp"].to_numpy()], sort=False).transform("max")
-        return (peak.to_numpy(dtype=np.float64, na_value=np.nan) >= self.peer_busy_sm) & f["job"].notna().to_numpy()
+        out = (peak.to_numpy(dtype=np.float64, na_value=np.nan) >= self.peer_busy_sm) & f["job"].notna().to_numpy()
+        if out.any():
+            apart = [j for j, c in communicating(fleet, busy=gpu_busy(fleet)).items() if c.communicating is False]
+            out &= ~f["job"].isin(apart).to_numpy()
+        return out
 
     def detect(self, fleet: Fleet) -> list[Finding]:
         cond, use_fb = self.condition(fleet)
         eps = find_episodes(fleet, cond, max_gap_steps=self.max_gap_steps, max_unknown_steps=self.max_unknown_steps,
+                            max_unknown_s=self.max_unknown_s,
                             min_duration_s=self.min_duration_s)
         if not len(eps):
             return []

@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.analysis.episodes import Episodes, column, find_episodes, format_duration
+from analyzer.analysis.episodes import MAX_UNKNOWN_S, Episodes, column, find_episodes, format_duration
 from analyzer.data.frame import Fleet
 from analyzer.detectors import Paging, register
 from analyzer.findings import THERMAL, Finding
@@ -313,8 +313,10 @@ def _group_reduce(m: np.ndarray, groups: np.ndarray, n_groups: int, how: str) ->
 @register
 @dataclass
 class Thermal:
-    """Settings: see the module docstring; ``max_gap_steps``/``max_unknown_steps`` as in
-    analyzer.analysis.episodes (one healthy or missing scrape does not split a problem)."""
+    """Settings: see the module docstring; ``max_gap_steps``/``max_unknown_steps``/``max_unknown_s`` as in
+    analyzer.analysis.episodes (one healthy scrape does not split a problem; scrape gaps of up to
+    ``max_unknown_s`` 300 s, whatever the step, neither split it nor restart its timer, and are not
+    counted as its evidence)."""
 
     kind = THERMAL
     paging = Paging(alert="GpuThermal", team="sre",
@@ -333,6 +335,7 @@ class Thermal:
     min_hot_s: float = THRESHOLDS.thermal_warn_for_seconds
     max_gap_steps: int = 2
     max_unknown_steps: int = 2
+    max_unknown_s: float = MAX_UNKNOWN_S
 
     # -- physics ---------------------------------------------------------------------------
     def _resistance(self, g: _Grid, temp: np.ndarray, power: np.ndarray, usable: np.ndarray) -> dict[str, float]:
@@ -465,7 +468,8 @@ class Thermal:
         gpu_findings: list[Finding] = []
         if (gpu_cond == 1.0).any():
             eps = find_episodes(fleet, g.rows(gpu_cond), max_gap_steps=self.max_gap_steps,
-                                max_unknown_steps=self.max_unknown_steps, min_duration_s=self.min_throttle_s,
+                                max_unknown_steps=self.max_unknown_steps,
+                                max_unknown_s=self.max_unknown_s, min_duration_s=self.min_throttle_s,
                                 split_on=())
             gpu_findings = self._gpu_findings(fleet, g, eps, temp, power, limit, proxy, gpu_excess, gpu_slope, clk,
                                               clkmax, memt)
@@ -495,7 +499,8 @@ class Thermal:
         })
         pseudo = Fleet(frame=frame, step=fleet.step, start=fleet.start, end=fleet.end)
         eps = find_episodes(pseudo, tri.reshape(-1), max_gap_steps=self.max_gap_steps,
-                            max_unknown_steps=self.max_unknown_steps, min_duration_s=self.min_hot_s, split_on=())
+                            max_unknown_steps=self.max_unknown_steps,
+                            max_unknown_s=self.max_unknown_s, min_duration_s=self.min_hot_s, split_on=())
         out = []
         for ep in eps.table.itertuples(index=False):
             u = int(ep.hostname)

@@ -46,15 +46,19 @@ per-node truth of that job), open while the placement lasts. Problems (``evidenc
   Without topology (dcgm-exporter input) NUMA is unknown and never guessed.
 
 What is a training job: only members that synchronize suffer from slow links. Inference
-Deployments spread over nodes, sites or NUMA nodes are normal (replicas do not talk), so
-every rule requires a training job: any pod named as a gang member (``-worker-N``,
+Deployments and StatefulSets spread over nodes, sites or NUMA nodes are normal (replicas do
+not talk), and sharing a workload name (``tensorflow-0..3`` -> ``tensorflow``) is no sign of
+talking, so every rule requires a workload that communicates
+(analyzer.detectors._peers.communicating): any pod named as a gang member (``-worker-N``,
 ``-master-N``, ``-launcher``, ``-chief-N``, ``-trainer-N``, ``-rank-N``, ``-ps-N``: the
 Kubeflow training-operator / MPI-operator conventions), or, with confidence "low",
-behaviour: >= ``min_pods`` pods, none named like a Deployment's ReplicaSet pod
-(``name-<hash>-<5 chars>``), and median kernel-resident time >= ``busy_min`` (0.8 =
-analyzer.analysis.bottleneck's BUSY_UTIL: a gang keeps every member busy, request-driven services
-follow their load). Cross-member correlation is no use at minute resolution: steps last
-seconds, and inference members correlate *more* (shared diurnal load) than training ones.
+behaviour *and* a sign of communication: >= ``min_pods`` pods held at the same time (a pod
+restarted under a new name is one member, not two), none named like a Deployment's
+ReplicaSet pod (``name-<hash>-<5 chars>``), median kernel-resident time >= ``busy_min``
+(0.8 = analyzer.analysis.bottleneck's BUSY_UTIL: a gang keeps every member busy), and
+members moving NVLink traffic together (>= ``nvlink_traffic_bps``) or busy/wait phases in
+step across members (``sync_min`` 0.5, see ``communicating``). Workloads whose members show
+no such sign get no topology finding: there is no collective for a slow link to slow down.
 
 Cost (evidence and summary): the job's SM activity (tensor activity when SM is not
 collected) against the reference of healthy training on the same GPU model in the same
@@ -67,7 +71,8 @@ communication_bound (analyzer.analysis.bottleneck.classify).
 
 Placement is structural, yet a placement that lasts less than ``min_duration_s`` (5 min)
 is a pod restarting or a job being torn down, not worth a ticket; gaps of up to
-``max_gap_steps`` missing steps do not end a placement.
+``max_gap_steps`` missing steps, or up to ``max_unknown_s`` (300 s, analyzer.analysis.episodes'
+MAX_UNKNOWN_S: a few failed scrapes) whatever the step, do not end a placement.
 """
 
 from __future__ import annotations
@@ -80,14 +85,13 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analysis.bottleneck import CLASSES, COMM, classify
-from analyzer.analysis.episodes import column, format_duration
+from analyzer.analysis.episodes import MAX_UNKNOWN_S, column, format_duration
 from analyzer.data.frame import Fleet
 from analyzer.detectors import gpu_busy, register
+from analyzer.detectors._peers import GANG_POD, Communication, communicating
 from analyzer.findings import TOPOLOGY, Finding, Severity
 
 WAN, MIG, NO_NVLINK, NUMA = "wan", "mig", "no_nvlink", "numa"
-#: Pods of a gang: Kubeflow PyTorchJob/TFJob (-master-0, -worker-3, -chief-0, -ps-1), MPIJob (-launcher).
-GANG_POD = re.compile(r"-(?:worker|master|chief|trainer|rank|ps|launcher)(?:-\d+)?$")
 #: A Deployment's pods: <deployment>-<pod-template-hash>-<5-char suffix>.
 DEPLOYMENT_POD = re.compile(r"-[a-z0-9]{6,10}-[a-z0-9]{5}$")
 #: Busy SM activity of healthy training (AcmeTrace busy median), when the fleet has no reference.
@@ -179,18 +183,21 @@ class Topology:
     min_pods: int = 2
     min_duration_s: float = 300.0
     max_gap_steps: int = 2
+    max_unknown_s: float = MAX_UNKNOWN_S
     assume_socket_halves: bool = True
     #: no_nvlink is a warning when at least this share of the job's GPU-hours is communication-bound.
     comm_warning_share: float = 0.5
     #: NVLink traffic that proves NVLink is in use (a training gang on NVLink moves ~10-40 GB/s per GPU).
     nvlink_traffic_bps: float = 1e9
+    #: Busy/wait phases in step across members that count as communicating (module docstring).
+    sync_min: float = 0.5
 
     def detect(self, fleet: Fleet) -> list[Finding]:
         f = fleet.frame
         if not len(f) or "job" not in f.columns or not f["job"].notna().any():
             return []
         a = self._allocated(fleet)
-        training = self._training_jobs(a)
+        training, talk = self._training_jobs(fleet, a)
         if not training:
             return []
         a = a[a["job"].isin(list(training))]
@@ -200,7 +207,7 @@ class Topology:
         if not problems:
             return []
         flagged = {j for _, fl in problems for j in fl["job"].unique()}
-        ref = self._reference(fleet, a, flagged)
+        ref = {**self._reference(fleet, a, flagged), "talk": talk}
         out: list[Finding] = []
         for problem, fl in problems:
             for ep in self._episodes(fleet, fl):
@@ -232,20 +239,25 @@ class Topology:
             a["numa_node"] = text("numa_node")
         return a
 
-    def _training_jobs(self, a: pd.DataFrame) -> dict[str, str]:
-        """job -> "high" (gang pod naming) or "low" (behaviour) for the jobs judged to be training."""
+    def _training_jobs(self, fleet: Fleet, a: pd.DataFrame) -> tuple[dict[str, str], dict[str, str]]:
+        """(job -> "high" (gang pod naming) or "low" (behaviour and a sign of communicating) for the
+        jobs judged to be training, job -> the sign of communicating of the "low" ones)."""
         pods = a[["job", "pod"]].drop_duplicates()
         named = pods["pod"].str.contains(GANG_POD)
         deploy = pods["pod"].str.contains(DEPLOYMENT_POD)
         per_job = pd.DataFrame({"named": named.groupby(pods["job"]).any(),
-                                "deploy": deploy.groupby(pods["job"]).any(),
-                                "pods": pods.groupby("job")["pod"].nunique()})
+                                "deploy": deploy.groupby(pods["job"]).any()})
+        concurrent = a[a["pod"] != ""].groupby(["job", "timestamp"])["pod"].nunique().groupby(level="job").max()
         busy = a.groupby("job")["busy"].median()
         out = {str(j): "high" for j in per_job.index[per_job["named"]]}
-        behaves = (~per_job["named"] & ~per_job["deploy"] & (per_job["pods"] >= self.min_pods)
+        behaves = (~per_job["named"] & ~per_job["deploy"]
+                   & (concurrent.reindex(per_job.index).fillna(0) >= self.min_pods)
                    & (busy.reindex(per_job.index) >= self.busy_min))
-        out.update({str(j): "low" for j in per_job.index[behaves]})
-        return out
+        comm = communicating(fleet, nvlink_bps=self.nvlink_traffic_bps, sync_min=self.sync_min,
+                             busy_min=self.busy_min, busy=gpu_busy(fleet)) if behaves.any() else {}
+        talks = {str(j): comm[str(j)] for j in per_job.index[behaves] if str(j) in comm and comm[str(j)].communicating}
+        out.update({j: "low" for j in talks})
+        return out, {j: self._talk(c) for j, c in talks.items()}
 
     # Rules: each returns the (job, timestamp) pairs where the problem holds ---------------------
     @staticmethod
@@ -378,13 +390,14 @@ class Topology:
         fl = flags.sort_values(["job", "timestamp"])
         job, ts = fl["job"].to_numpy(), fl["timestamp"].to_numpy(dtype=np.float64)
         new = np.ones(len(fl), bool)
-        new[1:] = (job[1:] != job[:-1]) | (ts[1:] - ts[:-1] > (self.max_gap_steps + 1) * step + 1e-6)
+        gap = max(self.max_gap_steps, int(np.floor(self.max_unknown_s / step + 1e-6)))
+        new[1:] = (job[1:] != job[:-1]) | (ts[1:] - ts[:-1] > (gap + 1) * step + 1e-6)
         idx = np.cumsum(new) - 1
         out = []
         for k in range(int(idx[-1]) + 1 if len(idx) else 0):
             sel = idx == k
             start, end = float(ts[sel][0]), float(ts[sel][-1]) + step
-            is_open = fleet.end - end <= self.max_gap_steps * step + 1e-6
+            is_open = fleet.end - end <= gap * step + 1e-6
             duration = (max(fleet.end, end) if is_open else end) - start
             if duration >= self.min_duration_s - 1e-6:
                 out.append({"job": str(job[sel][0]), "start": start, "end": None if is_open else end,
@@ -451,7 +464,7 @@ class Topology:
             "members": len(set(zip(rows["hostname"], rows["gpu"], fr["gpu_instance"].astype(str).to_numpy()[r],
                                        strict=True))),
             "pods": int(rows["pod"].nunique()), "training_evidence": "pod names" if confidence == "high"
-            else "behaviour (several pods, steadily busy)",
+            else f"behaviour (several pods, steadily busy) and communication ({ref['talk'].get(job, 'unknown')})",
             "minutes": ep["duration_s"] / 60.0, "gpu_hours": gpu_hours, "activity_signal": act_name,
             "job_activity": job_act, "reference_activity": ref_act, "reference_scope": scope, "est_slowdown": slowdown,
             "gpu_hours_at_stake": None if slowdown is None else gpu_hours * slowdown,
@@ -480,6 +493,13 @@ class Topology:
             score=slowdown if slowdown is not None else {WAN: 0.6, MIG: 0.5, NO_NVLINK: 0.4, NUMA: 0.2}[problem],
             job=job, namespace=ns, confidence="low" if low else "high", evidence=evidence,
         )
+
+    @staticmethod
+    def _talk(c: Communication) -> str:
+        """The communication sign of a job judged by behaviour, for the evidence."""
+        if c.evidence == "nvlink":
+            return f"NVLink traffic, up to {c.nvlink_bps / 1e9:.0f} GB/s"
+        return f"busy/wait phases in step, sync {c.sync:.2f}" if c.sync is not None else c.evidence
 
     @staticmethod
     def _numa_measured(fleet: Fleet, a: pd.DataFrame) -> bool:

@@ -10,8 +10,10 @@ Also understood: time-slicing replicas ``GPU-<uuid>::<n>`` and GKE's ``nvidia<i>
 ``nvidia<i>/gi<g>`` and ``.../vgpu<n>`` ids.
 
 The API carries no pod labels, so ``job`` comes from :func:`derive_job` on the pod
-name, from ``static_jobs`` (``{"namespace/pod": job}``), or from ``pod_labels`` (a
-callable the caller may back with the API server) with ``job_label``.
+name (with the node's other pods of its namespace as ``siblings``: StatefulSet ordinals),
+from ``static_jobs`` (``{"namespace/pod": job}``), or from ``pod_labels`` (a callable the
+caller may back with the API server) with ``job_label``: then the operator and controller
+labels name the owner exactly.
 
 When a GPU is shared (time-slicing), one holder is reported: the first by
 (namespace, pod, container), so the series is stable between scrapes.
@@ -25,7 +27,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from exporter.attribution.base import Allocation, AttributionError, CachedAttributor
@@ -106,7 +108,7 @@ class KubernetesAttributor(CachedAttributor[_Table]):
         prefix = self.mig_resource_prefix
         return name in self.resource_names or bool(prefix and name.startswith(prefix))
 
-    def _job(self, namespace: str, pod: str) -> str:
+    def _job(self, namespace: str, pod: str, siblings: Collection[str] = ()) -> str:
         static = self.static_jobs.get(f"{namespace}/{pod}")
         if static:
             return static
@@ -116,7 +118,7 @@ class KubernetesAttributor(CachedAttributor[_Table]):
                 labels = self.pod_labels(namespace, pod)
             except Exception:  # a label lookup failure falls back to the pod name
                 labels = None
-        return derive_job(pod, labels, self.job_label)
+        return derive_job(pod, labels, self.job_label, siblings)
 
     def _load(self, errors: list[AttributionError]) -> _Table | None:
         if not os.path.exists(self.socket_path):
@@ -129,6 +131,9 @@ class KubernetesAttributor(CachedAttributor[_Table]):
         if reply is None:
             return None
         table = _Table()
+        names: dict[str, set[str]] = {}  # namespace -> pods on this node (StatefulSet ordinals: derive_job)
+        for pod in reply.pod_resources:
+            names.setdefault(pod.namespace, set()).add(pod.name)
         for pod in reply.pod_resources:
             job: str | None = None
             for container in pod.containers:
@@ -136,7 +141,7 @@ class KubernetesAttributor(CachedAttributor[_Table]):
                     if not self._is_gpu_resource(devices.resource_name):
                         continue
                     if job is None:
-                        job = self._job(pod.namespace, pod.name)
+                        job = self._job(pod.namespace, pod.name, names[pod.namespace])
                     holder = Allocation(pod.namespace, pod.name, container.name, job)
                     for device_id in devices.device_ids:
                         table.add(device_id, holder)

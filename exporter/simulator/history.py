@@ -7,6 +7,11 @@ the family name) per family, every series of a family contiguous, counter sample
 ``<family>_total``, samples of a series in time order, ``# EOF`` last. A NaN value means
 "no sample then" and is skipped, never written as 0.
 
+``Mess`` (``write_history(..., mess=Mess(...))``) writes the ingestion mess real fleets
+have, so detectors can be judged on it: whole-node scrape gaps, exporter restarts that
+reset the exporter's counters, repeated samples, an HA Prometheus pair (every series once
+per replica, told apart by a replica label), and pods restarted under new names.
+
 Formatting is the hot path (millions of lines for a day of a fleet): the timestamp
 strings are built once per file, each series' label set once, and values are rendered
 with ``repr`` over ``ndarray.tolist()`` (shortest round-trip text, bulk ``str.join``).
@@ -15,10 +20,12 @@ with ``repr`` over ``ndarray.tolist()`` (shortest round-trip text, bulk ``str.jo
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -92,12 +99,14 @@ def _header(family: Family) -> str:
     return "".join(lines)
 
 
-def write_openmetrics(out: TextIO, series: Iterable[SeriesItem], times: np.ndarray) -> WriteStats:
+def write_openmetrics(out: TextIO, series: Iterable[SeriesItem], times: np.ndarray, *,
+                      repeat_every: int = 0) -> WriteStats:
     """Stream ``(family, labels, values)`` series, values aligned with ``times``, to ``out``.
 
     Series must arrive grouped by family (promtool rejects interleaved families); a family
     seen again after another one raises ValueError. Families with no sample at all are
-    left out entirely. Writes the closing ``# EOF``.
+    left out entirely. Writes the closing ``# EOF``. ``repeat_every`` k > 0 writes every
+    k-th sample of each series twice (same series, time and value: a repeated sample).
     """
     times = np.asarray(times, dtype=np.float64)
     if times.ndim != 1:
@@ -136,9 +145,12 @@ def write_openmetrics(out: TextIO, series: Iterable[SeriesItem], times: np.ndarr
         else:
             vals, sufs = values[idx].tolist(), [suffixes[i] for i in idx.tolist()]
         text = [_format_value(v) for v in vals] if np.isinf(values[idx]).any() else list(map(repr, vals))
-        out.write(prefix + prefix.join([v + s for v, s in zip(text, sufs, strict=True)]))
+        lines = [v + s for v, s in zip(text, sufs, strict=True)]
+        if repeat_every > 0:
+            lines = [line for i, line in enumerate(lines) for _ in range(2 if i % repeat_every == 0 else 1)]
+        out.write(prefix + prefix.join(lines))
         stats.series += 1
-        stats.samples += idx.size
+        stats.samples += len(lines)
         stats.min_time = min(stats.min_time, float(times[idx[0]]))
         stats.max_time = max(stats.max_time, float(times[idx[-1]]))
     out.write("# EOF\n")
@@ -163,6 +175,80 @@ def open_text(path: str | Path, compresslevel: int = 6) -> TextIO:
     return open(path, "w", encoding="utf-8", newline="\n", buffering=1 << 20)
 
 
+@dataclass(frozen=True)
+class Mess:
+    """Ingestion mess to write on request; times are seconds after the history's start.
+
+    - ``node_gaps``: ``(hostname, start, duration)``: no sample at all from that node then (a
+      whole-node scrape failure: node-exporter, kubelet or network trouble);
+    - ``exporter_restarts``: ``(hostname, at)``: the node's exporter restarts: the sample at
+      ``at`` is lost and the exporter's own counters (truegpu dialect; dcgm-exporter reports
+      DCGM's counters, which survive it) start again from 0;
+    - ``repeat_every``: every k-th sample of every series written twice (0: none);
+    - ``replicas``: every series written once per replica with ``replica_label`` = the
+      replica's name (an HA Prometheus pair federated or remote-written without dedup);
+    - ``pod_restarts``: ``(pod, at)``: the pod is recreated under a new name at ``at`` (a
+      Deployment's or Job's pod: its random suffix changes; a StatefulSet's keeps its name).
+    """
+
+    node_gaps: tuple[tuple[str, float, float], ...] = ()
+    exporter_restarts: tuple[tuple[str, float], ...] = ()
+    repeat_every: int = 0
+    replicas: tuple[str, ...] = ()
+    replica_label: str = "prometheus_replica"
+    pod_restarts: tuple[tuple[str, float], ...] = ()
+
+
+_SAFE = "bcdfghjklmnpqrstvwxz2456789"
+_SUFFIX = re.compile(rf"-[{_SAFE}]{{5}}$")
+
+
+def renamed_pod(pod: str, n: int = 1) -> str:
+    """The name a controller gives ``pod``'s ``n``-th replacement: a new 5-character suffix."""
+    h = int(hashlib.sha256(f"{pod}/{n}".encode()).hexdigest(), 16)
+    suffix = "".join(_SAFE[(h // len(_SAFE) ** i) % len(_SAFE)] for i in range(5))
+    return (_SUFFIX.sub("", pod) if _SUFFIX.search(pod) else pod) + "-" + suffix
+
+
+def _contract_mess(series: Iterable[SeriesItem], times: np.ndarray, mess: Mess) -> Iterator[SeriesItem]:
+    """Gaps, restarts and pod renames on the contract series (before any dialect conversion)."""
+    t = times - times[0]
+    gap: dict[str, np.ndarray] = {}
+    for host, a, d in mess.node_gaps:
+        gap[host] = gap.get(host, np.zeros(len(t), bool)) | ((t >= a) & (t < a + d))
+    restarts: dict[str, list[int]] = {}
+    for host, at in mess.exporter_restarts:
+        i = int(np.searchsorted(t, at))
+        if i < len(t):
+            restarts.setdefault(host, []).append(i)
+            gap[host] = gap.get(host, np.zeros(len(t), bool)) | (np.arange(len(t)) == i)
+    renames = {pod: int(np.searchsorted(t, at)) for pod, at in mess.pod_restarts}
+    for family, labels, values in series:
+        host = labels.get("hostname", "")
+        values = np.asarray(values, dtype=np.float64)
+        if host in restarts and getattr(family, "type", "") == "counter":
+            values = values.copy()
+            for i in sorted(restarts[host]):
+                base = values[i] if np.isfinite(values[i]) else 0.0
+                values[i:] = values[i:] - base  # counting again from 0 at the restart
+        if host in gap:
+            values = np.where(gap[host], np.nan, values)
+        pod = labels.get("pod", "")
+        if pod in renames and 0 < renames[pod] < len(t):
+            i = renames[pod]
+            yield family, labels, np.where(np.arange(len(t)) < i, values, np.nan)
+            yield family, {**labels, "pod": renamed_pod(pod)}, np.where(np.arange(len(t)) >= i, values, np.nan)
+            continue
+        yield family, labels, values
+
+
+def _replicated(series: Iterable[SeriesItem], mess: Mess) -> Iterator[SeriesItem]:
+    """Every series once per HA replica (consecutive, so each family stays contiguous)."""
+    for family, labels, values in series:
+        for name in mess.replicas:
+            yield family, {**labels, mess.replica_label: name}, values
+
+
 def write_history(
     path: str | Path,
     cluster: Any,
@@ -172,17 +258,26 @@ def write_history(
     *,
     dialect: str = "truegpu",
     dcgm_options: DcgmOptions | None = None,
+    mess: Mess | None = None,
 ) -> WriteStats:
     """Sample ``cluster`` every ``step`` seconds over [start, end) and write the OpenMetrics file.
 
     ``dialect="dcgm"`` converts the contract series to what dcgm-exporter would have
     exposed (see ``exporter.simulator.dcgm_dialect``; ``dcgm_options`` a DcgmOptions).
+    ``mess`` (a Mess) writes the ingestion mess it asks for.
     """
     times = sample_times(start, end, step)
     series: Iterable[SeriesItem] = cluster.series(times)
+    if mess is not None:
+        if dialect == "dcgm" and mess.exporter_restarts:  # DCGM's counters survive dcgm-exporter restarts
+            mess = replace(mess, exporter_restarts=(),
+                           node_gaps=mess.node_gaps + tuple((h, a, step) for h, a in mess.exporter_restarts))
+        series = _contract_mess(series, times, mess)
     if dialect == "dcgm":
         series = to_dcgm(series, times, dcgm_options or DcgmOptions())
     elif dialect != "truegpu":
         raise ValueError(f"unknown dialect {dialect!r} (truegpu or dcgm)")
+    if mess is not None and mess.replicas:
+        series = _replicated(series, mess)
     with open_text(path) as out:
-        return write_openmetrics(out, series, times)
+        return write_openmetrics(out, series, times, repeat_every=mess.repeat_every if mess else 0)

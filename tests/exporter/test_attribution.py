@@ -296,8 +296,10 @@ def test_attribution_error_is_a_str_with_a_kind() -> None:
     ("triton-server-5b8c9d7f4b-p7xqz", "triton-server"),
     ("sweep-4kx8z", "sweep"),
     ("shard-3-4kx8z", "shard"),
-    # Left alone: StatefulSet ordinals and names that merely look like suffixes.
-    ("vllm-0", "vllm-0"),
+    ("report-29345678-x7k2q", "report"),  # a CronJob's run
+    ("tensorflow-0", "tensorflow"),  # a StatefulSet's first pod (no model is named "-0")
+    # Left alone: bare ordinals with no "-0" twin, and names that merely look like suffixes.
+    ("tensorflow-1", "tensorflow-1"),
     ("llama-3", "llama-3"),
     ("resnet-50", "resnet-50"),
     ("run-20245", "run-20245"),
@@ -318,3 +320,27 @@ def test_derive_job_labels() -> None:
     assert derive_job("x-worker-3", labels, "absent") == "x"  # an explicit label disables the defaults
     assert derive_job("eval-0-4kx8z", {"batch.kubernetes.io/job-name": "eval-0"}) == "eval-0"
     assert derive_job("x-worker-3", {}) == "x"
+
+
+@pytest.mark.parametrize(("pod", "labels", "job"), [
+    ("w-3", {"training.kubeflow.org/job-name": "pretrain-7b"}, "pretrain-7b"),
+    ("big-run-trainer-0-0-x7k2q", {"jobset.sigs.k8s.io/jobset-name": "big-run"}, "big-run"),
+    ("llm-serve-1-2", {"leaderworkerset.sigs.k8s.io/name": "llm-serve"}, "llm-serve"),
+    ("sim-worker-4", {"volcano.sh/job-name": "sim"}, "sim"),
+    ("raycluster-a-worker-gpu-x7k2q", {"ray.io/cluster": "raycluster-a"}, "raycluster-a"),
+    ("nightly-29345678-x7k2q", {"batch.kubernetes.io/job-name": "nightly-29345678"}, "nightly"),  # CronJob
+    ("eval-0-4kx8z", {"batch.kubernetes.io/job-name": "eval-0"}, "eval-0"),  # a Job's own name stays whole
+    ("llama-3", {"statefulset.kubernetes.io/pod-name": "llama-3"}, "llama"),  # StatefulSet: strip the ordinal
+    ("llama-3", {"apps.kubernetes.io/pod-index": "3"}, "llama"),
+    ("api-7f9d6c5b4-p2x9z", {"pod-template-hash": "7f9d6c5b4"}, "api"),  # Deployment, by its template hash
+    ("gpt-2", {"app": "gpt-2"}, "gpt-2"),  # no owner label: the name rules
+])
+def test_owner_labels_name_the_workload(pod: str, labels: dict[str, str], job: str) -> None:
+    assert derive_job(pod, labels) == job
+
+
+def test_statefulset_ordinals_need_a_zero_twin() -> None:
+    pods = [f"tensorflow-{i}" for i in range(4)]
+    assert {derive_job(p, siblings=pods) for p in pods} == {"tensorflow"}
+    assert derive_job("llama-3", siblings=["llama-3", "resnet-50"]) == "llama-3"
+    assert derive_job("resnet-50", siblings=["resnet-0"]) == "resnet"  # a StatefulSet after all

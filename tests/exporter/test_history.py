@@ -14,6 +14,10 @@ import pytest
 from exporter import schema
 from exporter.simulator.dcgm_dialect import DcgmOptions
 from exporter.simulator.history import (
+    Mess,
+    _contract_mess,
+    _replicated,
+    renamed_pod,
     sample_times,
     write_history,
     write_openmetrics,
@@ -168,3 +172,28 @@ def test_gzip_output_has_the_same_content(tmp_path):
     write_history(tmp_path / "m.om.gz", cluster, start, start + 600, 60)
     with gzip.open(tmp_path / "m.om.gz", "rt") as f:
         assert f.read() == (tmp_path / "m.om").read_text()
+
+
+def test_mess_gaps_restarts_renames_repeats_and_replicas():
+    times = T0 + 60.0 * np.arange(10)
+    energy = 1000.0 + 50.0 * np.arange(10)
+    alloc = {**GPU0, "namespace": "ml", "pod": "api-7c9d4b8f5-x2k9q", "container": "c"}
+    other = {"hostname": "node-b", "gpu": "0", "uuid": "GPU-b"}
+    series = [(schema.ENERGY, GPU0, energy), (schema.GPU_UTILIZATION, other, np.full(10, 0.5)),
+              (schema.GPU_ALLOCATION_INFO, alloc, np.ones(10))]
+    mess = Mess(node_gaps=(("node-b", 120.0, 240.0),), exporter_restarts=(("node-a", 300.0),),
+                pod_restarts=(("api-7c9d4b8f5-x2k9q", 420.0),))
+    out = list(_contract_mess(series, times, mess))
+    (_, _, e), (_, _, u), (_, a1, v1), (_, a2, v2) = out
+    assert np.isnan(e[5]) and e[4] == 1200.0 and e[6] == 50.0  # the restart's scrape lost; counting from 0
+    assert np.isnan(u[2:6]).all() and not np.isnan(u[[0, 1, 6]]).any()  # a 4-minute whole-node gap
+    assert a1["pod"] == "api-7c9d4b8f5-x2k9q" and a2["pod"] == renamed_pod("api-7c9d4b8f5-x2k9q")
+    assert a2["pod"].startswith("api-7c9d4b8f5-") and a2["pod"] != a1["pod"]
+    assert np.isnan(v1[7:]).all() and np.isnan(v2[:7]).all() and not np.isnan(v1[[0, 1, 2, 3, 4, 6]]).any()
+    pair = list(_replicated(out[:1], Mess(replicas=("r0", "r1"))))
+    assert [lab["prometheus_replica"] for _, lab, _ in pair] == ["r0", "r1"]
+    buf = io.StringIO()
+    stats = write_openmetrics(buf, [(schema.GPU_UTILIZATION, GPU1, np.array([0.25, 0.75, 0.125]))], TIMES,
+                              repeat_every=2)
+    samples = [line for line in buf.getvalue().splitlines() if not line.startswith("#")]
+    assert stats.samples == 5 and samples[0] == samples[1] and samples[3] == samples[4]

@@ -18,6 +18,12 @@ from exporter import schema
 
 #: Fixed columns of the long frame; label columns follow.
 FRAME_COLUMNS: tuple[str, ...] = ("metric", "timestamp", "value")
+#: Labels that tell the members of a highly-available Prometheus pair apart (Prometheus Operator's
+#: ``prometheus_replica``, the Thanos/Cortex/Mimir conventions ``replica`` and ``__replica__``, Thanos
+#: Ruler's ``rule_replica``): both members scrape the same targets, so the series of one target from
+#: two replicas are one series. The reader drops these labels, so the copies fall into one series and
+#: their repeated samples are deduplicated (never twice the GPU-hours).
+REPLICA_LABELS: frozenset[str] = frozenset({"replica", "prometheus_replica", "__replica__", "rule_replica"})
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,10 @@ class IngestReport:
     conflicts: dict[str, int] = field(default_factory=dict)
     #: The first conflict, as "metric{labels} at T: v1 vs v2", for the note.
     conflict_example: str = ""
+    #: metric name -> samples repeated exactly (one series, one time, one value): all but one dropped.
+    duplicates: dict[str, int] = field(default_factory=dict)
+    #: HA replica label -> the replica values merged (REPLICA_LABELS).
+    replicas: dict[str, set[str]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     #: ``# TYPE`` declarations seen in files (family name -> type).
     metric_types: dict[str, str] = field(default_factory=dict)
@@ -85,6 +95,11 @@ class IngestReport:
             parts.append(f"{sum(self.out_of_range.values())} out-of-range values -> NaN")
         if self.conflicts:
             parts.append(f"{sum(self.conflicts.values())} conflicting duplicate samples")
+        if self.duplicates:
+            parts.append(f"{sum(self.duplicates.values())} repeated samples dropped")
+        if self.replicas:
+            merged = ", ".join(f"{k} ({len(v)})" for k, v in sorted(self.replicas.items()))
+            parts.append(f"HA replicas merged: {merged}")
         if self.filtered_samples:
             parts.append(f"{self.filtered_samples} samples filtered out")
         if self.missing:
@@ -159,8 +174,14 @@ class FrameBuilder:
         self._vals: list[np.ndarray] = []
 
     def series_id(self, metric: str, labels: Iterable[tuple[str, str]]) -> int:
-        """Id of the series ``metric{labels}`` (label order and empty values don't matter)."""
+        """Id of the series ``metric{labels}`` (label order and empty values don't matter; the HA
+        replica labels of REPLICA_LABELS are dropped, so the replicas' copies are one series)."""
         labels = tuple(labels)
+        if any(k in REPLICA_LABELS for k, _ in labels):
+            for k, v in labels:
+                if k in REPLICA_LABELS and v != "":
+                    self.report.replicas.setdefault(k, set()).add(v)
+            labels = tuple((k, v) for k, v in labels if k not in REPLICA_LABELS)
         key = (metric, tuple(sorted((k, v) for k, v in labels if v != "")))
         sid = self._ids.get(key)
         if sid is None:
@@ -209,12 +230,31 @@ class FrameBuilder:
             name = self._metric[sid]
             counts[name] = counts.get(name, 0) + count
 
-    def _conflicts(self, sids: np.ndarray, ts: np.ndarray, vals: np.ndarray) -> None:
-        """Count (series, time) pairs given more than once with different values: never silently merged."""
+    def _dedupe(self, sids: np.ndarray, ts: np.ndarray, vals: np.ndarray) -> np.ndarray | None:
+        """Samples to keep: a (series, time, value) given more than once (a target scraped twice, an HA
+        pair, a file read twice) is kept once and counted in ``report.duplicates``; repeats with different
+        values are conflicts (``_conflicts``: kept and averaged downstream, counted). None: keep all."""
         if len(sids) < 2:
-            return
+            return None
         # One int64 key per (series, millisecond): hashing it is O(n); only the rare repeats are looked at.
         key = sids.astype(np.int64) * (1 << 42) + np.rint(ts * 1000.0).astype(np.int64) % (1 << 42)
+        dup = pd.Series(key).duplicated(keep=False).to_numpy()
+        if not dup.any():
+            return None
+        idx = np.flatnonzero(dup)
+        same = pd.DataFrame({"k": key[idx], "v": vals[idx]}).duplicated(keep="first").to_numpy().copy()
+        same &= ~np.isnan(vals[idx])  # unknown values (sentinels, out of range) stay as read
+        keep = np.ones(len(sids), bool)
+        keep[idx[same]] = False
+        hit, n = np.unique(sids[~keep], return_counts=True)
+        for sid, count in zip(hit.tolist(), n.tolist(), strict=True):
+            name = self._metric[sid]
+            self.report.duplicates[name] = self.report.duplicates.get(name, 0) + count
+        self._conflicts(sids[keep], ts[keep], vals[keep], key[keep])
+        return keep
+
+    def _conflicts(self, sids: np.ndarray, ts: np.ndarray, vals: np.ndarray, key: np.ndarray) -> None:
+        """Count (series, time) pairs given more than once with different values: never silently merged."""
         dup = pd.Series(key).duplicated(keep=False).to_numpy()
         if not dup.any():
             return
@@ -238,10 +278,12 @@ class FrameBuilder:
         ts = np.concatenate(self._ts) if self._ts else np.zeros(0)
         vals = np.concatenate(self._vals) if self._vals else np.zeros(0)
         self._sids, self._ts, self._vals = [], [], []
+        keep = self._dedupe(sids, ts, vals)
+        if keep is not None:
+            sids, ts, vals = sids[keep], ts[keep], vals[keep]
         used = np.unique(sids)
         self.report.samples += len(sids)
         self.report.series += len(used)
-        self._conflicts(sids, ts, vals)
 
         label_names: dict[str, None] = {}
         used_labels: list[dict[str, str]] = [{} for _ in self._labels]

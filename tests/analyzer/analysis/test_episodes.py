@@ -52,14 +52,18 @@ def test_open_end() -> None:
     assert steps_of(episodes_of("0001111111", min_duration_s=300)) == [(3, None)]
     assert steps_of(episodes_of("000111111?", min_duration_s=300)) == [(3, None)]  # unknown tail: still open
     assert steps_of(episodes_of("00011111110", min_duration_s=300)) == [(3, 10)]  # known False: closed
-    assert steps_of(episodes_of("0001111111???", min_duration_s=300)) == [(3, 10)]  # data lost: not open
+    # data lost for longer than the bridge: not open (3 minutes are within the 5-minute bridge)
+    assert steps_of(episodes_of("0001111111???", min_duration_s=300)) == [(3, None)]
+    assert steps_of(episodes_of("0001111111??????", min_duration_s=300)) == [(3, 10)]
+    assert steps_of(episodes_of("0001111111???", min_duration_s=300, max_unknown_s=0)) == [(3, 10)]
     t = episodes_of("0001111111", min_duration_s=300)
     assert np.isnan(t["end"].iloc[0]) and bool(t["open"].iloc[0])
 
 
 def test_unknown_rows_bridge_only_short_gaps_and_never_start_an_episode() -> None:
     assert steps_of(episodes_of("11111??111110", min_duration_s=60)) == [(0, 12)]
-    assert steps_of(episodes_of("11111???11111", min_duration_s=60)) == [(0, 5), (8, None)]
+    assert steps_of(episodes_of("11111???11111", min_duration_s=60, max_unknown_s=0)) == [(0, 5), (8, None)]
+    assert steps_of(episodes_of("11111??????11111", min_duration_s=60)) == [(0, 5), (11, None)]
     assert steps_of(episodes_of("??????????", min_duration_s=60)) == []
     t = episodes_of("11111??11111", min_duration_s=60)
     assert t["unknown_steps"].tolist() == [2]
@@ -71,8 +75,28 @@ def test_missing_rows_are_unknown_steps() -> None:
     t = find_episodes(fleet, cond, min_duration_s=60).table
     assert steps_of(t) == [(0, None)]
     fleet = timeline([{"gpu": 0}], 12, drop={0: [4, 5, 6]})
-    t = find_episodes(fleet, np.ones(len(fleet.frame)), min_duration_s=60).table
+    t = find_episodes(fleet, np.ones(len(fleet.frame)), min_duration_s=60, max_unknown_s=0).table
     assert steps_of(t) == [(0, 4), (7, None)]
+
+
+@pytest.mark.parametrize("step", [15.0, 60.0])
+def test_scrape_gaps_up_to_five_minutes_are_bridged_whatever_the_step(step: float) -> None:
+    """A 4-minute gap never splits nor restarts: one episode, its start the first True row; the gap is
+    neither evidence (min_duration_s counts known time) nor GPU-hours; 6 minutes of silence do split."""
+    n_gap = round(240 / step)
+    pattern = "0" + "1" * round(1200 / step) + "?" * n_gap + "1" * round(600 / step) + "0"
+    fleet = timeline([{"gpu": 0}], len(pattern), step=step)
+    t = find_episodes(fleet, runs(pattern), min_duration_s=1800).table
+    assert len(t) == 1 and t["start"].iloc[0] == T0 + step and t["unknown_steps"].iloc[0] == n_gap
+    assert t["evidence_s"].iloc[0] == pytest.approx(1800.0)
+    assert t["gpu_hours"].iloc[0] == pytest.approx(0.5)
+    # Known time 29 minutes: not yet half an hour of evidence, though 33 minutes passed.
+    short = "0" + "1" * round(1140 / step) + "?" * n_gap + "1" * round(600 / step) + "0"
+    fleet = timeline([{"gpu": 0}], len(short), step=step)
+    assert find_episodes(fleet, runs(short), min_duration_s=1800).table.empty
+    long_gap = "0" + "1" * round(1200 / step) + "?" * round(360 / step) + "1" * round(1800 / step)
+    fleet = timeline([{"gpu": 0}], len(long_gap), step=step)
+    assert len(find_episodes(fleet, runs(long_gap), min_duration_s=600).table) == 2
 
 
 def test_mig_instances_and_gpus_are_separate_devices() -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from analyzer.analysis.evaluate import evaluate_scenarios
 from analyzer.data.frame import TOPOLOGY_COLUMNS, Fleet
 from analyzer.detectors import run_detectors
+from analyzer.detectors._peers import communicating
 from analyzer.detectors.topology import Topology, _one_numa_packing
 from analyzer.findings import TOPOLOGY
 from exporter.simulator.scenario import list_scenarios
@@ -89,11 +91,29 @@ def test_inference_deployment_across_sites_is_not_a_split_job() -> None:
     assert Topology().detect(fleet(busy)) == []
 
 
+def phases(levels: dict, rng: np.random.Generator | None, seed: int = 0) -> dict:
+    """``levels`` with SM/tensor activity moving in busy/wait phases: the same phases on every member when
+    ``rng`` is None (one collective: members wait together), independent ones per member otherwise."""
+    r = rng if rng is not None else np.random.default_rng(seed)
+    wave = r.normal(0.0, 0.06, STEPS)
+    return {**levels, "sm_active": list(np.clip(levels["sm_active"] + wave, 0.0, 1.0)),
+            "tensor_active": list(np.clip(levels["tensor_active"] + wave / 3, 0.0, 1.0))}
+
+
 def test_unnamed_gang_is_recognised_by_behaviour_with_low_confidence() -> None:
-    devices = node("a1", "sweep", "sweep-q2k8z", WAITING, site="dc1") + node("b1", "sweep", "sweep-x7m4p", WAITING,
-                                                                               site="dc2")
+    sync = phases(WAITING, None)  # one shared sequence of busy/wait phases
+    devices = node("a1", "sweep", "sweep-q2k8z", sync, site="dc1") + node("b1", "sweep", "sweep-x7m4p", sync,
+                                                                            site="dc2")
     (f,) = Topology().detect(fleet(devices))
     assert f.confidence == "low" and f.evidence["problem"] == "wan"
+    assert "in step" in f.evidence["training_evidence"]
+    # The same pods with flat or independent phases show no sign of talking: not one job.
+    flat = node("a1", "sweep", "sweep-q2k8z", WAITING, site="dc1") + node("b1", "sweep", "sweep-x7m4p", WAITING,
+                                                                           site="dc2")
+    assert Topology().detect(fleet(flat)) == []
+    rng = np.random.default_rng(1)
+    apart = [{**d, **phases(WAITING, rng)} for d in flat]
+    assert Topology().detect(fleet(apart)) == []
     idle = [{**d, "gpu_util": 0.02, "sm_active": 0.0} for d in devices]  # two idle notebooks are not a gang
     assert Topology().detect(fleet(idle)) == []
 
@@ -176,6 +196,41 @@ def test_inference_and_single_gpu_jobs_on_pcie_are_fine() -> None:
     devices += [dev("p1", 4, "one", "one-worker-0", TRAIN)]
     devices += node("n1", "ok", "ok-worker-0", TRAIN)
     assert Topology().detect(fleet(devices, topo("p1", 8, pcie), topo("n1", 8, "nvlink"))) == []
+
+
+def test_statefulset_replicas_serving_independently_are_not_one_job() -> None:
+    """``tensorflow-0..3`` (one workload ``tensorflow`` by its StatefulSet) on four PCIe-only GPUs, steadily
+    busy, each serving its own requests: no sign of talking, so no "talks over PCIe" finding. The same
+    pods moving in lock-step busy/wait phases are a collective, found with confidence "low"."""
+    busy = {"gpu_util": 0.93, "sm_active": 0.55, "tensor_active": 0.2, "dram_active": 0.3}
+    rng = np.random.default_rng(7)
+    ok = node("n1", "ok", "ok-worker-0", TRAIN)
+    links = (topo("p1", 8, pcie), topo("n1", 8, "nvlink"))
+    alone = [dev("p1", g, "tensorflow", f"tensorflow-{g}", phases(busy, rng)) for g in range(4)]
+    assert Topology().detect(fleet(alone + ok, *links)) == []
+    together = phases(busy, None, seed=3)
+    gang = [dev("p1", g, "tensorflow", f"tensorflow-{g}", together) for g in range(4)]
+    (f,) = Topology().detect(fleet(gang + ok, *links))
+    assert (f.job, f.evidence["problem"], f.confidence) == ("tensorflow", "no_nvlink", "low")
+
+
+def test_communicating_judgement_and_its_evidence() -> None:
+    rng = np.random.default_rng(2)
+    busy = {"gpu_util": 0.93, "sm_active": 0.55, "tensor_active": 0.2, "dram_active": 0.3}
+    apart = [dev("p1", g, "tf", f"tf-{g}", phases(busy, rng)) for g in range(4)]
+    lock = [dev("p2", g, "lock", f"lock-{g}", phases(busy, None, seed=5)) for g in range(4)]
+    nvl = [dev("p3", g, "nv", f"nv-{g}", {**busy, "nvlink_bps": 2e10}) for g in range(2)]
+    named = [dev("p4", g, "pt", "pt-worker-0", busy) for g in range(2)]
+    one = [dev("p5", 0, "solo", "solo-0", busy)]
+    renamed = [dev("p6", 0, "api", ["api-x2k9q"] * 30 + ["api-p7xqz"] * (STEPS - 30), phases(busy, rng))]
+    comm = communicating(fleet(apart + lock + nvl + named + one + renamed))
+    assert comm["tf"].communicating is False and comm["tf"].sync is not None and abs(comm["tf"].sync) < 0.3
+    assert (comm["lock"].communicating, comm["lock"].evidence) == (True, "synchronized")
+    assert comm["lock"].sync == pytest.approx(1.0)
+    assert (comm["nv"].communicating, comm["nv"].evidence) == (True, "nvlink")
+    assert (comm["pt"].communicating, comm["pt"].evidence) == (True, "declared")
+    assert comm["solo"].communicating is None and comm["api"].concurrent_pods == 1
+    assert comm["tf"].concurrent_pods == 4
 
 
 # NUMA --------------------------------------------------------------------------------------

@@ -1,0 +1,168 @@
+"""Ingestion mess (issue 12): scrape gaps, exporter restarts, repeated samples, HA Prometheus pairs, pods
+restarted under new names, the same GPU scraped by two jobs, NaN. The simulator's history writer makes
+the mess (exporter.simulator.history.Mess); the full path a user's data takes reads it back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analyzer.analysis.evaluate import evaluate, fleet_gpu_hours
+from analyzer.data.frame import Fleet
+from analyzer.data.ingest import read_openmetrics
+from analyzer.data.load import load_files
+from analyzer.data.normalize import normalize
+from analyzer.detectors.idle_allocated import IdleAllocated
+from analyzer.detectors.idle_masking import IdleMasking
+from analyzer.detectors.topology import Topology
+from analyzer.findings import IDLE_ALLOCATED, IDLE_MASKING, TOPOLOGY
+from exporter.simulator.dcgm_dialect import DcgmOptions
+from exporter.simulator.history import Mess, renamed_pod, write_history
+from exporter.simulator.model import Cluster
+from exporter.simulator.scenario import load_scenario
+
+STEP = 60.0
+NOTEBOOKS = "dc1-r2-n02"  # nb-alice (idle from 20 min) and nb-carol (idle from the start)
+EMBED = "dc1-r2-n01"  # embed-batch: idle masking on 8 GPUs
+#: A whole-node scrape gap of 4 minutes, 15 minutes into nb-alice's idle time (before its 30-minute timer).
+GAP = ((NOTEBOOKS, 2100.0, 240.0), (EMBED, 2100.0, 240.0))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Cluster:
+    return Cluster(load_scenario("idle-waste"))
+
+
+def history(tmp: Path, cluster: Cluster, mess: Mess | None, dialect: str = "dcgm") -> Fleet:
+    path = tmp / f"h-{dialect}-{abs(hash(mess))}.om"
+    write_history(path, cluster, cluster.start, cluster.start + cluster.duration, STEP, dialect=dialect,
+                  dcgm_options=DcgmOptions(counters="all"), mess=mess)
+    loaded = load_files([path])
+    return loaded if isinstance(loaded, Fleet) else normalize(loaded)
+
+
+@pytest.fixture(scope="module")
+def clean(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Fleet:
+    return history(tmp_path_factory.mktemp("clean"), cluster, None)
+
+
+@pytest.fixture(scope="module")
+def messy(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Fleet:
+    pods = ("embed-batch-mbt9x", "nb-carol-4tfwd")
+    return history(tmp_path_factory.mktemp("messy"), cluster, Mess(
+        node_gaps=GAP, repeat_every=3, replicas=("prometheus-k8s-0", "prometheus-k8s-1"),
+        pod_restarts=tuple((p, 5400.0) for p in pods)))
+
+
+def judged(fleet: Fleet, cluster: Cluster, detector: object, kind: str) -> dict:
+    return evaluate(detector.detect(fleet), cluster.ground_truth(), [kind], fleet)["kinds"][kind]
+
+
+def test_a_whole_node_gap_inside_an_idle_episode_neither_splits_nor_restarts_it(cluster: Cluster,
+                                                                                messy: Fleet) -> None:
+    found = [f for f in IdleAllocated().detect(messy) if f.job == "nb-alice"]
+    assert len(found) == 2  # one per GPU, not two per GPU
+    assert {f.start for f in found} == {cluster.start + 1200.0}  # the right start: the timer kept running
+    assert all(f.end is None for f in found)
+    # The gap is unknown, not idle: the 4 minutes are not claimed as idle GPU-hours.
+    idle_h = [f.evidence["gpu_hours_idle"] for f in found]
+    assert idle_h == pytest.approx([(cluster.duration - 1200.0 - 240.0) / 3600.0] * 2)
+    masked = IdleMasking().detect(messy)
+    assert len(masked) == 8 and {f.start for f in masked} == {cluster.start}  # one per GPU, not split
+    for kind, det in ((IDLE_ALLOCATED, IdleAllocated()), (IDLE_MASKING, IdleMasking())):
+        k = judged(messy, cluster, det, kind)
+        assert (k["precision"], k["recall"], k["fragmented"]) == (1.0, 1.0, 0), kind
+
+
+def test_repeated_samples_and_an_ha_pair_count_one_copy(clean: Fleet, messy: Fleet) -> None:
+    assert len(messy.frame) == len(clean.frame)  # one row per GPU and step, not two
+    assert fleet_gpu_hours(messy) == pytest.approx(fleet_gpu_hours(clean))
+    want = sum(f.evidence["gpu_hours_idle"] for f in IdleAllocated().detect(clean))
+    got = sum(f.evidence["gpu_hours_idle"] for f in IdleAllocated().detect(messy))
+    assert got == pytest.approx(want - 2 * 240.0 / 3600.0 * 6 / 2, rel=0.02)  # less the 4-minute gap only
+    notes = " ".join(messy.notes)
+    assert "repeated samples" in notes and "prometheus_replica=prometheus-k8s-0/prometheus-k8s-1" in notes
+    ok = np.isfinite(clean.frame["gpu_util"].to_numpy()) & np.isfinite(messy.frame["gpu_util"].to_numpy())
+    assert np.allclose(messy.frame["gpu_util"].to_numpy()[ok], clean.frame["gpu_util"].to_numpy()[ok])
+
+
+def test_repeated_samples_are_kept_once_and_counted(cluster: Cluster, tmp_path: Path) -> None:
+    path = tmp_path / "rep.om"
+    stats = write_history(path, cluster, cluster.start, cluster.start + 600.0, STEP, dialect="dcgm", mess=Mess(
+        repeat_every=2, replicas=("a", "b"), replica_label="__replica__"))
+    frame, report = read_openmetrics(path)
+    once = tmp_path / "once.om"
+    write_history(once, cluster, cluster.start, cluster.start + 600.0, STEP, dialect="dcgm")
+    want, _ = read_openmetrics(once)
+    assert len(frame) == len(want) and "__replica__" not in frame.columns
+    assert stats.samples > 2 * len(want) and sum(report.duplicates.values()) == stats.samples - len(want)
+    assert report.replicas == {"__replica__": {"a", "b"}} and not report.conflicts
+
+
+def test_pods_restarted_under_new_names_stay_one_workload(clean: Fleet, messy: Fleet) -> None:
+    pods = set(messy.frame["pod"].dropna().astype(str))
+    assert renamed_pod("embed-batch-mbt9x") in pods and "embed-batch-mbt9x" in pods
+    assert set(messy.frame["job"].dropna().astype(str)) == set(clean.frame["job"].dropna().astype(str))
+    # Two pods one after the other are one member, not a gang: no "training job" on PCIe.
+    assert [f for f in Topology().detect(messy) if f.kind == TOPOLOGY] == []
+
+
+def test_exporter_restarts_reset_counters_and_lose_a_scrape(cluster: Cluster, tmp_path: Path) -> None:
+    clean = history(tmp_path, cluster, None, dialect="truegpu")
+    restarted = history(tmp_path, cluster, Mess(exporter_restarts=((NOTEBOOKS, 3000.0), (EMBED, 6000.0))),
+                        dialect="truegpu")
+    assert "counter resets" in " ".join(restarted.notes)
+    for col in ("power_watts", "pcie_bps"):
+        if col not in clean.frame.columns:
+            continue
+        a, b = clean.frame[col].to_numpy(), restarted.frame[col].to_numpy()
+        ok = np.isfinite(a) & np.isfinite(b)
+        assert ok.sum() > 0.95 * len(a) and np.allclose(a[ok], b[ok], rtol=1e-6, atol=1e-6), col
+    assert len(IdleAllocated().detect(restarted)) == len(IdleAllocated().detect(clean))
+
+
+def test_one_gpu_scraped_by_two_jobs_is_one_device(tmp_path: Path) -> None:
+    """No host label (dcgm-exporter 1.x): the host comes from ``instance``, which differs per scrape job."""
+    lines = ["# TYPE dcgm_fi_dev_gpu_util gauge"]
+    for t in range(10):
+        for job, inst, off in (("gpu-a", "10.0.0.7:9400", 0.0), ("gpu-b", "node-7:9400", 3.0)):
+            lines.append(f'dcgm_fi_dev_gpu_util{{gpu="0",uuid="GPU-7",job="{job}",instance="{inst}"}} '
+                         f'{50 + t} {1_700_000_000 + 60 * t + off}')
+    lines.append('dcgm_fi_dev_gpu_util{gpu="1",uuid="GPU-8",job="gpu-a",instance="10.0.0.7:9400"} NaN 1700000000')
+    lines.append('dcgm_fi_dev_gpu_util{gpu="1",uuid="GPU-8",job="gpu-a",instance="10.0.0.7:9400"} 7 1700000060')
+    lines.append("# EOF")
+    path = tmp_path / "two-jobs.om"
+    path.write_text("\n".join(lines) + "\n")
+    frame, report = read_openmetrics(path)
+    fleet = normalize(frame, step=60.0, report=report)
+    devices = fleet.frame[["hostname", "gpu"]].drop_duplicates()
+    assert len(devices) == 2 and set(devices["hostname"].astype(str)) == {"10.0.0.7"}
+    g0 = fleet.frame[fleet.frame["gpu"].astype(str) == "0"]["gpu_util"].to_numpy()
+    assert g0 == pytest.approx((50 + np.arange(10)) / 100.0)  # both copies agree: their mean is the value
+    g1 = fleet.frame[fleet.frame["gpu"].astype(str) == "1"]["gpu_util"].to_numpy()
+    assert np.isnan(g1[0]) and g1[1] == pytest.approx(0.07)  # NaN is unknown, never 0
+    assert "scraped under more than one instance" in " ".join(fleet.notes)
+
+
+def test_dcgm_pods_get_workloads_from_owners_not_prefixes(tmp_path: Path) -> None:
+    """StatefulSet pods ``tensorflow-0..3`` are one workload ``tensorflow``; a pod with a training operator's
+    label (dcgm-exporter --kubernetes-enable-pod-labels, sanitized) is named by it; ``llama-3`` alone stays."""
+    pods = [("tensorflow-0", ""), ("tensorflow-1", ""), ("tensorflow-2", ""), ("tensorflow-3", ""),
+            ("w-0", 'training_kubeflow_org_job_name="pretrain-7b",'),
+            ("w-1", 'label_jobset_sigs_k8s_io_jobset_name="big-run",'),
+            ("nightly-29345678-x7k2q", 'batch_kubernetes_io_job_name="nightly-29345678",'),
+            ("llama-3", "")]
+    lines = ["# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
+    for g, (pod, extra) in enumerate(pods):
+        for t in range(3):
+            lines.append(f'DCGM_FI_DEV_GPU_UTIL{{gpu="{g}",UUID="GPU-{g}",Hostname="n1",namespace="ml",pod="{pod}",'
+                         f'{extra}container="c"}} 90 {1_700_000_000 + 60 * t}')
+    lines.append("# EOF")
+    path = tmp_path / "owners.om"
+    path.write_text("\n".join(lines) + "\n")
+    fleet = normalize(read_openmetrics(path)[0], step=60.0)
+    jobs = fleet.frame.drop_duplicates("gpu").set_index(fleet.frame.drop_duplicates("gpu")["gpu"].astype(int))["job"]
+    assert [str(jobs[g]) for g in range(len(pods))] == ["tensorflow"] * 4 + ["pretrain-7b", "big-run", "nightly",
+                                                                              "llama-3"]
