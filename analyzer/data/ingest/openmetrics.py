@@ -348,7 +348,7 @@ class OpenMetricsReader:
         slow: dict[int, tuple[float, float | None]] = {}
         for i in np.flatnonzero(sids == _MISS).tolist():
             known = get(parts[i][0], _MISS)  # a key first seen earlier in this block
-            if known != _MISS and not state.eof_line:
+            if known != _MISS and not state.eof_line and len(parts[i]) == 3:  # else: the slow parser's line
                 sids[i] = known
                 continue
             sid, sample = self._slow_line(lines[i], parts[i], first_lineno + i + 1, state)

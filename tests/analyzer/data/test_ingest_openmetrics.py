@@ -129,6 +129,18 @@ def test_missing_timestamp_uses_default_or_is_a_bad_line(tmp_path):
     assert report.bad_line_count == 0
 
 
+def test_a_series_seen_with_a_timestamp_then_without_one(tmp_path):
+    """Found by the fuzz test: a key the block already knew, on a line without a timestamp, went to
+    the bulk path that expects three fields (IndexError); it is the slow parser's line."""
+    path = _write(tmp_path, f'm{{a="x"}} 1 {T0}000\nm{{a="x"}} 2\n')
+    frame, report = read_openmetrics(path)
+    assert frame["value"].tolist() == [1.0]
+    assert [(b.line_number, b.reason) for b in report.bad_lines] == [
+        (2, "no timestamp (and no default_timestamp given)")]
+    frame, _ = read_openmetrics(path, default_timestamp=T0 + 60)
+    assert frame["timestamp"].tolist() == [T0, T0 + 60] and frame["value"].tolist() == [1.0, 2.0]
+
+
 def test_bad_lines_reported_with_line_numbers_and_never_abort(tmp_path):
     good = f'{UTIL}{{gpu="0"}}'
     lines = [
