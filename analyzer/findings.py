@@ -5,11 +5,20 @@ A finding names what is wrong (``kind``), how bad (``severity``, ``score``), whe
 cooling problems), when (``start``; ``end`` is None while the problem is still going on at
 the end of the data), why (``evidence``: the numbers that justify it) and what to do
 (``summary``: one sentence a person can act on).
+
+Every finding carries a stable ``id``: the same problem keeps it across re-analyses and as it is
+confirmed, extended or closed, so alerts, tickets and API clients can follow it. A fresh id is
+derived from the kind, the entity and the start (:func:`finding_id`); a service re-analyzing a
+sliding window carries the previous run's id over to the finding of the same kind and entity whose
+time span touches it (:func:`carry_ids`), because the start of a problem that began before the
+window moves with the window.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -17,7 +26,8 @@ from typing import Any, Literal
 from analyzer.data.signals import ALLOCATION_LABELS
 
 #: Version of the JSON truegpu writes (analyze --json, the API): 2 names the workload ``workload``
-#: (``job`` in 1) in findings, filters, levels and cost groups.
+#: (``job`` in 1) in findings, filters, levels and cost groups. Fields added since (each finding's ``id``)
+#: do not change the version: an added field is backward compatible, readers ignore what they do not know.
 JSON_SCHEMA_VERSION = 2
 
 Severity = Literal["critical", "warning", "info"]
@@ -54,16 +64,93 @@ class Finding:
     #: "high" when the primary signal was available, "low" for a fallback (e.g. no SM activity).
     confidence: Literal["high", "low"] = "high"
     evidence: dict[str, Any] = field(default_factory=dict)
+    #: Stable id of the problem (see the module doc); "" until assigned (:func:`assign_ids`), and
+    #: :func:`finding_id` then stands in.
+    id: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict: RFC 3339 UTC times, ``gpu`` an integer or null, finite numbers only. The
         workload is ``workload`` (the attribute is ``job``), as on every label and API field."""
-        out = {ALLOCATION_LABELS.get(k, k): v for k, v in asdict(self).items()}
+        out: dict[str, Any] = {"id": self.id or finding_id(self)}
+        out.update((ALLOCATION_LABELS.get(k, k), v) for k, v in asdict(self).items() if k != "id")
         out["start"] = rfc3339(self.start)
         out["end"] = None if self.end is None else rfc3339(self.end)
         out["evidence"] = json_ready(self.evidence, digits=4)
         out["score"] = json_ready(float(self.score), digits=4)
         return out
+
+
+#: What names the entity of a finding for its id: not the uuid (missing from some inputs) nor the pod
+#: (a restarted pod gets a new name), not severity or score (they change as a problem is confirmed).
+_ENTITY = ("hostname", "gpu", "gpu_instance", "rack", "namespace", "job")
+
+
+def entity_key(f: Finding) -> tuple[str, ...]:
+    """(kind, hostname, gpu, gpu_instance, rack, namespace, workload) as strings, "" where not set."""
+    return (f.kind, *("" if getattr(f, k) is None else str(getattr(f, k)) for k in _ENTITY))
+
+
+def finding_id(f: Finding) -> str:
+    """A fresh id from kind, entity and start (whole seconds): the same input gives the same id in
+    every process, so analyzing the same data twice names the same problems the same way."""
+    text = "\x1f".join((*entity_key(f), str(math.floor(f.start))))
+    return f"{f.kind}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def _unique(wanted: str, used: set[str]) -> str:
+    out, n = wanted, 2
+    while out in used:
+        out, n = f"{wanted}-{n}", n + 1
+    used.add(out)
+    return out
+
+
+def assign_ids(findings: Sequence[Finding]) -> None:
+    """Give every finding without an id its :func:`finding_id`, unique within the list (two findings
+    of one kind, entity and start, which no detector emits today, get ``-2``, ``-3`` suffixes)."""
+    used = {f.id for f in findings if f.id}
+    for f in findings:
+        if not f.id:
+            f.id = _unique(finding_id(f), used)
+
+
+def _span_touch(a: Finding, a_end: float, b: Finding, b_end: float) -> float | None:
+    """Overlap of two findings' spans (open ends at their analysis' end); None when they neither
+    overlap nor touch."""
+    a1 = a_end if a.end is None else a.end
+    b1 = b_end if b.end is None else b.end
+    if a.start > b1 or b.start > a1:
+        return None
+    return min(a1, b1) - max(a.start, b.start)
+
+
+def carry_ids(previous: Sequence[Finding], previous_end: float, current: Sequence[Finding],
+              current_end: float) -> None:
+    """Give ``current`` findings (one analysis, window ending ``current_end``) the ids of the
+    ``previous`` analysis' findings of the same kind and entity whose spans touch or overlap theirs.
+
+    Each previous id goes to one current finding at most (the one overlapping it most, earliest
+    first): a problem that split keeps its id on one part. The rest keep or get a fresh id, never
+    one already taken, so two distinct problems never share an id."""
+    by_entity: dict[tuple[str, ...], list[Finding]] = {}
+    for p in previous:
+        by_entity.setdefault(entity_key(p), []).append(p)
+    taken: set[str] = set()
+    carried: set[int] = set()
+    for i, f in sorted(enumerate(current), key=lambda x: x[1].start):
+        best, best_overlap = None, -1.0
+        for p in by_entity.get(entity_key(f), ()):
+            p_id = p.id or finding_id(p)
+            overlap = _span_touch(p, previous_end, f, current_end)
+            if p_id not in taken and overlap is not None and overlap > best_overlap:
+                best, best_overlap = p_id, overlap
+        if best is not None:
+            f.id = best
+            taken.add(best)
+            carried.add(i)
+    for i, f in enumerate(current):
+        if i not in carried:
+            f.id = _unique(finding_id(f) if not f.id or f.id in taken else f.id, taken)
 
 
 def rfc3339(ts: float) -> str:

@@ -19,7 +19,7 @@ from analyzer.analysis.partition import attach
 from analyzer.analysis.scores import Scores, compute_scores
 from analyzer.data.frame import Fleet
 from analyzer.detectors import make_detector, run_detectors
-from analyzer.findings import Finding
+from analyzer.findings import Finding, assign_ids
 from analyzer.site import SiteConfig, default_site
 
 Settings = Mapping[str, Mapping[str, Any]]
@@ -57,8 +57,11 @@ def detector_settings(site: SiteConfig | None, overrides: Settings | None = None
 
 def detect(fleet: Fleet, kinds: Sequence[str] | None = None, site: SiteConfig | None = None,
            overrides: Settings | None = None) -> list[Finding]:
-    """Findings of ``kinds`` (every registered detector by default) with the site's settings."""
-    return run_detectors(fleet, kinds, detector_settings(site, overrides))
+    """Findings of ``kinds`` (every registered detector by default) with the site's settings, each
+    with its stable id (analyzer.findings: the same data gives the same ids)."""
+    findings = run_detectors(fleet, kinds, detector_settings(site, overrides))
+    assign_ids(findings)
+    return findings
 
 
 def analyze(fleet: Fleet, kinds: Sequence[str] | None = None, site: SiteConfig | None = None, *,

@@ -25,6 +25,10 @@ Counting: a finding is a true positive when it matches any truth, else a false f
 a truth is detected when any finding matches it. Several findings may match one truth
 (MIG instances of one GPU; a problem split in two), reported as ``fragmented``.
 Precision is 1.0 with no findings (nothing false was claimed), recall 1.0 with no truth.
+
+Replay (:func:`replay`, ``truegpu evaluate --replay``) judges the same way but as ``serve`` sees the
+fleet: one analysis of the last window every interval, each run's findings matched with open ends at
+the run time; it adds the time to detect (first run showing a matching finding minus the onset).
 False findings are also given per 1,000 GPU-hours of the fleet (sum of ``gpu_share`` over
 rows x step), the rate an operator would see on a healthy fleet. Truth is clipped to the
 evaluated window; records entirely outside it are ignored.
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -213,25 +218,33 @@ def scenario_fleet(cluster: Any, dialect: str = "truegpu", step: float = 60.0, *
     return normalize(loaded)
 
 
-@functools.cache
-def _built(name: str, dialect: str, step: float, dcgm_counters: str) -> tuple[Any, Fleet]:
+def _build(name: str, dialect: str, step: float, dcgm_counters: str, seed_offset: int = 0) -> tuple[Any, Fleet]:
     from exporter.simulator.model import Cluster
     from exporter.simulator.scenario import load_scenario
 
-    cluster = Cluster(load_scenario(name))
+    scenario = load_scenario(name)
+    if seed_offset:
+        scenario = load_scenario(name, seed=scenario.seed + seed_offset)
+    cluster = Cluster(scenario)
     return cluster, scenario_fleet(cluster, dialect, step, dcgm_counters=dcgm_counters)
 
 
+_built = functools.cache(_build)
+
+
 def named_scenario_fleet(
-    name: str, dialect: str = "truegpu", step: float = 60.0, *, dcgm_counters: str = "all"
+    name: str, dialect: str = "truegpu", step: float = 60.0, *, dcgm_counters: str = "all", seed_offset: int = 0
 ) -> tuple[Any, Fleet]:
-    """(Cluster, Fleet) of a built-in scenario, built once per process.
+    """(Cluster, Fleet) of a built-in scenario, built once per process; ``seed_offset`` re-runs it with the
+    scenario's seed plus the offset (a different cluster, same faults: the multi-seed judgement).
 
     Simulating a scenario and (for dcgm) writing and re-reading its history costs seconds;
-    every detector's evaluation reads the same fleets, so they are kept. Each caller gets its
-    own notes/missing (detectors append notes); the frame is shared and must not be mutated.
+    every detector's evaluation reads the same fleets, so they are kept (the scenario's own seed
+    only: many seeds of every scenario would not fit in memory). Each caller gets its own
+    notes/missing (detectors append notes); the frame is shared and must not be mutated.
     """
-    cluster, fleet = _built(name, dialect, float(step), dcgm_counters)
+    build = _build if seed_offset else _built
+    cluster, fleet = build(name, dialect, float(step), dcgm_counters, seed_offset)
     return cluster, dataclasses.replace(fleet, notes=list(fleet.notes), missing=dict(fleet.missing))
 
 
@@ -244,19 +257,252 @@ def evaluate_scenarios(
     *,
     dcgm_counters: str = "all",
     site: SiteConfig | None = None,
+    seeds: int = 1,
+    seed_offset: int = 0,
 ) -> list[dict[str, Any]]:
     """Simulate each scenario, analyze it in ``dialect`` and judge the findings of ``kinds`` (detector
-    settings: the ``site`` config's, then ``config``)."""
-    from exporter.simulator.scenario import list_scenarios
-
+    settings: the ``site`` config's, then ``config``); ``seeds`` runs of each, seed offsets
+    ``seed_offset`` .. ``seed_offset + seeds - 1`` (0: the scenario file's own seed)."""
     out = []
-    for name in (list(names) if names is not None else list_scenarios()):
-        cluster, fleet = named_scenario_fleet(name, dialect, step, dcgm_counters=dcgm_counters)
+    for name, offset in scenario_runs(names, seeds, seed_offset):
+        cluster, fleet = named_scenario_fleet(name, dialect, step, dcgm_counters=dcgm_counters, seed_offset=offset)
         findings = detect(fleet, kinds, site, config)
         res = evaluate(findings, cluster.ground_truth(), kinds, fleet)
-        res.update(scenario=name, dialect=dialect, step=step, notes=list(fleet.notes))
+        res.update(scenario=name, seed=cluster.scenario.seed, dialect=dialect, step=step, notes=list(fleet.notes))
         out.append(res)
     return out
+
+
+def scenario_runs(names: Iterable[str] | None, seeds: int = 1, seed_offset: int = 0) -> list[tuple[str, int]]:
+    """(scenario, seed offset) pairs: every scenario (all bundled ones by default) once per seed."""
+    from exporter.simulator.scenario import list_scenarios
+
+    if seeds < 1 or seed_offset < 0:
+        raise ValueError(f"seeds must be >= 1 and the seed offset >= 0, got {seeds} and {seed_offset}")
+    chosen = list(names) if names is not None else list_scenarios()
+    return [(name, seed_offset + k) for k in range(seeds) for name in chosen]
+
+
+# -- replay: time to detect, the way `serve` sees history ----------------------------------------
+def replay_cuts(start: float, end: float, step: float, interval: float) -> list[float]:
+    """Ends of the windows a service started at ``start`` analyzes until ``end``: one run every
+    ``interval``, its window ending at the run time aligned down to the step (as the loop does), so an
+    interval shorter than the step brings no new rows and adds no cut."""
+    from analyzer.service.loop import aligned_end
+
+    if step <= 0 or interval <= 0:
+        raise ValueError("step and interval must be > 0")
+    cuts: list[float] = []
+    for k in range(1, int((end - start) / interval + 1e-9) + 1):
+        cut = aligned_end(start + k * interval + 1e-6, step)
+        if cut > start and (not cuts or cut > cuts[-1]):
+            cuts.append(cut)
+    return cuts
+
+
+def fleet_slice(fleet: Fleet, start: float, end: float) -> Fleet:
+    """What the service's loader returns for ``[start, end)``: the rows and events in that range (the
+    frame's sort order kept); ``start`` may lie before the data, like a window over a young cluster."""
+    ts = fleet.frame["timestamp"].to_numpy()
+    frame = fleet.frame[(ts >= start) & (ts < end)].reset_index(drop=True)
+    events = fleet.events
+    if len(events):
+        et = events["timestamp"].to_numpy(dtype=np.float64)
+        events = events[(et >= start) & (et < end)].reset_index(drop=True)
+    return dataclasses.replace(fleet, frame=frame, events=events, start=float(start), end=float(end),
+                               notes=list(fleet.notes), missing=dict(fleet.missing))
+
+
+@dataclasses.dataclass
+class _Seen:
+    """A finding id over the replay: its kind, whether it ever matched a truth, its first sighting."""
+
+    kind: str
+    first_cut: float
+    finding: Finding
+    true: bool = False
+
+
+def replay(
+    fleet: Fleet,
+    truth: Iterable[Mapping[str, Any]],
+    kinds: Sequence[str] = DEFAULT_KINDS,
+    *,
+    interval: float,
+    window: float,
+    site: SiteConfig | None = None,
+    config: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Re-run the analysis over ``fleet`` the way ``serve`` would have, and time each detection.
+
+    Every cut (:func:`replay_cuts`) analyzes ``[cut - window, cut)`` (:func:`fleet_slice`), carries the
+    ids of the previous cut's findings over like the service (:func:`analyzer.findings.carry_ids`) and
+    matches the cut's findings to the truth (:func:`matches`, open ends at the cut). A truth's time to
+    detect is the first cut holding a matching finding minus its onset (missed when none does). The
+    findings of the replay are the distinct ids: an id is true when it ever matched a truth, so a false
+    finding counts once however many runs show it. ``ids`` per problem counts the distinct ids that
+    matched it: more than one is either several devices of a node- or rack-level problem or an id that
+    did not carry over (an alert that would have flapped). Scrape lag and the rules' ``for:`` come on top.
+    """
+    from analyzer.findings import carry_ids
+
+    cuts = replay_cuts(fleet.start, fleet.end, fleet.step, interval)
+    truth = _clip_truth(truth, fleet.start, cuts[-1]) if cuts else []
+    racks = host_racks(fleet)
+    first: dict[int, float] = {}
+    ids_of: dict[int, set[str]] = {}
+    seen: dict[str, _Seen] = {}
+    previous: list[Finding] = []
+    for i, cut in enumerate(cuts):
+        found = detect(fleet_slice(fleet, cut - window, cut), kinds, site, config)
+        if previous:
+            carry_ids(previous, cuts[i - 1], found, cut)
+        for f in found:
+            rec = seen.setdefault(f.id, _Seen(f.kind, cut, f))
+            for j, t in enumerate(truth):
+                if matches(f, t, cut, racks):
+                    rec.true = True
+                    first.setdefault(j, cut)
+                    ids_of.setdefault(j, set()).add(f.id)
+        previous = found
+    gpu_hours = fleet_gpu_hours(fleet)
+    result: dict[str, Any] = {"window": [fleet.start, fleet.end], "gpu_hours": gpu_hours, "cuts": len(cuts),
+                              "interval": interval, "analysis_window": window, "kinds": {}}
+    for kind in kinds:
+        problems = [
+            {**_brief_truth(t), "attribution": t.get("attribution"),
+             "ttd_s": first[j] - float(t["start"]) if j in first else None, "ids": len(ids_of.get(j, ()))}
+            for j, t in enumerate(truth) if t["kind"] == kind
+        ]
+        ids = [r for r in seen.values() if r.kind == kind]
+        result["kinds"][kind] = _replay_counts(problems, ids, gpu_hours)
+    return result
+
+
+def _replay_counts(problems: list[dict[str, Any]], ids: list[_Seen], gpu_hours: float) -> dict[str, Any]:
+    tp = sum(1 for r in ids if r.true)
+    detected = sum(1 for p in problems if p["ttd_s"] is not None)
+    ttd = [p["ttd_s"] for p in problems]
+    return {
+        "findings": len(ids), "tp": tp, "fp": len(ids) - tp, "truth": len(problems), "detected": detected,
+        "missed": len(problems) - detected,
+        "precision": _ratio(tp, len(ids)), "recall": _ratio(detected, len(problems)),
+        **ttd_summary(ttd),
+        "ids_max": max((p["ids"] for p in problems), default=0),
+        "false_per_1000_gpu_hours": (len(ids) - tp) / gpu_hours * 1000.0 if gpu_hours else None,
+        "problems": problems,
+        "false_findings": [{**_brief_finding(r.finding), "first_cut": r.first_cut} for r in ids if not r.true],
+    }
+
+
+def ttd_quantile(ttd: Sequence[float | None], q: float) -> float | None:
+    """Nearest-rank quantile of times to detect, a missed problem (None) ranking above every time: None
+    when the quantile falls on a missed problem (or there is none), else a time that was measured."""
+    if not ttd:
+        return None
+    ranked = sorted(ttd, key=lambda x: (x is None, x or 0.0))
+    return ranked[max(math.ceil(q * len(ranked)), 1) - 1]
+
+
+def ttd_summary(ttd: Sequence[float | None]) -> dict[str, float | None]:
+    """p50/p95 (None: "missed", see :func:`ttd_quantile`) and the slowest detection of ``ttd``."""
+    found = [x for x in ttd if x is not None]
+    return {"ttd_p50_s": ttd_quantile(ttd, 0.5), "ttd_p95_s": ttd_quantile(ttd, 0.95),
+            "ttd_max_s": max(found) if found else None}
+
+
+def _replay_one(job: tuple[Any, ...]) -> dict[str, Any]:
+    name, offset, dialect, step, interval, window, kinds, counters, site, config = job
+    cluster, fleet = named_scenario_fleet(name, dialect, step, dcgm_counters=counters, seed_offset=offset)
+    res = replay(fleet, cluster.ground_truth(), kinds, interval=interval, window=window, site=site, config=config)
+    res.update(scenario=name, seed=cluster.scenario.seed, dialect=dialect, step=step)
+    return res
+
+
+def replay_scenarios(
+    names: Iterable[str] | None = None,
+    dialect: str = "truegpu",
+    kinds: Sequence[str] = DEFAULT_KINDS,
+    *,
+    step: float | None = None,
+    interval: float | None = None,
+    window: float | None = None,
+    config: Mapping[str, Mapping[str, Any]] | None = None,
+    dcgm_counters: str = "all",
+    site: SiteConfig | None = None,
+    seeds: int = 1,
+    seed_offset: int = 0,
+    jobs: int = 1,
+) -> list[dict[str, Any]]:
+    """:func:`replay` of every scenario run (:func:`scenario_runs`), each simulated once and cut into
+    windows; step, interval and window default to ``serve``'s. ``jobs`` > 1 replays runs in parallel
+    processes (the replay is CPU-bound: one analysis per cut)."""
+    from analyzer.service.loop import DEFAULT_INTERVAL, DEFAULT_STEP, DEFAULT_WINDOW
+
+    step, interval = float(step or DEFAULT_STEP), float(interval or DEFAULT_INTERVAL)
+    window = float(window or DEFAULT_WINDOW)
+    if window < step:
+        raise ValueError(f"window ({window:g}s) must be at least one step ({step:g}s)")
+    work = [(name, offset, dialect, step, interval, window, list(kinds), dcgm_counters, site, config)
+            for name, offset in scenario_runs(names, seeds, seed_offset)]
+    if jobs <= 1 or len(work) <= 1:
+        return [_replay_one(w) for w in work]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
+        return list(pool.map(_replay_one, work))
+
+
+def pooled_replay(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per (dialect, kind) over scenario runs: distinct findings and problems pooled (like :func:`pooled`),
+    time to detect p50/p95 over every problem, and per attribution (the fault that caused it)."""
+    acc: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in results:
+        for kind, k in r["kinds"].items():
+            a = acc.setdefault((str(r.get("dialect", "-")), kind),
+                               {"findings": 0, "tp": 0, "truth": 0, "detected": 0, "ids_max": 0, "problems": []})
+            for key in ("findings", "tp", "truth", "detected"):
+                a[key] += k[key]
+            a["ids_max"] = max(a["ids_max"], k["ids_max"])
+            a["problems"] += k["problems"]
+    for a in acc.values():
+        problems = a.pop("problems")
+        a.update(precision=_ratio(a["tp"], a["findings"]), recall=_ratio(a["detected"], a["truth"]),
+                 missed=a["truth"] - a["detected"], **ttd_summary([p["ttd_s"] for p in problems]))
+        causes: dict[str, list[float | None]] = {}
+        for p in problems:
+            causes.setdefault(str(p.get("attribution") or "-"), []).append(p["ttd_s"])
+        a["by_attribution"] = {c: {"truth": len(v), **ttd_summary(v)} for c, v in sorted(causes.items())}
+    return acc
+
+
+def _ttd(x: float | None, truth: int) -> str:
+    return "-" if not truth else "missed" if x is None else f"{x:.0f}"
+
+
+def format_replay(results: Sequence[Mapping[str, Any]]) -> str:
+    """Replay results pooled per (dialect, kind), with the time to detect per attribution under each kind."""
+    head = ("dialect", "kind", "problems", "found", "prec", "recall", "ttd p50 s", "ttd p95 s", "ttd max s",
+            "ids/problem max", "FP")
+    rows = [head]
+    for (dialect, kind), a in sorted(pooled_replay(results).items()):
+        rows.append((dialect, kind, str(a["truth"]), str(a["detected"]), f"{a['precision']:.3f}",
+                     f"{a['recall']:.3f}", _ttd(a["ttd_p50_s"], a["truth"]), _ttd(a["ttd_p95_s"], a["truth"]),
+                     _num(a["ttd_max_s"], ".0f"), str(a["ids_max"]), str(a["findings"] - a["tp"])))
+        if len(a["by_attribution"]) > 1:
+            for cause, c in a["by_attribution"].items():
+                rows.append(("", f"  {cause}", str(c["truth"]), "", "", "", _ttd(c["ttd_p50_s"], c["truth"]),
+                             _ttd(c["ttd_p95_s"], c["truth"]), _num(c["ttd_max_s"], ".0f"), "", ""))
+    return _columns(rows, 2)
+
+
+def _columns(rows: Sequence[Sequence[str]], left: int) -> str:
+    """Fixed-width columns, the first ``left`` left-aligned, a rule under the header."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 def _num(x: float | None, fmt: str) -> str:
@@ -276,11 +522,7 @@ def format_table(results: Sequence[Mapping[str, Any]]) -> str:
                 f"{k['f1']:.3f}", _num(k["onset_median_s"], ".0f"), _num(k["onset_max_s"], ".0f"),
                 _num(k["coverage_mean"], ".2f"), _num(k["false_per_1000_gpu_hours"], ".2f"),
             ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return _columns(rows, 3)
 
 
 def pooled(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, float]]:
@@ -301,5 +543,6 @@ def pooled(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], dict[s
     return acc
 
 
-__all__ = ["DEFAULT_KINDS", "evaluate", "evaluate_scenarios", "fleet_gpu_hours", "format_table", "matches",
-           "named_scenario_fleet", "pooled", "scenario_fleet"]
+__all__ = ["DEFAULT_KINDS", "evaluate", "evaluate_scenarios", "fleet_gpu_hours", "fleet_slice", "format_replay",
+           "format_table", "matches", "named_scenario_fleet", "pooled", "pooled_replay", "replay", "replay_cuts",
+           "replay_scenarios", "scenario_fleet", "scenario_runs", "ttd_quantile", "ttd_summary"]

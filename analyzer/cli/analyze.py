@@ -136,8 +136,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="input dialect the analyzer reads (dcgm: via a dcgm-exporter history file; default both)")
     e.add_argument("--kinds", type=lambda s: [k for k in s.split(",") if k], default=None,
                    help="comma-separated finding kinds (default: every registered detector)")
-    e.add_argument("--step", type=_arg(parse_positive_duration), default=DEFAULT_STEP,
-                   help=f"analysis resolution (default {DEFAULT_STEP:g}s)")
+    e.add_argument("--step", type=_arg(parse_positive_duration), default=None,
+                   help=f"analysis resolution (default {DEFAULT_STEP:g}s; with --replay serve's --step)")
+    e.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="run each scenario with N seeds: its own, then its seed + 1 .. + N-1 (default 1)")
+    e.add_argument("--seed-offset", type=int, default=0, metavar="K",
+                   help="start the seeds at the scenario's seed + K, e.g. seeds never used while tuning (default 0)")
+    rep = e.add_argument_group("replay (time to detect)")
+    rep.add_argument("--replay", action="store_true",
+                     help="re-run the analysis the way serve does (the last --window, every --interval) and report "
+                     "the time to detect per kind: first run showing a matching finding minus the true onset")
+    rep.add_argument("--interval", type=_arg(parse_positive_duration), default=None,
+                     help="with --replay: how often serve analyzes (default: serve's)")
+    rep.add_argument("--window", type=_arg(parse_positive_duration), default=None,
+                     help="with --replay: how much history each run analyzes (default: serve's)")
+    rep.add_argument("--jobs", type=int, default=1, metavar="N", help="with --replay: parallel processes (default 1)")
     e.add_argument("--json", action="store_true", help="print the full results as JSON")
     e.add_argument("--min-precision", type=float, default=None, help="exit 1 if pooled precision of a kind is lower")
     e.add_argument("--min-recall", type=float, default=None, help="exit 1 if pooled recall of a kind is lower")
@@ -270,15 +283,23 @@ def run_evaluate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     unknown = sorted(set(kinds) - set(load_detectors()))
     if unknown:
         return _error("evaluate", f"unknown kind(s) {', '.join(unknown)}; known: {', '.join(sorted(load_detectors()))}")
+    if not args.replay and (args.interval or args.window):
+        return _error("evaluate", "--interval and --window go with --replay")
     dialects = ("truegpu", "dcgm") if args.dialect == "both" else (args.dialect,)
     results = []
     try:
         site = load_site(args.site)
         for dialect in dialects:
-            print(f"evaluating {dialect} dialect ...", file=sys.stderr, flush=True)
-            results += evaluate_scenarios(args.scenarios, dialect=dialect, step=args.step, kinds=kinds, site=site)
+            print(f"{'replaying' if args.replay else 'evaluating'} {dialect} dialect ...", file=sys.stderr, flush=True)
+            if args.replay:
+                results += _replay(args, dialect, kinds, site)
+            else:
+                results += evaluate_scenarios(args.scenarios, dialect=dialect, step=args.step or DEFAULT_STEP,
+                                              kinds=kinds, site=site, seeds=args.seeds, seed_offset=args.seed_offset)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         return _error("evaluate", str(exc).strip("'\""))
+    if args.replay:
+        return _emit_replay(results, args, out)
     totals = pooled(results)
     if args.json:
         json.dump({"results": results, "pooled": [{"dialect": d, "kind": k, **v} for (d, k), v in totals.items()]},
@@ -290,12 +311,45 @@ def run_evaluate(args: argparse.Namespace, out: TextIO | None = None) -> int:
             out.write(f"  {dialect:8} {kind:15} precision {v['precision']:.3f}  recall {v['recall']:.3f}  "
                       f"({v['tp']:.0f}/{v['findings']:.0f} findings true, {v['detected']:.0f}/{v['truth']:.0f} "
                       f"problems found)\n")
+    return _gate(totals, args)
+
+
+def _gate(totals: dict[tuple[str, str], dict[str, Any]], args: argparse.Namespace) -> int:
+    """Exit status: 1 when a kind's pooled precision or recall is below --min-precision/--min-recall."""
     failed = [(d, k) for (d, k), v in totals.items()
               if (args.min_precision is not None and v["precision"] < args.min_precision)
               or (args.min_recall is not None and v["recall"] < args.min_recall)]
     for d, k in failed:
         print(f"truegpu evaluate: {k} ({d}) below the required precision/recall", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _replay(args: argparse.Namespace, dialect: str, kinds: list[str], site: Any) -> list[dict[str, Any]]:
+    from analyzer.analysis.evaluate import replay_scenarios
+
+    return replay_scenarios(args.scenarios, dialect, kinds, step=args.step, interval=args.interval,
+                            window=args.window, site=site, seeds=args.seeds, seed_offset=args.seed_offset,
+                            jobs=args.jobs)
+
+
+def _emit_replay(results: list[dict[str, Any]], args: argparse.Namespace, out: TextIO) -> int:
+    """The replay's table (or JSON: every run, and the pooled numbers per dialect and kind), then the gate."""
+    from analyzer.analysis.evaluate import format_replay, pooled_replay
+    from analyzer.findings import json_ready
+
+    totals = pooled_replay(results)
+    if args.json:
+        doc = {"results": results, "pooled": [{"dialect": d, "kind": k, **v} for (d, k), v in totals.items()]}
+        json.dump(json_ready(doc), out, indent=2, allow_nan=False)
+        out.write("\n")
+    else:
+        r0 = results[0] if results else {}
+        runs = len({(r["scenario"], r["seed"]) for r in results})
+        out.write(f"replay: {runs} scenario run(s), step {r0.get('step', 0):g}s, a run every "
+                  f"{r0.get('interval', 0):g}s over the last {r0.get('analysis_window', 0):g}s; time to detect = "
+                  "first run showing a matching finding - true onset (scrape lag and alert `for:` not included)\n\n")
+        out.write(format_replay(results) + "\n")
+    return _gate(totals, args)
 
 
 def _write_report(out_dir: Path, fleet: Fleet, scores: Any, findings: list[Finding], progress: _Progress) -> None:

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.cli.analyze import (
-    DEFAULT_STEP,
     _arg,
     _client_kwargs,
     add_prometheus_arguments,
@@ -29,6 +28,7 @@ from analyzer.cli.analyze import (
     add_site_argument,
 )
 from analyzer.data.budget import check_window
+from analyzer.service.loop import DEFAULT_INTERVAL, DEFAULT_STEP, DEFAULT_WINDOW
 from analyzer.site import load_site
 from exporter.server import parse_listen
 from exporter.timeparse import parse_positive_duration
@@ -37,8 +37,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9836
 DEFAULT_LISTEN = f":{DEFAULT_PORT}"
-DEFAULT_INTERVAL = 60.0
-DEFAULT_WINDOW = 1800.0
 DEFAULT_ROLLUP_INTERVAL = 3600.0
 
 

@@ -6,7 +6,10 @@ the detectors (:mod:`analyzer.pipeline`); a complete run is swapped in as one im
 always see one consistent result set. No FastAPI here: the loop runs without the web app.
 A failed run (Prometheus down, slow, or returning nothing) is logged with the URL and
 recorded in :class:`Health`; the last good analysis keeps being served, and the next tick
-retries. Nothing a run does can stop the loop.
+retries. Nothing a run does can stop the loop. Each run's findings take the ids of the previous
+run's findings of the same problem (:func:`analyzer.findings.carry_ids`), so a problem keeps its id
+while the window slides over it, across failed runs too (not across restarts: a restarted service
+derives ids afresh from kind, entity and start).
 
 Heavy imports (pandas via the analyzer) happen in the loop thread, not at import time.
 """
@@ -38,6 +41,12 @@ DEFAULT_STEP = 60.0
 
 #: (start, end) -> Fleet; the production loader wraps load_prometheus.
 Loader = Callable[[float, float], "Fleet"]
+
+
+def aligned_end(now: float, step: float) -> float:
+    """The end of the window a run at ``now`` analyzes: ``now`` aligned down to the step, so rows line
+    up from run to run (``truegpu evaluate --replay`` cuts history the same way)."""
+    return math.floor(now / step) * step
 
 
 @dataclass(frozen=True)
@@ -257,11 +266,12 @@ class AnalyzerService:
         the fixed range when there is one."""
         if self.fixed is not None:
             return self.fixed
-        end = math.floor(now / self.step) * self.step
+        end = aligned_end(now, self.step)
         return end - self.window, end
 
     def run_once(self) -> bool:
         """One analysis run; publishes the results on success, records the error otherwise. Never raises."""
+        from analyzer.findings import carry_ids
         from analyzer.pipeline import analyze
 
         t0 = time.perf_counter()
@@ -270,6 +280,9 @@ class AnalyzerService:
         try:
             fleet = self.loader(start, end)
             result = analyze(fleet, self.kinds, self.site)
+            previous = self._snapshot.analysis
+            if previous is not None:  # an ongoing problem keeps its id as the window slides
+                carry_ids(previous.findings, previous.end, result.findings, float(fleet.end))
             duration = time.perf_counter() - t0
             analysis = Analysis.build(fleet, result.scores, result.findings, finished=self.clock(), duration=duration)
         except Exception as exc:  # the loop must survive anything a run does
@@ -373,4 +386,5 @@ def prometheus_loader(
     return load
 
 
-__all__ = ["Analysis", "AnalyzerService", "Health", "JobUtilization", "Loader", "Snapshot", "prometheus_loader"]
+__all__ = ["Analysis", "AnalyzerService", "Health", "JobUtilization", "Loader", "Snapshot", "aligned_end",
+           "prometheus_loader"]

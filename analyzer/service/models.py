@@ -20,7 +20,8 @@ class Window(BaseModel):
 
 class ResultMeta(BaseModel):
     schema_version: int = Field(JSON_SCHEMA_VERSION, description="Version of these answers' schema (2: the "
-                                "workload is ``workload``, not ``job``)")
+                                "workload is ``workload``, not ``job``; fields added within a version, like "
+                                "each finding's ``id``, are backward compatible)")
     as_of: str = Field(description="When the analysis these results come from finished, RFC 3339 UTC")
     stale: bool = Field(description="True when the latest analysis run failed (or the results are older than "
                         "the service's stale-after): these are the last good results")
@@ -29,6 +30,9 @@ class ResultMeta(BaseModel):
 
 
 class FindingOut(BaseModel):
+    id: str = Field(description="Stable id of the problem: the same across the service's re-analyses while the "
+                    "problem lasts and as it is confirmed, extended or closed (added within schema 2: an added "
+                    "field is backward compatible)")
     kind: str
     severity: Severity
     summary: str

@@ -12,6 +12,10 @@ receiver (``http.server``) standing in for every receiver. Durations are shrunk 
   critical one inhibits: Alertmanager holds it as suppressed and no receiver ever gets it, nor any
   symptom alert of the fallen GPU; the same warning for an XID 94 on another GPU is a ``training-ticket``.
 * healthy-fleet: after the longest scaled ``for:`` plus the longest group wait, not one post.
+
+The XID test also measures the path end to end: from the fault's onset as the exporter exposes it
+to the page at the webhook, bounded by what the pipeline adds (a collection, a scrape, two rule
+evaluations, the scaled ``for:`` and the route's scaled ``group_wait``) plus slack.
 """
 
 from __future__ import annotations
@@ -274,6 +278,41 @@ def _gpu(labels: dict[str, str]) -> tuple[str, str]:
     return labels.get("hostname", ""), labels.get("gpu", "")
 
 
+def _watch_onset(s: Stack, family: str, hostname: str, gpu: str, xid: str) -> dict[str, float]:
+    """Poll the exporter's /metrics from a thread; ``["at"]`` is the monotonic time the XID counter of
+    that GPU first shows an event there: the fault's onset as the exporter sees it."""
+    seen: dict[str, float] = {}
+    labels = (f'hostname="{hostname}"', f'gpu="{gpu}"', f'xid="{xid}"')
+
+    def poll() -> None:
+        deadline = time.monotonic() + 60
+        while "at" not in seen and time.monotonic() < deadline:
+            try:
+                text = requests.get(f"http://{s.exporter}/metrics", timeout=1).text
+            except requests.RequestException:
+                text = ""
+            for line in text.splitlines():
+                if line.startswith(family + "{") and all(x in line for x in labels) and float(line.split()[-1]) > 0:
+                    seen["at"] = time.monotonic()
+                    return
+            time.sleep(0.05)
+
+    threading.Thread(target=poll, daemon=True).start()
+    return seen
+
+
+def _page_bound(s: Stack, alert: str, receiver: str) -> float:
+    """The most the pipeline may add between an exposed fault and its page: one background collection,
+    one scrape, two rule evaluations (pending, then firing), the rule's scaled ``for:`` and the
+    receiver route's scaled ``group_wait``, plus 3 s for process scheduling on a busy machine."""
+    holds = [_seconds(r["for"]) for path in s.rule_files for g in yaml.safe_load(path.read_text())["groups"]
+             for r in g["rules"] if r.get("alert") == alert and "for" in r]
+    root = s.am_config["route"]
+    (route,) = [r for r in root["routes"] if r["receiver"] == receiver]
+    wait = _seconds(route.get("group_wait", root["group_wait"]))
+    return float(COLLECT_INTERVAL) + 3 * _seconds(SCRAPE) + max(holds) + wait + 3.0
+
+
 def _fault(scenario: dict[str, Any] | str, attribution: str) -> dict[str, Any]:
     truth = Cluster(load_scenario(scenario)).ground_truth()
     (fault,) = [g for g in truth if g["attribution"] == attribution]
@@ -336,6 +375,7 @@ def test_gpu_fell_off_bus_pages_training_and_inhibits(stack, tmp_path):
     # Virtual time x10 from 60 s before XID 79: the XID lands ~6 s after the exporter starts
     # (Prometheus scrapes from ~2 s), the GPU's telemetry is gone 3 s later (LOST_AFTER = 30 s).
     s = stack(path, "--speed", "10", "--start", str(int(offset - 60)))
+    onset = _watch_onset(s, S.XID_ERRORS.name, *lost, "79")
 
     def firing(name: str, **labels: str) -> Callable[[], list[tuple[str, dict]]]:
         def check() -> list[tuple[str, dict]]:
@@ -354,6 +394,16 @@ def test_gpu_fell_off_bus_pages_training_and_inhibits(stack, tmp_path):
     s.wait_until("critical GpuXidError xid=79 at the webhook and the xid=63 warning suppressed in Alertmanager",
                  xid79_paged_and_63_muted, timeout=30, every=0.1)
     page = s.wait_until(f"{FELL_OFF_BUS} at the webhook", firing(FELL_OFF_BUS), timeout=30)
+
+    # end to end: onset at the exporter -> scrape -> rule evaluation -> Alertmanager -> webhook
+    paged = min(p["at"] for p in s.hook.received() if any(
+        a["status"] == "firing" and a["labels"]["alertname"] == "GpuXidError" and a["labels"].get("xid") == "79"
+        and _gpu(a["labels"]) == lost for a in p["alerts"]))
+    assert "at" in onset, "the exporter never showed the XID 79"
+    latency, bound = paged - onset["at"], _page_bound(s, "GpuXidError", "training-page")
+    print(f"\nXID 79 end to end (exporter -> Prometheus -> Alertmanager -> webhook): {latency:.2f} s "
+          f"(bound {bound:.2f} s at `for:` x{SCALE:g})")
+    assert 0 <= latency <= bound, s.state()
 
     for name, hits in (("GpuXidError", firing("GpuXidError", xid="79")()), (FELL_OFF_BUS, page)):
         for receiver, alert in hits:

@@ -177,3 +177,59 @@ def test_coarser_findings_match_node_truth_they_contain():
     assert not matches(job_finding, {**job_truth, "job": "other"}, 100.0, racks)
     gpu_truth = {**node_truth, "gpu": "3"}
     assert not matches(rack_finding, gpu_truth, 100.0, racks)  # a GPU problem needs the GPU named
+
+
+# replay: time to detect the way `serve` sees history ---------------------------------------------
+def test_replay_cuts_follow_the_service_window_alignment() -> None:
+    from analyzer.analysis.evaluate import replay_cuts
+
+    assert replay_cuts(T0, T0 + 300, 60, 60) == [T0 + 60 * k for k in range(1, 6)]
+    assert replay_cuts(T0, T0 + 300, 60, 30) == replay_cuts(T0, T0 + 300, 60, 60)  # no new rows: no new run
+    assert replay_cuts(T0, T0 + 300, 60, 90) == [T0 + 60, T0 + 180, T0 + 240]  # 90, 180, 270 aligned down
+
+
+def test_fleet_slice_is_what_the_loader_returns_for_the_window() -> None:
+    from analyzer.analysis.evaluate import fleet_slice
+
+    fleet = timeline([{"gpu": 0}], 10, 60.0)
+    cut = fleet_slice(fleet, T0 - 120, T0 + 180)
+    assert (cut.start, cut.end) == (T0 - 120, T0 + 180)
+    assert sorted(cut.frame["timestamp"]) == [T0, T0 + 60, T0 + 120]
+
+
+def test_ttd_quantiles_rank_a_missed_problem_above_every_time() -> None:
+    from analyzer.analysis.evaluate import ttd_quantile, ttd_summary
+
+    assert ttd_quantile([120.0, 60.0, 180.0], 0.5) == 120.0 and ttd_quantile([120.0, 60.0, 180.0], 0.95) == 180.0
+    assert ttd_quantile([60.0, None], 0.5) == 60.0 and ttd_quantile([60.0, None], 0.95) is None
+    assert ttd_quantile([], 0.5) is None
+    assert ttd_summary([None, 300.0]) == {"ttd_p50_s": 300.0, "ttd_p95_s": None, "ttd_max_s": 300.0}
+
+
+def test_replay_measures_time_to_detect_and_reports_an_undetectable_problem_as_missed() -> None:
+    """The CI subset: XIDs replayed at serve's defaults are found within the issue's 1 minute, each under
+    one id all along; a problem no telemetry shows is "missed", never a number."""
+    import json
+
+    from analyzer.analysis.evaluate import named_scenario_fleet, pooled_replay, replay
+    from analyzer.findings import GPU_FAULT, json_ready
+    from analyzer.service.loop import DEFAULT_INTERVAL, DEFAULT_WINDOW
+
+    cluster, fleet = named_scenario_fleet("xid-faults", "truegpu", 60.0)
+    truth = cluster.ground_truth()
+    invisible = {"kind": GPU_FAULT, "hostname": "dc1-r1-n01", "gpu": "6", "job": None, "start": fleet.start + 3600,
+                 "end": None, "cause": "a fault no metric shows", "attribution": "invisible"}
+    res = replay(fleet, [*truth, invisible], [GPU_FAULT], interval=DEFAULT_INTERVAL, window=DEFAULT_WINDOW)
+    k = res["kinds"][GPU_FAULT]
+    xids = [p for p in k["problems"] if p["attribution"].startswith("xid")]
+    assert len(xids) == 6 and res["cuts"] == 180
+    for p in xids:
+        assert p["ttd_s"] is not None and 0 < p["ttd_s"] <= 60, p
+        assert p["ids"] == 1, p  # the alert on it would not flap
+    (missed,) = [p for p in k["problems"] if p["attribution"] == "invisible"]
+    assert missed["ttd_s"] is None and missed["ids"] == 0
+    assert (k["truth"], k["detected"], k["missed"], k["fp"]) == (7, 6, 1, 0)
+    assert k["ttd_p50_s"] == 60 and k["ttd_p95_s"] is None  # the 95th percentile falls on the missed problem
+    pooled = pooled_replay([{**res, "dialect": "truegpu"}])[("truegpu", GPU_FAULT)]
+    assert pooled["by_attribution"]["xid79"]["ttd_p95_s"] == 60 and pooled["by_attribution"]["invisible"]["truth"] == 1
+    json.dumps(json_ready(res), allow_nan=False)

@@ -147,3 +147,19 @@ def test_file_and_prometheus_agree_on_totals_and_open_episodes(tmp_path, capsys,
     assert from_file["findings"] == from_prom["findings"]
     stragglers = [f for f in from_file["findings"] if f["kind"] == "straggler"]
     assert stragglers and all(f["end"] is None for f in stragglers)
+
+
+def test_evaluate_replay_cli_reports_time_to_detect(capsys):
+    args = ["evaluate", "--replay", "--scenario", "thermal-straggler", "--dialect", "truegpu", "--kinds", "thermal",
+            "--interval", "5m"]
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    assert "ttd p95 s" in table and "a run every 300s over the last 1800s" in table
+    assert main([*args, "--json", "--seeds", "2"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(r["scenario"], r["cuts"]) for r in doc["results"]] == [("thermal-straggler", 36)] * 2
+    assert doc["results"][0]["seed"] != doc["results"][1]["seed"]
+    (thermal,) = doc["pooled"]
+    assert thermal["truth"] == 2 and 0 < thermal["ttd_p95_s"] <= 300  # found by the first run after the onset
+    assert main(["evaluate", "--window", "10m"]) == 2
+    assert "--interval and --window go with --replay" in capsys.readouterr().err

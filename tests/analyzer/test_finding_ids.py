@@ -1,0 +1,72 @@
+"""Stable finding ids: derived from kind, entity and start; carried over while a window slides."""
+
+from __future__ import annotations
+
+from analyzer.findings import GPU_FAULT, THERMAL, Finding, assign_ids, carry_ids, finding_id
+
+T = 1_767_571_200.0
+
+
+def f(start: float, end: float | None = None, gpu: int | None = 3, kind: str = THERMAL, **kw) -> Finding:
+    return Finding(kind=kind, severity="warning", summary="s", start=T + start, end=None if end is None else T + end,
+                   score=0.5, hostname="n1", gpu=gpu, **kw)
+
+
+def test_the_id_comes_from_kind_entity_and_start_not_from_severity_score_or_pod() -> None:
+    a = f(0)
+    assert finding_id(a) == finding_id(f(0))
+    same = f(0, end=600, pod="p-2", uuid="GPU-x")
+    same.severity, same.score = "critical", 0.9
+    assert finding_id(same) == finding_id(a)  # confirmed, extended, closed, pod restarted: same problem
+    others = [f(60), f(0, gpu=4), f(0, kind=GPU_FAULT), f(0, gpu_instance="1"), f(0, job="j"), f(0, namespace="ns"),
+              f(0, rack="r1")]
+    assert len({finding_id(x) for x in [a, *others]}) == len(others) + 1
+    assert finding_id(a).startswith("thermal-") and a.to_json()["id"] == finding_id(a)
+
+
+def test_assign_ids_never_gives_two_findings_one_id() -> None:
+    twins = [f(0), f(0), f(120)]
+    assign_ids(twins)
+    assert len({x.id for x in twins}) == 3 and twins[1].id == twins[0].id + "-2"
+    kept = f(0)
+    kept.id = "thermal-given"
+    assign_ids([kept])
+    assert kept.id == "thermal-given"
+
+
+def test_an_ongoing_problem_keeps_its_id_as_the_window_slides_and_as_it_closes() -> None:
+    first = [f(0)]  # window [0, 1800): the problem is at the window start, open
+    assign_ids(first)
+    slid = [f(60)]  # the next run's window starts 60 s later: so does the (clipped) start
+    assign_ids(slid)
+    assert slid[0].id != first[0].id  # derived afresh, the id would move...
+    carry_ids(first, T + 1800, slid, T + 1860)
+    assert slid[0].id == first[0].id  # ...carried over, it does not
+    closed = [f(120, end=1500)]
+    carry_ids(slid, T + 1860, closed, T + 1920)
+    assert closed[0].id == first[0].id
+
+
+def test_distinct_problems_never_share_an_id() -> None:
+    previous = [f(0, end=600)]
+    assign_ids(previous)
+    later = [f(0, end=600), f(900)]  # the same closed problem, and a new one after a gap on the same GPU
+    carry_ids(previous, T + 1800, later, T + 1860)
+    assert later[0].id == previous[0].id and later[1].id != previous[0].id
+    split = [f(0, end=300), f(300, end=600)]  # one previous problem now seen as two: one keeps the id
+    carry_ids(previous, T + 1800, split, T + 1860)
+    assert len({x.id for x in split}) == 2 and previous[0].id in {x.id for x in split}
+    elsewhere = [f(0, gpu=4)]
+    carry_ids(previous, T + 1800, elsewhere, T + 1860)
+    assert elsewhere[0].id != previous[0].id
+
+
+def test_the_same_fleet_analyzed_twice_gets_the_same_ids() -> None:
+    from analyzer.analysis.evaluate import named_scenario_fleet
+    from analyzer.pipeline import analyze
+
+    _, fleet = named_scenario_fleet("xid-faults", "truegpu", 60.0)
+    once, again = analyze(fleet, partition=False).findings, analyze(fleet, partition=False).findings
+    assert once and all(x.id for x in once)
+    assert [x.id for x in once] == [x.id for x in again]
+    assert len({x.id for x in once}) == len(once)
