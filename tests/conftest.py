@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,12 @@ def sample_value(families: dict, metric, **labels: str) -> float | None:
         if s.name == metric.name and s.labels == labels:
             return s.value
     return None
+
+
+@pytest.fixture(scope="module")
+def pki() -> Iterator[Path]:
+    """A throw-away CA, server (127.0.0.1) and client certificates (tests/pki.py), for TLS tests."""
+    from tests.pki import made_pki
+
+    with made_pki() as d:
+        yield d

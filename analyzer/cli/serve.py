@@ -77,6 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="require the API token on /metrics too (default: open, for Prometheus)")
     api.add_argument("--protect-healthz", action="store_true",
                      help="require the API token on /healthz too (default: open, for probes)")
+    api.add_argument("--web-config-file", metavar="FILE",
+                     help="TLS (incl. mTLS), response headers and bcrypt basic-auth users for /metrics, /healthz "
+                     "and /readyz, in the Prometheus exporter-toolkit format (the exporter's file works as is)")
     cost = p.add_argument_group("cost")
     cost.add_argument("--prices", type=Path, metavar="FILE",
                       help="price catalog YAML (default: the illustrative fixtures/prices/default.yaml)")
@@ -174,6 +177,8 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
 
     from analyzer.service import AnalyzerService, prometheus_loader
     from analyzer.service.app import create_app
+    from analyzer.service.web import secured
+    from exporter.webconfig import load_web_config
 
     try:
         fixed = None
@@ -193,6 +198,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
             if unknown:
                 raise ValueError(f"unknown kind(s) {', '.join(unknown)}; known: {', '.join(sorted(load_detectors()))}")
         site = load_site(args.site)
+        web = load_web_config(args.web_config_file)
         settings, rollup = api_settings(args, loader, site)
         service = AnalyzerService(loader, url=args.prometheus, interval=args.interval, window=args.window,
                                   step=args.step, kinds=args.kinds, stale_after=args.stale_after,
@@ -209,8 +215,11 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
     except OSError as exc:
         return _error(f"cannot listen on {host or '*'}:{port}: {exc}")
 
-    config = uvicorn.Config(create_app(service, settings), log_config=None, access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=5)
+    config = uvicorn.Config(secured(create_app(service, settings), web), log_config=None, access_log=False,
+                            lifespan="off", timeout_graceful_shutdown=5)
+    if web.tls is not None:  # the web config's own context (minimum version, client CA), not uvicorn's defaults
+        config.load()
+        config.ssl = web.tls
     server = uvicorn.Server(config)
     http = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="http", daemon=True)
 
@@ -227,8 +236,8 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
             pass
         if not http.is_alive():
             return _error("HTTP server stopped unexpectedly; see the log above")
-        log.info("truegpu serve: analyzing the last %gs of %s every %gs; listening on http://%s:%d/metrics",
-                 args.window, args.prometheus, args.interval, shown, bound[1])
+        log.info("truegpu serve: analyzing the last %gs of %s every %gs; listening on %s://%s:%d/metrics",
+                 args.window, args.prometheus, args.interval, web.scheme, shown, bound[1])
         if ready is not None:
             ready(service, bound)
         while not stop.wait(1.0):

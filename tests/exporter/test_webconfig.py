@@ -5,7 +5,6 @@ client certificate are refused; bad files are errors naming the key."""
 from __future__ import annotations
 
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,49 +17,10 @@ import yaml
 
 from exporter.webconfig import WebConfigError, load_web_config
 from tests.conftest import ROOT, free_port
+from tests.pki import PASSWORD, USER, web_config
 from tests.realprom import running
 
 TRUEGPU = str(ROOT / ".venv" / "bin" / "truegpu")
-USER, PASSWORD = "prometheus", "s3cret-scrape"
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def _ca(d: Path, name: str) -> None:
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}",
-             "-keyout", f"{name}.key", "-out", f"{name}.crt", cwd=d)
-
-
-def _leaf(d: Path, name: str, ca: str, ext: str) -> None:
-    (d / f"{name}.ext").write_text(ext)
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
-             "-out", f"{name}.csr", cwd=d)
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
-             "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=d)
-
-
-@pytest.fixture(scope="module")
-def pki() -> Iterator[Path]:
-    """A CA, a server certificate for 127.0.0.1, a client certificate, and an unrelated CA."""
-    with tempfile.TemporaryDirectory(prefix="tg-pki-") as tmp:
-        d = Path(tmp)
-        _ca(d, "ca")
-        _ca(d, "other-ca")
-        _leaf(d, "server", "ca", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
-        _leaf(d, "client", "ca", "extendedKeyUsage=clientAuth\n")
-        yield d
-
-
-def _web_config(d: Path, **tls: str) -> Path:
-    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$", 1)
-    cfg = {"tls_server_config": {"cert_file": "server.crt", "key_file": "server.key", **tls},
-           "http_server_config": {"headers": {"Strict-Transport-Security": "max-age=31536000"}},
-           "basic_auth_users": {USER: hashed}}
-    path = d / "web.yml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
 
 
 @contextmanager
@@ -89,7 +49,7 @@ def _exporter(web: Path, log: Path) -> Iterator[str]:
 
 
 def test_requests_need_tls_the_ca_a_client_certificate_and_the_password(pki: Path, tmp_path: Path) -> None:
-    web = _web_config(pki, client_auth_type="RequireAndVerifyClientCert", client_ca_file="ca.crt")
+    web = web_config(pki, client_auth_type="RequireAndVerifyClientCert", client_ca_file="ca.crt")
     client = (str(pki / "client.crt"), str(pki / "client.key"))
     with _exporter(web, tmp_path / "exporter.log") as url:
         ok = requests.get(url + "/metrics", verify=pki / "ca.crt", cert=client, auth=(USER, PASSWORD), timeout=10)
@@ -111,7 +71,7 @@ def test_requests_need_tls_the_ca_a_client_certificate_and_the_password(pki: Pat
 
 def test_real_prometheus_scrapes_over_tls_with_basic_auth(pki: Path, tmp_path: Path, prometheus_bin: str) -> None:
     """Prometheus' own TLS and basic-auth client: the right settings give up=1, each wrong one up=0."""
-    web = _web_config(pki, client_auth_type="RequireAndVerifyClientCert", client_ca_file="ca.crt",
+    web = web_config(pki, client_auth_type="RequireAndVerifyClientCert", client_ca_file="ca.crt",
                       min_version="TLS12")
     with _exporter(web, tmp_path / "exporter.log") as url:
         target = url.removeprefix("https://")
@@ -176,7 +136,7 @@ def test_bad_web_configs_name_the_key(pki: Path, cfg: dict, message: str) -> Non
         load_web_config(path)
 
 
-def test_the_exporter_refuses_to_start_on_a_bad_web_config(tmp_path: Path) -> None:
+def test_the_exporter_refuses_to_start_on_a_badweb_config(tmp_path: Path) -> None:
     bad = tmp_path / "web.yml"
     bad.write_text("basic_auth_users: {u: plain}\n")
     out = subprocess.run([TRUEGPU, "exporter", "--source", "simulated", "--scenario", "healthy-fleet",
