@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.data.frame import Fleet
+from analyzer.data.frame import Fleet, category_codes
 
 #: Unknown time (a scrape gap) that never splits an episode, whatever the step: a few scrape
 #: intervals of a whole node (failed scrapes, exporter or Prometheus restarts, a rolling
@@ -66,12 +66,6 @@ def column(fleet: Fleet, name: str) -> np.ndarray:
     if name in fleet.frame.columns:
         return fleet.frame[name].to_numpy(dtype=np.float64, na_value=np.nan)
     return np.full(len(fleet.frame), np.nan)
-
-
-def _codes(s: pd.Series) -> np.ndarray:
-    if isinstance(s.dtype, pd.CategoricalDtype):
-        return s.cat.codes.to_numpy(dtype=np.int64)
-    return pd.factorize(s, use_na_sentinel=True)[0].astype(np.int64)
 
 
 @dataclass
@@ -250,7 +244,7 @@ def _device_ids(frame: pd.DataFrame, keys: Sequence[str]) -> np.ndarray:
     """One int64 per row identifying (device, split_on...) in the order devices appear."""
     if not keys or not len(frame):
         return np.zeros(len(frame), np.int64)
-    codes = [_codes(frame[k]) + 1 for k in keys]  # NaN (-1) -> 0
+    codes = [category_codes(frame[k]) + 1 for k in keys]  # NaN (-1) -> 0
     combined = codes[0]
     for c in codes[1:]:  # re-factorize after each key so the combined code never overflows
         combined = pd.factorize(combined * (int(c.max()) + 1) + c, sort=False)[0].astype(np.int64)

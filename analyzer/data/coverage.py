@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
+from analyzer.data.frame import category_codes
 from analyzer.data.signals import ALLOCATION_COLUMNS, NAMES
 
 #: Below this share of the window with data, every output says the window is mostly empty.
@@ -48,13 +49,6 @@ def observed_share(frame: pd.DataFrame) -> np.ndarray:
     return seen
 
 
-def _codes(frame: pd.DataFrame, col: str) -> np.ndarray:
-    s = frame[col]
-    if isinstance(s.dtype, pd.CategoricalDtype):
-        return s.cat.codes.to_numpy().astype(np.int64)
-    return pd.factorize(s, use_na_sentinel=True)[0].astype(np.int64)
-
-
 def hold_allocations(frame: pd.DataFrame, observed: np.ndarray | None = None) -> pd.DataFrame:
     """Carry a device's last allocation over its rows without data while the workload lives on.
 
@@ -66,7 +60,7 @@ def hold_allocations(frame: pd.DataFrame, observed: np.ndarray | None = None) ->
     if not cols or not len(frame):
         return frame
     seen = observed_rows(frame) if observed is None else observed
-    codes = {c: _codes(frame, c) for c in cols}
+    codes = {c: category_codes(frame[c]) for c in cols}
     held = np.zeros(len(frame), bool)
     for c in cols:
         held |= codes[c] >= 0

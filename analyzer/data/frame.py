@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from analyzer.data.signals import ALLOCATION_COLUMNS, DEVICE_COLUMNS, NAMES, PLACEMENT_COLUMNS
@@ -70,6 +71,14 @@ class Fleet:
 #: A100/H100-class GPUs split into 7 compute slices; a MIG profile "Ng.XXgb" holds N of them.
 MIG_COMPUTE_SLICES = 7
 _MIG_SLICES = re.compile(r"^(\d+)g\.")
+
+
+def category_codes(s: pd.Series) -> np.ndarray:
+    """Integer codes of an identity column, -1 where it is missing: the categorical's own codes
+    (the frame's identity columns are categoricals), else factorized."""
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        return s.cat.codes.to_numpy(dtype=np.int64)
+    return pd.factorize(s, use_na_sentinel=True)[0].astype(np.int64)
 
 
 def gpu_share(mig_profile: str) -> float:

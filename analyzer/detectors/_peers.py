@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analysis.episodes import column
-from analyzer.data.frame import Fleet
+from analyzer.data.frame import Fleet, category_codes
 
 #: MAD -> standard deviation of normally distributed noise.
 MAD_TO_SIGMA = 1.4826
@@ -51,12 +51,6 @@ def _combine(codes: list[np.ndarray]) -> np.ndarray:
         out = out * radix + (c + 1)
         span *= radix
     return out
-
-
-def _codes(s: pd.Series) -> np.ndarray:
-    if isinstance(s.dtype, pd.CategoricalDtype):
-        return s.cat.codes.to_numpy(dtype=np.int64)
-    return pd.factorize(s, use_na_sentinel=True)[0].astype(np.int64)
 
 
 @dataclass
@@ -172,13 +166,13 @@ def peer_groups(fleet: Fleet, keys: Sequence[str] = ("job", "container", "model"
     T = int(ti.max()) + 1 if n else 0
     keys = [k for k in keys if k in f.columns]
     dev_keys = [k for k in ("uuid", "gpu_instance") if k in f.columns] or ["hostname", "gpu"]
-    ok = (_codes(f[require]) >= 0) if require in f.columns else np.zeros(n, bool)
+    ok = (category_codes(f[require]) >= 0) if require in f.columns else np.zeros(n, bool)
     empty = PeerGroups(fleet, np.full(n, -1, np.int64), ti, 0, T, np.zeros(0, np.int64), np.zeros(1, np.int64),
                        *(np.zeros(0, object) for _ in range(4)), np.zeros(0), [], Blocks([], 0))
     if not ok.any():
         return empty
-    gcode = _combine([_codes(f[k])[ok] for k in keys])
-    dcode = _combine([_codes(f[k])[ok] for k in dev_keys])
+    gcode = _combine([category_codes(f[k])[ok] for k in keys])
+    dcode = _combine([category_codes(f[k])[ok] for k in dev_keys])
     # Group id, then slot id = (group, device); slots sorted by group so each group is a block.
     g_inv, g_uni = pd.factorize(gcode, sort=True)
     dcode = pd.factorize(dcode)[0].astype(np.int64)
