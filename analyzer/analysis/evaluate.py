@@ -194,22 +194,25 @@ def scenario_fleet(cluster: Any, dialect: str = "truegpu", step: float = 60.0, *
     truegpu: straight from the simulator's table (``fleet_from_cluster``). dcgm: the
     cluster's history written as dcgm-exporter would have exposed it (``dcgm_counters``
     "all" or "default"), read back through ``analyzer.data.load.load_files``: the full path a
-    user's dcgm data takes.
+    user's dcgm data takes. A scenario with ``mess:`` goes through a history file in both
+    dialects, written with that mess (gaps, restarts, repeats, HA replicas).
     """
-    if dialect == "truegpu":
+    mess = getattr(getattr(cluster, "scenario", None), "mess", None)
+    if dialect == "truegpu" and not mess:
         from analyzer.data.simulated import fleet_from_cluster
 
         return fleet_from_cluster(cluster, step=step)
-    if dialect != "dcgm":
+    if dialect not in DIALECTS:
         raise ValueError(f"unknown dialect {dialect!r} (one of {', '.join(DIALECTS)})")
     from analyzer.data.load import load_files  # written alongside; imported lazily so truegpu works without it
     from exporter.simulator.dcgm_dialect import DcgmOptions
-    from exporter.simulator.history import write_history
+    from exporter.simulator.history import Mess, write_history
 
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         path = Path(tmp) / "history.om"
-        write_history(path, cluster, cluster.start, cluster.start + cluster.duration, step, dialect="dcgm",
-                      dcgm_options=DcgmOptions(counters=dcgm_counters))  # type: ignore[arg-type]
+        write_history(path, cluster, cluster.start, cluster.start + cluster.duration, step, dialect=dialect,
+                      dcgm_options=DcgmOptions(counters=dcgm_counters),  # type: ignore[arg-type]
+                      mess=Mess(**mess) if mess else None)
         loaded = load_files([path])
     if isinstance(loaded, Fleet):
         return loaded

@@ -230,18 +230,23 @@ def _window_sum(m: np.ndarray, window: int) -> np.ndarray:
 
 
 def persistent(cond: np.ndarray, window: int, k: int) -> np.ndarray:
-    """k-of-n persistence of a (S, T) tristate condition (1/0/NaN): 1 where at least ``k`` of the
-    ``window`` centered steps hold, 0 where some step is known and fewer hold, NaN where none is known.
+    """k-of-n persistence of a (S, T) tristate condition (1/0/NaN): 1 where at least the share
+    ``k / window`` of the known steps of the ``window`` centered steps hold, 0 where fewer hold,
+    NaN where fewer than half of the steps that exist are known.
 
-    At the edges of the data the centered window is cut short; there the same share ``k / window``
-    of the steps that exist must hold, so a problem still going at the end of a window stays open
-    whatever the step (otherwise 12 of 20 could never hold in the last 10 steps at 15 s).
+    The share is of the *known* steps: at the edges of the data the centered window is cut short
+    (a problem still going at the end of a window stays open whatever the step: 12 of 20 could
+    never hold in the last 10 steps at 15 s), and a scrape gap is unknown, neither for nor against
+    (a whole-node gap of a few minutes must not turn a straggler off and split its finding: the
+    episode bridges it). Half the window known is the least that still says something: a window
+    of one known step among missing ones decides nothing.
     """
     true = rolling_count(cond == 1.0, window)
     known = rolling_count(~np.isnan(cond), window)
     present = rolling_count(np.ones((1, cond.shape[1]), dtype=bool), window)
-    need = np.ceil(k * present / window - 1e-9)
-    return np.where(true >= need, 1.0, np.where(known > 0, 0.0, np.nan))
+    need = np.ceil(k * known / window - 1e-9)
+    judged = np.where(true >= need, 1.0, 0.0)
+    return np.where((known > 0) & (2 * known >= present), judged, np.nan)
 
 
 def block_max(blocks: Blocks, m: np.ndarray) -> np.ndarray:

@@ -141,6 +141,9 @@ class Scenario:
     fill: FillSpec | None = None
     faults: tuple[FaultSpec, ...] = ()
     path: str = ""
+    #: Ingestion mess the scenario's history is written with (``history.Mess`` keyword arguments:
+    #: node gaps, exporter restarts, repeated samples, HA replicas); empty: clean telemetry.
+    mess: dict[str, Any] = field(default_factory=dict)
 
 
 # Parsing helpers ----------------------------------------------------------------------
@@ -328,7 +331,8 @@ def _check_straggler(ctx: _Ctx, key: str, kind: str, params: dict[str, float]) -
         raise ctx.err(f"{key}.spread", "at most 0.05 (more slows the gang >= 5%: a straggler, not spread)")
 
 
-_TOP_KEYS = ("name", "description", "seed", "duration", "start", "topology", "workloads", "fill", "faults")
+_TOP_KEYS = ("name", "description", "seed", "duration", "start", "topology", "workloads", "fill", "faults", "mess")
+_MESS_KEYS = ("node_gaps", "exporter_restarts", "repeat_every", "replicas")
 _OVERRIDES = ("duration", "seed", "start", "sites", "racks", "racks_per_site", "nodes_per_rack", "gpus_per_node",
               "model")
 
@@ -385,7 +389,35 @@ def parse_scenario(data: Any, path: str = "<scenario>", **overrides: Any) -> Sce
         fill=_fill(ctx, data.get("fill")),
         faults=tuple(_fault(ctx, f, i) for i, f in enumerate(faults)),
         path=path,
+        mess=_mess(ctx, data.get("mess")),
     )
+
+
+def _mess(ctx: _Ctx, raw: Any) -> dict[str, Any]:
+    """``mess:`` -> history.Mess keyword arguments, times in seconds after the start::
+
+        mess:
+          node_gaps: [{host: dc1-r1-n01, start: 40m, duration: 4m}]   # no sample from that node
+          exporter_restarts: [{host: dc1-r1-n02, at: 1h}]            # counters restart, a scrape lost
+          repeat_every: 7                                              # every 7th sample written twice
+          replicas: [prom-a, prom-b]                                   # an HA pair, not deduplicated
+    """
+    m = ctx.mapping(raw, "mess", _MESS_KEYS)
+    out: dict[str, Any] = {}
+    for i, g in enumerate(m.get("node_gaps") or []):
+        g = ctx.mapping(g, f"mess.node_gaps[{i}]", ("host", "start", "duration"))
+        out.setdefault("node_gaps", []).append((ctx.str_(g.get("host"), f"mess.node_gaps[{i}].host"),
+                                               ctx.dur(g.get("start"), f"mess.node_gaps[{i}].start"),
+                                               ctx.dur(g.get("duration"), f"mess.node_gaps[{i}].duration")))
+    for i, r in enumerate(m.get("exporter_restarts") or []):
+        r = ctx.mapping(r, f"mess.exporter_restarts[{i}]", ("host", "at"))
+        out.setdefault("exporter_restarts", []).append((ctx.str_(r.get("host"), f"mess.exporter_restarts[{i}].host"),
+                                                       ctx.dur(r.get("at"), f"mess.exporter_restarts[{i}].at")))
+    if "repeat_every" in m:
+        out["repeat_every"] = ctx.int_(m["repeat_every"], "mess.repeat_every", 2)
+    if "replicas" in m:
+        out["replicas"] = ctx.str_list(m["replicas"], "mess.replicas")
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in out.items()}
 
 
 def list_scenarios() -> list[str]:

@@ -74,6 +74,9 @@ BASE = "name: bad\nduration: 1h\ntopology: {nodes_per_rack: 2}\n"
     ("workloads:\n  - {name: a, kind: training, nodes: 1, start: soon}\n", "workloads[0].start"),
     ("fill: {training: 0.8, inference: 0.5}\n", "fill"),
     ("colour: red\n", "colour"),
+    ("mess: {node_gaps: [{host: n1, start: 10m}]}\n", "mess.node_gaps[0].duration"),
+    ("mess: {repeat_every: 1}\n", "mess.repeat_every"),
+    ("mess: {jitter: 3}\n", "mess.jitter"),
 ])
 def test_bad_scenarios_name_file_and_key(tmp_path, body, key):
     p = _write(tmp_path, BASE + body)
@@ -191,3 +194,13 @@ def test_straggler_slowdowns_and_multi_fault_truth():
     assert {r["hostname"] for r in mf if r["kind"] == "thermal" and r["gpu"] is None} == {
         "dc1-r2-n01", "dc1-r2-n02", "dc1-r2-n03"}
     assert [r["job"] for r in mf if r["kind"] == "straggler"] == ["train-a"]
+
+
+def test_mess_section_is_history_mess_keywords():
+    from exporter.simulator.history import Mess
+
+    sc = load_scenario("messy-telemetry")
+    mess = Mess(**sc.mess)
+    assert mess.node_gaps[0] == ("dc1-r1-n01", 2700.0, 240.0) and mess.exporter_restarts == (("dc1-r1-n02", 4200.0),)
+    assert mess.repeat_every == 7 and mess.replicas == ("prom-a", "prom-b")
+    assert load_scenario("idle-waste").mess == {}

@@ -233,3 +233,16 @@ def test_replay_measures_time_to_detect_and_reports_an_undetectable_problem_as_m
     pooled = pooled_replay([{**res, "dialect": "truegpu"}])[("truegpu", GPU_FAULT)]
     assert pooled["by_attribution"]["xid79"]["ttd_p95_s"] == 60 and pooled["by_attribution"]["invisible"]["truth"] == 1
     json.dumps(json_ready(res), allow_nan=False)
+
+
+@pytest.mark.parametrize("dialect", ["truegpu", "dcgm"])
+def test_messy_telemetry_keeps_each_problem_one_finding(dialect: str) -> None:
+    """Whole-node scrape gaps, an exporter restart, repeated samples and an HA pair (the scenario's
+    ``mess:``, written into the history both dialects are read from): every problem is found once,
+    with its true start, and nothing else is."""
+    (res,) = evaluate_scenarios(["messy-telemetry"], dialect=dialect, step=60,
+                                kinds=["straggler", "thermal", "idle_masking", "idle_allocated"])
+    for kind, k in res["kinds"].items():
+        assert (k["precision"], k["recall"], k["fragmented"]) == (1.0, 1.0, 0), (kind, k)
+        assert k["findings"] == k["truth"], (kind, k)
+        assert k["onset_max_s"] is None or abs(k["onset_max_s"]) <= 60, (kind, k)
