@@ -105,10 +105,8 @@ HARDWARE_ALERTS = (
     "GpuNvlinkErrors", "GpuPcieLinkDowngraded", FELL_OFF_BUS,
 )
 GPU_MISSING = "GpuMissing"
-#: kube-state-metrics' GPU capacity of a node (the device plugin's ``nvidia.com/gpu``), keyed by ``node``.
-KUBE_NODE_CAPACITY = "kube_node_status_capacity"
-KUBE_GPU_RESOURCE = "nvidia_com_gpu"
-KUBE_NODE_LABEL = "node"
+#: kube-state-metrics names (exporter.schema): the node GPU capacity series, its resource and node label.
+KUBE_NODE_CAPACITY, KUBE_GPU_RESOURCE, KUBE_NODE_LABEL = S.KUBE_NODE_CAPACITY, S.KUBE_GPU_RESOURCE, S.KUBE_POD_INFO_NODE
 EXPORTER_DOWN = "TruegpuExporterDown"
 DCGM_EXPORTER_DOWN = "DcgmExporterDown"
 ANALYZER_DOWN = "TruegpuAnalyzerDown"
@@ -722,13 +720,6 @@ def truegpu_file(t: Timing, exporter_job: str = EXPORTER_JOB, th: Thresholds = T
 
 
 # dcgm-exporter dialect ---------------------------------------------------------------------
-def _field(metric: S.Metric, **labels: str) -> S.DcgmField:
-    for f in metric.dcgm:
-        if all(dict(f.labels).get(k) == v for k, v in labels.items()):
-            return f
-    raise LookupError(f"{metric.name} has no dcgm field with {labels}")
-
-
 def dcgm_sel(*field_names: str, **matchers: str) -> str:
     """dcgm-exporter fields under every name a release gave them (exporter.schema.dcgm_spellings)."""
     names = alternatives(dict.fromkeys(n for f in field_names for n in S.dcgm_spellings(f)))
@@ -759,16 +750,16 @@ DCGM_OK = f"< {DCGM_SENTINEL_MIN}"
 #: dcgm-exporter's series, normalized. Aggregated per-GPU alerts lose its pod labels: they join the pod
 #: holding the GPU back from the memory series it attributes (per-series alerts keep their own).
 DCGM_GPUS = PerGpu(key=DCGM_GPU_BY, ref=DCGM_GPU_REF, labels={"dialect": "dcgm"},
-                   holders=_dcgm(_field(S.MEMORY_USED).field, namespace="!="), owner="namespace, pod")
+                   holders=_dcgm(S.MEMORY_USED.dcgm_field().field, namespace="!="), owner="namespace, pod")
 
 
 def dcgm_recording() -> Group:
     """The truegpu recording rules' GPU, node and fleet levels from dcgm-exporter fields (no workload
     level: dcgm-exporter has no allocation series)."""
     host, g = S.HOSTNAME, DCGM_GPU_BY
-    sm_active = _field(S.SM_ACTIVE).field
-    clock, clock_max = _field(S.SM_CLOCK), _field(S.SM_CLOCK_MAX)
-    util = _field(S.GPU_UTILIZATION)
+    sm_active = S.SM_ACTIVE.dcgm_field().field
+    clock, clock_max = S.SM_CLOCK.dcgm_field(), S.SM_CLOCK_MAX.dcgm_field()
+    util = S.GPU_UTILIZATION.dcgm_field()
     whole = {"GPU_I_ID": ""}
     return Group(name="dcgm-recording", rules=(
         Record(record=DCGM_GPU_SM_CLOCK_RATIO,
@@ -790,7 +781,7 @@ def dcgm_xid(t: Timing) -> tuple[Alert, ...]:
     XID count collector where a GPU's dcgm-exporter runs it (it sees a repeated XID; the gauge then
     stays quiet for that GPU). The collector's alerts carry ``xid_source`` to tell them apart."""
     g, w10 = DCGM_GPU_BY, t.window(600)
-    xid_field = _field(S.XID_ERRORS).field
+    xid_field = S.XID_ERRORS.dcgm_field().field
     xid = dcgm_sel(xid_field)
     counted = f"max by ({g}) ({dcgm_norm(dcgm_sel(S.DCGM_XID_COUNT))})"
 
@@ -823,9 +814,9 @@ def dcgm_xid(t: Timing) -> tuple[Alert, ...]:
 def dcgm_memory(t: Timing) -> tuple[Alert, ...]:
     """HBM and driver state: uncorrectable ECC errors, row-remap failure, a recovery action required."""
     g, w10 = DCGM_GPU_BY, t.window(600)
-    dbe = _field(S.ECC_ERRORS, type="uncorrectable", scope="volatile").field
-    rows = _field(S.REMAPPED_ROWS, type="uncorrectable").field
-    failure, recovery = _field(S.ROW_REMAP_FAILURE).field, _field(S.GPU_RECOVERY_ACTION).field
+    dbe = S.ECC_ERRORS.dcgm_field(type="uncorrectable", scope="volatile").field
+    rows = S.REMAPPED_ROWS.dcgm_field(type="uncorrectable").field
+    failure, recovery = S.ROW_REMAP_FAILURE.dcgm_field().field, S.GPU_RECOVERY_ACTION.dcgm_field().field
     errors = " or ".join(f"max by ({g}) ({_dcgm_range('increase', f, w10)}) > 0" for f in (dbe, rows))
     return (
         *DCGM_GPUS.owned(uncorrectable_ecc(DCGM_GPUS, errors, w10, (dbe, rows))),
@@ -837,11 +828,11 @@ def dcgm_memory(t: Timing) -> tuple[Alert, ...]:
 def dcgm_thermal(t: Timing, th: Thresholds) -> tuple[Alert, ...]:
     """Thermal throttling from the clock-event reason bitmask (temperatures where it is not collected)."""
     g = DCGM_GPU_BY
-    clock = _field(S.SM_CLOCK)
+    clock = S.SM_CLOCK.dcgm_field()
     mask = dcgm_norm(dcgm_sel(*(f.field for f in S.CLOCK_EVENT_ACTIVE.dcgm)))
     bits = [bit for bit, name in S.CLOCK_EVENT_REASONS.items() if name in S.THERMAL_REASONS]
     thermal_bits = " + ".join(f"floor({mask} / {bit}) % 2" for bit in bits)
-    gpu_temp, memory_temp = (f"max by ({g}) ({_dcgm(_field(S.TEMPERATURE, sensor=sensor).field)}) {DCGM_OK}"
+    gpu_temp, memory_temp = (f"max by ({g}) ({_dcgm(S.TEMPERATURE.dcgm_field(sensor=sensor).field)}) {DCGM_OK}"
                              for sensor in ("gpu", "memory"))
     return DCGM_GPUS.owned(*thermal_alerts(
         t, th, DCGM_GPUS, clock=scaled(f"max by ({g}) ({_dcgm(clock.field)})", clock.scale),
@@ -856,12 +847,12 @@ def dcgm_links(t: Timing, th: Thresholds) -> tuple[Alert, ...]:
     """Interconnect: NVLink errors that keep growing, a PCIe link below its maximum while busy."""
     w10 = t.window(600)
     nvlink = tuple(f.field for f in S.NVLINK_ERRORS.dcgm)
-    util = _field(S.GPU_UTILIZATION)
-    pcie = tuple(_field(m, state=state).field for m, _ in PCIE_LINKS for state in ("current", "max"))
+    util = S.GPU_UTILIZATION.dcgm_field()
+    pcie = tuple(m.dcgm_field(state=state).field for m, _ in PCIE_LINKS for state in ("current", "max"))
     return DCGM_GPUS.owned(
         nvlink_errors(t, DCGM_GPUS, dcgm_norm(f"increase({dcgm_sel(*nvlink)}[{w10}])"), w10, nvlink),
-        pcie_link_downgraded(t, th, DCGM_GPUS, current=lambda m: _dcgm(_field(m, state="current").field),
-                             maximum=lambda m: f"{_dcgm(_field(m, state='max').field)} {DCGM_OK}",
+        pcie_link_downgraded(t, th, DCGM_GPUS, current=lambda m: _dcgm(m.dcgm_field(state="current").field),
+                             maximum=lambda m: f"{_dcgm(m.dcgm_field(state='max').field)} {DCGM_OK}",
                              utilization=scaled(_dcgm(util.field), util.scale), fields=(*pcie, util.field)),
     )
 
@@ -870,7 +861,7 @@ def dcgm_presence(t: Timing) -> tuple[Alert, ...]:
     """A GPU lost: one that stopped reporting while its node (a known, non-empty host) still reports
     (GpuFellOffBus), or fewer than Kubernetes counts (GpuMissing)."""
     host = S.HOSTNAME
-    gpu_temp, fb_used = _field(S.TEMPERATURE, sensor="gpu").field, _field(S.MEMORY_USED).field
+    gpu_temp, fb_used = S.TEMPERATURE.dcgm_field(sensor="gpu").field, S.MEMORY_USED.dcgm_field().field
     named = " or ".join(dcgm_sel(gpu_temp, **{label: "!="}) for label in (host, DCGM_OLD_HOST_LABEL))
     lost = fell_off_bus(t, DCGM_GPUS, seen=_dcgm_range("max_over_time", gpu_temp, t.window(FELL_OFF_BUS_LOOKBACK)),
                         now=_dcgm(gpu_temp), node_up=f"(count by ({host}) ({dcgm_norm(named)}))", fields=(gpu_temp,))
@@ -886,7 +877,7 @@ def dcgm_hardware(t: Timing, th: Thresholds = THRESHOLDS) -> Group:
 
 def dcgm_exporter(t: Timing, dcgm_job: str = DCGM_JOB) -> Group:
     """dcgm-exporter's own health: its scrape target down."""
-    presence = dcgm_sel(_field(S.TEMPERATURE, sensor="gpu").field, job=dcgm_job)
+    presence = dcgm_sel(S.TEMPERATURE.dcgm_field(sensor="gpu").field, job=dcgm_job)
     return Group(name="dcgm-exporter", rules=(
         exporter_down(t, dcgm_job, presence, DCGM_EXPORTER_DOWN, dcgm_norm, dict(DCGM_GPUS.labels)),))
 
@@ -898,7 +889,7 @@ def dcgm_header(alerts: Iterable[Alert]) -> str:
     return (
         "NVIDIA dcgm-exporter metrics (DCGM_FI_* or the 1.x dcgm_fi_* names; host label Hostname or hostname,\n"
         "both read as hostname).\n"
-        f"Effective utilization needs {_field(S.SM_ACTIVE).field} and {_field(S.SM_CLOCK_MAX).field}, "
+        f"Effective utilization needs {S.SM_ACTIVE.dcgm_field().field} and {S.SM_CLOCK_MAX.dcgm_field().field}, "
         "not in dcgm-exporter's default counters.\n"
         "Alerts needing counters beyond dcgm-exporter's default list (add them to its counters CSV):\n"
         + "\n".join(f"  {n}" for n in dict.fromkeys(needs))

@@ -561,8 +561,7 @@ class Spelling:
 
     def field(self, metric: S.Metric, **labels: str) -> str:
         """The series name of ``metric``'s dcgm field with these labels (``type="uncorrectable"``)."""
-        return self.name(next(x.field for x in metric.dcgm
-                              if all(dict(x.labels).get(k) == v for k, v in labels.items())))
+        return self.name(metric.dcgm_field(**labels).field)
 
     def alerted(self, labels: Labels, **extra: str) -> Labels:
         """Alert labels of a dcgm rule: the series' labels, normalized, and the dialect."""

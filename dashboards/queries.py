@@ -135,10 +135,8 @@ class Dialect:
         if not metric.dcgm:
             raise ValueError(f"{metric.name} has no dcgm-exporter field")
         groups: dict[tuple, list[DcgmField]] = {}
-        for f in metric.dcgm:
-            have = dict(f.labels)
-            if all(have.get(k) == v for k, v in field_labels.items()):
-                groups.setdefault(f.labels, []).append(f)
+        for f in metric.dcgm_fields(**field_labels):
+            groups.setdefault(f.labels, []).append(f)
         if not groups:
             raise ValueError(f"{metric.name} has no dcgm-exporter field with {field_labels}")
         return groups

@@ -260,6 +260,17 @@ class Metric:
         lo, hi = self.valid_range
         return lo <= value <= hi and value - value == 0
 
+    def dcgm_fields(self, **labels: str) -> tuple[DcgmField, ...]:
+        """The dcgm-exporter fields whose contract labels agree with ``labels`` (``type="uncorrectable"``)."""
+        return tuple(f for f in self.dcgm if all(dict(f.labels).get(k) == v for k, v in labels.items()))
+
+    def dcgm_field(self, **labels: str) -> DcgmField:
+        """The first such field; LookupError naming the family when none matches."""
+        found = self.dcgm_fields(**labels)
+        if not found:
+            raise LookupError(f"{self.name} has no dcgm field with {labels}")
+        return found[0]
+
     @property
     def base_labels(self) -> tuple[str, ...]:
         """Identity labels every sample of this family carries (before MIG labels)."""
@@ -825,6 +836,9 @@ DCGM_FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
 DCGM_EXPORTER_POD = re.compile(r"(?:[a-z0-9-]+-)?dcgm-exporter-[a-z0-9]{5}")
 #: kube-state-metrics' ``kube_pod_info{namespace, pod, node, host_ip, ...} 1`` (one series per pod):
 #: the analyzer maps a DCGM_EXPORTER_POD host back to the node the pod ran on.
+#: kube-state-metrics: a node's GPU capacity (the device plugin's ``nvidia.com/gpu``, keyed by ``node``).
+KUBE_NODE_CAPACITY = "kube_node_status_capacity"
+KUBE_GPU_RESOURCE = "nvidia_com_gpu"
 KUBE_POD_INFO = "kube_pod_info"
 KUBE_POD_INFO_POD = "pod"
 KUBE_POD_INFO_NODE = "node"

@@ -113,7 +113,7 @@ import pandas as pd
 
 from analyzer.analysis.episodes import Episodes, column, find_episodes, format_duration
 from analyzer.analysis.xid import APPLICATION_XIDS, describe
-from analyzer.data.frame import Fleet
+from analyzer.data.frame import Fleet, category_codes
 from analyzer.data.signals import NAMES
 from analyzer.detectors import Paging, gpu_busy, register
 from analyzer.findings import GPU_FAULT, SEVERITY_ORDER, Finding, Severity, rfc3339
@@ -532,8 +532,8 @@ class _PhysGrid:
         frame = fleet.frame
         self.step, self.start, self.end = float(fleet.step), float(fleet.start), float(fleet.end)
         n = len(frame)
-        self.host = _codes(frame["hostname"])
-        self.gpu = _codes(frame["gpu"])
+        self.host = category_codes(frame["hostname"])
+        self.gpu = category_codes(frame["gpu"])
         ts = frame["timestamp"].to_numpy(dtype=np.float64)
         self.t_idx = np.rint((ts - self.start) / self.step).astype(np.int64)
         self.T = int(self.t_idx.max() - min(self.t_idx.min(), 0)) + 1
@@ -634,12 +634,6 @@ def _any_mig(frame: pd.DataFrame) -> bool:
         used = np.bincount(s.cat.codes.to_numpy(dtype=np.int64) + 1, minlength=len(cats) + 1)[1:] > 0
         return bool((used & (cats != "")).any())
     return bool((s.fillna("").astype(str) != "").any())
-
-
-def _codes(s: pd.Series) -> np.ndarray:
-    if isinstance(s.dtype, pd.CategoricalDtype):
-        return s.cat.codes.to_numpy(dtype=np.int64)
-    return pd.factorize(s.astype(str), sort=False)[0].astype(np.int64)
 
 
 def _categories(s: pd.Series) -> np.ndarray:

@@ -66,7 +66,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analysis.episodes import MAX_UNKNOWN_S, Episodes, column, find_episodes, format_duration
-from analyzer.data.frame import Fleet
+from analyzer.data.frame import Fleet, category_codes
 from analyzer.detectors import Paging, register
 from analyzer.findings import THERMAL, Finding
 from analyzer.site import THRESHOLDS
@@ -222,8 +222,8 @@ class _Grid:
         t0 = float(ts.min())
         t_idx = np.rint((ts - t0) / fleet.step).astype(np.int64)
         T = int(t_idx.max()) + 1
-        hc = _codes(f, "hostname")
-        gc = _codes(f, "gpu")
+        hc = category_codes(f["hostname"])
+        gc = category_codes(f["gpu"])
         dev = pd.factorize(hc * (int(gc.max()) + 2) + gc)[0].astype(np.int64)
         row_dev = dev
         if _has_mig(f):
@@ -267,16 +267,6 @@ class _Grid:
         ok = self.row_dev >= 0
         out[ok] = m[self.row_dev[ok], self.row_t[ok]]
         return out
-
-
-def _codes(f: pd.DataFrame, col: str) -> np.ndarray:
-    """Integer codes of an identity column (categorical codes when it is one; -1 missing)."""
-    if col not in f.columns:
-        return np.zeros(len(f), np.int64)
-    s = f[col]
-    if isinstance(s.dtype, pd.CategoricalDtype):
-        return s.cat.codes.to_numpy(dtype=np.int64)
-    return pd.factorize(s)[0].astype(np.int64)
 
 
 def _has_mig(f: pd.DataFrame) -> bool:
