@@ -39,7 +39,7 @@ _EDGE = 0.001
 def metric_filter() -> MetricFilter:
     """The families normalize reads, in both dialects and both dcgm-exporter spellings, and
     kube_pod_info (it maps dcgm-exporter pod names in the host label to nodes: analyzer.data.hosts)."""
-    return MetricFilter(D.needed_names() | {S.KUBE_POD_INFO})
+    return MetricFilter(D.needed_names(), optional=frozenset({S.KUBE_POD_INFO}))
 
 
 def load_files(

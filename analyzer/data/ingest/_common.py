@@ -119,9 +119,12 @@ class MetricFilter:
 
     names: frozenset[str] = frozenset()
     prefixes: tuple[str, ...] = ()
+    #: Kept when present, never reported absent: auxiliary series only some inputs need
+    #: (kube_pod_info, read only when hosts are dcgm-exporter pod names).
+    optional: frozenset[str] = frozenset()
 
     def matches(self, name: str) -> bool:
-        return name in self.names or (bool(self.prefixes) and name.startswith(self.prefixes))
+        return name in self.names or name in self.optional or (bool(self.prefixes) and name.startswith(self.prefixes))
 
     @classmethod
     def for_metrics(cls, metrics: Iterable[schema.Metric], dcgm: bool = True) -> MetricFilter:

@@ -108,6 +108,8 @@ def test_without_kube_pod_info_pod_names_stay_and_the_note_says_so(tmp_path: Pat
     [note] = [n for n in fleet.notes if "dcgm-exporter pod names" in n]
     assert f"kube_pod_info was missing for them ({OLD}, {NEW}, {OTHER})" in note
     assert "DaemonSet rolls" in note and "mapped" not in note
+    # kube_pod_info is read when present, never listed as a series the input lacks
+    assert not any("absent" in n and "kube_pod_info" in n for n in fleet.notes)
 
 
 def test_ambiguous_pod_takes_its_latest_node_and_others_still_map(tmp_path: Path):
