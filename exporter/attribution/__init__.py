@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from exporter.attribution.base import Allocation, AttributionError, Attributor, CachedAttributor, CompositeAttributor
+from exporter.attribution.dra import DEFAULT_CDI_DIRS
+from exporter.attribution.dra import DEFAULT_DRIVERS as DEFAULT_DRA_DRIVERS
 from exporter.attribution.jobs import KNOWN_JOB_LABELS, derive_job
 from exporter.attribution.kubernetes import DEFAULT_SOCKET, KubernetesAttributor
 from exporter.attribution.podlabels import DEFAULT_CA_FILE, DEFAULT_TOKEN_FILE, KubeApiPodLabels
@@ -25,6 +27,8 @@ from exporter.sources.base import Labels, Reading, SourceError
 Device = tuple[Labels, str, str, str | None, str | None]
 
 __all__ = [
+    "DEFAULT_CDI_DIRS",
+    "DEFAULT_DRA_DRIVERS",
     "DEFAULT_SOCKET",
     "KNOWN_JOB_LABELS",
     "Allocation",
@@ -54,6 +58,8 @@ def build_attributor(
     kube_token_file: str | None = None,
     kube_ca_file: str | None = None,
     pod_labels_ttl: float = 60.0,
+    dra_drivers: Iterable[str] | None = None,
+    cdi_spec_dirs: Iterable[str] | None = None,
 ) -> Attributor | None:
     """The attributor the exporter's options ask for: Kubernetes first, then Slurm;
     None when neither is configured (the exporter then emits no allocation series).
@@ -61,7 +67,9 @@ def build_attributor(
     With ``job_label`` or ``kube_api`` set, Kubernetes jobs come from pod labels read from
     the API server (``kube_api``, default in-cluster): ``job_label`` when the pod has it,
     else the well-known operator labels (only without ``job_label``), else the pod name.
-    The label lookup's failures are counted with the attributor's own."""
+    The label lookup's failures are counted with the attributor's own. ``dra_drivers`` (default
+    ``gpu.nvidia.com``; empty: DRA claims ignored) and ``cdi_spec_dirs`` (default the CDI spec
+    directories; empty: device names only) steer the mapping of DRA-allocated GPUs (:mod:`exporter.attribution.dra`)."""
     parts: list[Attributor] = []
     if kubelet_socket:
         pod_labels = None
@@ -73,8 +81,11 @@ def build_attributor(
                 timeout=timeout,
                 ttl=pod_labels_ttl,
             )
-        parts.append(KubernetesAttributor(kubelet_socket, timeout=timeout, ttl=ttl, static_jobs=static_jobs,
-                                          pod_labels=pod_labels, job_label=job_label or None))
+        parts.append(KubernetesAttributor(
+            kubelet_socket, timeout=timeout, ttl=ttl, static_jobs=static_jobs, pod_labels=pod_labels,
+            job_label=job_label or None,
+            dra_drivers=DEFAULT_DRA_DRIVERS if dra_drivers is None else [d for d in dra_drivers if d],
+            cdi_spec_dirs=DEFAULT_CDI_DIRS if cdi_spec_dirs is None else [d for d in cdi_spec_dirs if d]))
         if pod_labels is not None:
             parts.append(pod_labels)  # attributes nothing; its refresh() reports the lookups' failures
     if slurm_dir:

@@ -15,8 +15,13 @@ from ``static_jobs`` (``{"namespace/pod": job}``), or from ``pod_labels`` (a cal
 caller may back with the API server) with ``job_label``: then the operator and controller
 labels name the owner exactly.
 
-When a GPU is shared (time-slicing), one holder is reported: the first by
-(namespace, pod, container), so the series is stable between scrapes.
+GPUs allocated by Dynamic Resource Allocation come in the same reply (``dynamic_resources``, with
+the kubelet feature gate KubeletPodResourcesDynamicResources: on by default from 1.34) and are mapped
+to GPU UUIDs and MIG instances by :mod:`exporter.attribution.dra` (claims of ``dra_drivers``, default
+``gpu.nvidia.com``), then held exactly like device-plugin devices.
+
+When a GPU is shared (time-slicing, or one ResourceClaim used by several containers or pods), one
+holder is reported: the first by (namespace, pod, container), so the series is stable between scrapes.
 
 ``grpc`` and the generated stubs are imported on the first refresh, never at import
 time: nodes without Kubernetes attribution do not pay for (or need) grpcio.
@@ -31,6 +36,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from exporter.attribution.base import Allocation, AttributionError, CachedAttributor
+from exporter.attribution.dra import DEFAULT_CDI_DIRS, DEFAULT_DRIVERS, CdiSpecs, DeviceRef, DraResolver
 from exporter.attribution.jobs import derive_job
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -65,6 +71,17 @@ class _Table:
                 _first(self.by_index_instance, (m["index"], m["gi"]), holder)
         _first(self.by_uuid, device_id, holder)
 
+    def add_ref(self, ref: DeviceRef, holder: Allocation) -> None:
+        """A device a DRA claim resolved to (exporter.attribution.dra)."""
+        if ref.uuid and ref.gpu_instance is not None:
+            _first(self.by_parent_instance, (ref.uuid, ref.gpu_instance), holder)
+        elif ref.uuid:
+            self.add(ref.uuid, holder)
+        elif ref.index is not None and ref.gpu_instance is not None:
+            _first(self.by_index_instance, (ref.index, ref.gpu_instance), holder)
+        elif ref.index is not None:
+            _first(self.by_index, ref.index, holder)
+
 
 def _first(table: dict, key: object, holder: Allocation) -> None:
     """Keep the smallest holder so shared devices report a stable one."""
@@ -93,6 +110,9 @@ class KubernetesAttributor(CachedAttributor[_Table]):
         static_jobs: Mapping[str, str] | None = None,
         pod_labels: PodLabels | None = None,
         job_label: str | None = None,
+        dra_drivers: Iterable[str] = DEFAULT_DRIVERS,
+        cdi_spec_dirs: Iterable[str] = DEFAULT_CDI_DIRS,
+        proc_root: str = "/proc",
         clock: Callable[[], float] = time.monotonic,
     ):
         super().__init__(ttl=ttl, max_stale=max_stale, clock=clock)
@@ -103,6 +123,9 @@ class KubernetesAttributor(CachedAttributor[_Table]):
         self.static_jobs = dict(static_jobs or {})
         self.pod_labels = pod_labels
         self.job_label = job_label
+        self.dra_drivers = frozenset(dra_drivers)
+        self.proc_root = proc_root
+        self._cdi_specs = CdiSpecs(tuple(cdi_spec_dirs))  # parsed specs kept between refreshes
 
     def _is_gpu_resource(self, name: str) -> bool:
         prefix = self.mig_resource_prefix
@@ -131,20 +154,34 @@ class KubernetesAttributor(CachedAttributor[_Table]):
         if reply is None:
             return None
         table = _Table()
+        dra = DraResolver(self.dra_drivers, self._cdi_specs, self.proc_root)
         names: dict[str, set[str]] = {}  # namespace -> pods on this node (StatefulSet ordinals: derive_job)
         for pod in reply.pod_resources:
             names.setdefault(pod.namespace, set()).add(pod.name)
         for pod in reply.pod_resources:
             job: str | None = None
             for container in pod.containers:
+                holder: Allocation | None = None
                 for devices in container.devices:
                     if not self._is_gpu_resource(devices.resource_name):
                         continue
-                    if job is None:
-                        job = self._job(pod.namespace, pod.name, names[pod.namespace])
-                    holder = Allocation(pod.namespace, pod.name, container.name, job)
+                    if holder is None:
+                        job = job or self._job(pod.namespace, pod.name, names[pod.namespace])
+                        holder = Allocation(pod.namespace, pod.name, container.name, job)
                     for device_id in devices.device_ids:
                         table.add(device_id, holder)
+                for claim in container.dynamic_resources:
+                    for resource in claim.claim_resources:
+                        cdi_names = [d.name for d in resource.cdi_devices]
+                        if not dra.watches(resource.driver_name, cdi_names):
+                            continue
+                        refs = dra.resolve(resource.driver_name, resource.pool_name, resource.device_name, cdi_names)
+                        if refs and holder is None:
+                            job = job or self._job(pod.namespace, pod.name, names[pod.namespace])
+                            holder = Allocation(pod.namespace, pod.name, container.name, job)
+                        for ref in refs:
+                            table.add_ref(ref, holder)
+        errors.extend(dra.errors())
         return table
 
     def _list(self, errors: list[AttributionError]):  # -> ListPodResourcesResponse | None

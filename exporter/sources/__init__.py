@@ -94,6 +94,12 @@ def _nvml_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kubelet-socket", default=None, metavar="PATH",
                        help="kubelet pod-resources socket for pod attribution "
                        "(e.g. /var/lib/kubelet/pod-resources/kubelet.sock; default: off)")
+    group.add_argument("--dra-driver", action="append", default=None, metavar="NAME",
+                       help="DRA driver whose ResourceClaim devices are GPUs to attribute (repeatable; "
+                       "default gpu.nvidia.com; --dra-driver= alone ignores DRA claims)")
+    group.add_argument("--cdi-spec-dir", action="append", default=None, metavar="DIR",
+                       help="CDI spec directory (read-only) mapping DRA devices to GPUs (repeatable; "
+                       "default /etc/cdi and /var/run/cdi; --cdi-spec-dir= alone: device names only)")
     group.add_argument("--slurm-job-dir", default=None, metavar="DIR",
                        help="Slurm job-mapping directory (files named by GPU index, each holding a job id)")
     group.add_argument("--attribution-ttl", type=float, default=10.0,
@@ -141,7 +147,7 @@ SOURCES: dict[str, SourceSpec] = {
         SourceSpec("nvml", "NVIDIA driver via NVML (GPM profiling on Hopper+, XID events, MIG, topology)",
                    _with_deadline("exporter.sources.nvml"), _nvml_arguments,
                    ("gpm_interval", "kubelet_socket", "slurm_job_dir", "job_pod_label", "kube_api", "job_map",
-                    "deadline")),
+                    "dra_driver", "cdi_spec_dir", "deadline")),
         SourceSpec("dcgm", "scrape a node-local NVIDIA dcgm-exporter",
                    _with_deadline("exporter.sources.dcgm"), _dcgm_arguments,
                    ("dcgm_url", "deadline")),

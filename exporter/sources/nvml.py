@@ -874,7 +874,8 @@ def from_args(args: argparse.Namespace) -> NvmlSource:
 
     job_map = getattr(args, "job_map", None)
     kube_only = [flag for flag, dest in (("--job-pod-label", "job_pod_label"), ("--kube-api", "kube_api"),
-                                         ("--job-map", "job_map")) if getattr(args, dest, None)]
+                                         ("--job-map", "job_map"), ("--dra-driver", "dra_driver"),
+                                         ("--cdi-spec-dir", "cdi_spec_dir")) if getattr(args, dest, None)]
     if kube_only and not getattr(args, "kubelet_socket", None):
         raise ValueError(f"{', '.join(kube_only)} need --kubelet-socket (Kubernetes attribution)")
     attributor = build_attributor(
@@ -885,6 +886,8 @@ def from_args(args: argparse.Namespace) -> NvmlSource:
         kube_api=getattr(args, "kube_api", None),
         kube_token_file=getattr(args, "kube_token_file", None),
         kube_ca_file=getattr(args, "kube_ca_file", None),
+        dra_drivers=getattr(args, "dra_driver", None),
+        cdi_spec_dirs=getattr(args, "cdi_spec_dir", None),
     )
     return NvmlSource(
         hostname=getattr(args, "nvml_hostname", None),

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from alerts.rules import ANALYZER_JOB, EXPORTER_JOB
+from exporter.attribution import DEFAULT_CDI_DIRS
 from tests.conftest import ROOT
 from tests.deploy.conftest import KUBE, installed_dirs, kubectl, readme_kubernetes_commands
 
@@ -259,8 +260,14 @@ def test_exporter_runs_with_the_least_privilege_its_overlay_states(rendered, nam
         assert not [o for o in rendered[name] if o["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role")]
         labels = _one(rendered[name], "Namespace")["metadata"]["labels"]
         assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
-    else:  # UID 0 without capabilities, for the root-only kubelet socket and nothing else
-        assert sc["runAsUser"] == 0 and host_paths == {"/var/lib/kubelet/pod-resources"}
+    else:  # UID 0 without capabilities, for the root-only kubelet socket; DRA's CDI specs read-only
+        assert sc["runAsUser"] == 0 and host_paths == {"/var/lib/kubelet/pod-resources", "/var/run/cdi"}
+        mounts = {m["name"]: m for m in _container(rendered[name], "DaemonSet")["volumeMounts"]}
+        for volume in (v for v in pod["volumes"] if "hostPath" in v):
+            mount = mounts[volume["name"]]
+            assert mount["readOnly"] is True and mount["mountPath"] == volume["hostPath"]["path"], mount
+        args = _parse(_container(rendered[name], "DaemonSet"))
+        assert "/var/run/cdi" in (args.cdi_spec_dir or DEFAULT_CDI_DIRS)  # the exporter reads the mount
 
 
 @pytest.mark.parametrize("name", ["base", *OVERLAYS])
