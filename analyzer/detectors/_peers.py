@@ -116,6 +116,13 @@ class Blocks:
         self.batches = [np.stack(v) for v in by.values()]
         self.n_slots = n_slots
 
+    def sizes(self) -> np.ndarray:
+        """Every slot's set size (0 outside any set)."""
+        out = np.zeros(self.n_slots, np.int64)
+        for idx in self.batches:
+            out[idx] = idx.shape[1]
+        return out
+
     def median(self, m: np.ndarray) -> np.ndarray:
         """Every member gets its set's NaN-skipping median (NaN outside any set)."""
         out = np.full((self.n_slots, m.shape[1]), np.nan)

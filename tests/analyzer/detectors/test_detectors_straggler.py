@@ -291,9 +291,10 @@ def _cut(fleet: Fleet, end: float, window: float = 1800.0) -> Fleet:
 
 
 @pytest.mark.parametrize("name, minutes", [("straggler-slowdowns", 10), ("thermal-straggler", 5),
-                                           ("straggler-silent", 15)])
+                                           ("straggler-silent", 12)])
 def test_time_to_detect_replaying_the_way_serve_sees_it(name: str, minutes: int) -> None:
-    """>= 20% slowdowns within 5 minutes, >= 10% within 10 (thermal/power); silent (same-clock) 10-12% within 15."""
+    """>= 20% slowdowns within 5 minutes, >= 10% within 10 (thermal/power); silent (same-clock) 10-12% within 12
+    (suspected from the half window at the end of the data once the lead reaches 10%)."""
     from analyzer.analysis.evaluate import matches, named_scenario_fleet
 
     cluster, fleet = named_scenario_fleet(name, "truegpu", 60.0)
@@ -303,3 +304,19 @@ def test_time_to_detect_replaying_the_way_serve_sees_it(name: str, minutes: int)
         limit = 5 if big and name != "straggler-silent" else minutes
         now = math.floor((t["start"] + limit * 60) / STEP) * STEP
         assert any(matches(f, t, now) for f in det.detect(_cut(fleet, now))), (name, t["cause"], limit)
+
+
+def test_a_small_healthy_gang_drifting_apart_is_no_silent_straggler_in_replay() -> None:
+    """noisy-neighbours' 4-GPU train-a at seed +2: a healthy member at its drift peak leads the median of 4 by
+    7-8% for over ten minutes (it was a confirmed "unexplained" straggler in 30-minute replay windows): the
+    silent path needs >= silent_min_members, and an open episode of it confirms on settled evidence only."""
+    from analyzer.analysis.evaluate import fleet_slice, named_scenario_fleet, replay
+
+    cluster, fleet = named_scenario_fleet("noisy-neighbours", "truegpu", 60.0, seed_offset=2)
+    part = fleet_slice(fleet, fleet.start + 8.5 * 3600, fleet.start + 10.5 * 3600)
+    res = replay(part, cluster.ground_truth(), [STRAGGLER], interval=60.0, window=1800.0)
+    assert res["kinds"][STRAGGLER]["false_findings"] == []
+    loose = replay(part, cluster.ground_truth(), [STRAGGLER], interval=60.0, window=1800.0,
+                   config={STRAGGLER: {"silent_min_members": 2}})
+    assert loose["kinds"][STRAGGLER]["false_findings"], "the rule this test guards no longer matters here"
+
