@@ -155,7 +155,11 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
         try:
             conn = self.tls.wrap_socket(request, server_side=True)
         except (ssl.SSLError, OSError) as exc:  # a wrong CA, plain HTTP on the TLS port, a scanner
-            log.info("TLS handshake with %s refused: %s", client_address[0], exc)
+            # A connection closed before any handshake is a TCP probe (kubelet tcpSocket, a load balancer):
+            # routine, several a minute, so not worth a log line each; a refused handshake is.
+            eof = isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError | ConnectionResetError | BrokenPipeError)
+            (log.debug if eof else log.info)("TLS handshake with %s %s: %s", client_address[0],
+                                             "closed before it began" if eof else "refused", exc)
             return
         try:
             super().finish_request(conn, client_address)

@@ -10,6 +10,7 @@ strict so a misspelt field fails here instead of being pruned by the API server.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections import Counter
@@ -30,6 +31,8 @@ CRDS = ROOT.parent / "shared" / "reference" / "prometheus-operator-crds"
 #: The Kubernetes minors validated against: kubectl's here and the newest kubernetes-validate knows.
 KUBERNETES_VERSIONS = ("1.32", "1.37")
 OVERLAYS = sorted(p.name for p in (KUBE / "overlays").iterdir() if p.is_dir())
+#: Overlays that are the base plus more than one component (in this order); the others are base + their namesake.
+COMPOSED = {"secure-endpoints-prometheus-operator": ["prometheus-operator", "secure-endpoints"]}
 #: kubectl's client-side apply stores the object in an annotation, which may not pass 256 KiB.
 MAX_APPLIED_BYTES = 262144
 #: Accepted checkov findings per installed directory: (resource, check). Each carries its reason in a
@@ -43,7 +46,20 @@ ACCEPTED = {
     "prometheus-operator": IMAGE_DIGEST | ROOT_FOR_SOCKET,
     "postgres-rollups": IMAGE_DIGEST | ROOT_FOR_SOCKET | {("Deployment.truegpu.truegpu-analyzer", "CKV_K8S_35")},
     "process-attribution": IMAGE_DIGEST | ROOT_FOR_SOCKET | {("DaemonSet.truegpu.truegpu-exporter", "CKV_K8S_17")},
+    "secure-endpoints": IMAGE_DIGEST | ROOT_FOR_SOCKET,
+    "secure-endpoints-prometheus-operator": IMAGE_DIGEST | ROOT_FOR_SOCKET,
 }
+#: --web-config-file in the secure-endpoints component: the Secret's volume, read-only.
+WEB_CONFIG = "/etc/truegpu/web/web.yml"
+WEB_SECRET, SCRAPE_SECRET = "truegpu-web-config", "truegpu-scrape-credentials"
+
+
+def components(overlay: str) -> list[str]:
+    return COMPOSED.get(overlay, [overlay])
+
+
+SECURE = [o for o in OVERLAYS if "secure-endpoints" in components(o)]
+OPERATOR = [o for o in OVERLAYS if "prometheus-operator" in components(o)]
 
 
 def _one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
@@ -90,10 +106,12 @@ def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
 def test_readme_installs_the_base_and_every_overlay():
     dirs = installed_dirs()
     assert dirs == ["deploy/kubernetes/base", *[f"deploy/kubernetes/overlays/{o}" for o in OVERLAYS]], dirs
-    assert {"dcgm-exporter", "prometheus-operator", "postgres-rollups", "process-attribution"} <= set(OVERLAYS)
-    for overlay in OVERLAYS:  # each overlay is the base plus its component, so they compose
+    assert {"dcgm-exporter", "prometheus-operator", "postgres-rollups", "process-attribution",
+            "secure-endpoints", "secure-endpoints-prometheus-operator"} <= set(OVERLAYS)
+    for overlay in OVERLAYS:  # each overlay is the base plus its component(s), so they compose
         k = yaml.safe_load((KUBE / "overlays" / overlay / "kustomization.yaml").read_text())
-        assert k["resources"] == ["../../base"] and k["components"] == [f"../../components/{overlay}"]
+        assert k["resources"] == ["../../base"]
+        assert k["components"] == [f"../../components/{c}" for c in components(overlay)]
 
 
 def test_every_directory_renders_the_stack(rendered):
@@ -105,8 +123,9 @@ def test_every_directory_renders_the_stack(rendered):
             if obj["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
                 assert obj["metadata"].get("namespace"), f"{name}: {obj['kind']} {obj['metadata']['name']}"
     monitoring = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
-    assert monitoring <= {o["kind"] for o in rendered["prometheus-operator"]}
-    assert not monitoring & {o["kind"] for o in rendered["base"]}
+    for name in ["base", *OVERLAYS]:
+        kinds = {o["kind"] for o in rendered[name]}
+        assert monitoring <= kinds if name in OPERATOR else not monitoring & kinds, name
 
 
 def test_every_object_validates(rendered, crd_schemas):
@@ -174,8 +193,9 @@ def test_dashboard_configmaps_equal_the_generated_dashboards(rendered):
         assert data == files, f"{name}: dashboard ConfigMaps differ from dashboards/generated"
 
 
-def test_scrape_jobs_are_the_jobs_the_rules_select(rendered):
-    objs = rendered["prometheus-operator"]
+@pytest.mark.parametrize("name", OPERATOR)
+def test_scrape_jobs_are_the_jobs_the_rules_select(rendered, name):
+    objs = rendered[name]
     pod_monitor, service_monitor = _one(objs, "PodMonitor"), _one(objs, "ServiceMonitor")
     exporter_pod = _one(objs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
     assert exporter_pod[pod_monitor["spec"]["jobLabel"]] == EXPORTER_JOB
@@ -203,6 +223,21 @@ def _parse(container: dict[str, Any]):
     return build_parser(argv).parse_args(argv)
 
 
+def _handler(probe: dict[str, Any]) -> dict[str, Any]:
+    """The probe's one handler (httpGet, tcpSocket, exec or grpc), without its timing."""
+    handlers = {k: v for k, v in probe.items() if k in ("httpGet", "tcpSocket", "exec", "grpc")}
+    assert len(handlers) == 1, probe
+    return handlers
+
+
+def _expected_probe(name: str, path: str, port_name: str) -> dict[str, Any]:
+    """httpGet on the health endpoint; tcpSocket where basic auth guards it (secure-endpoints), since
+    the kubelet could pass basic auth only with the password written into the pod spec."""
+    if name in SECURE:
+        return {"tcpSocket": {"port": port_name}}
+    return {"httpGet": {"path": path, "port": port_name}}
+
+
 def _listen_port(container: dict[str, Any]) -> int:
     host, port = _parse(container).listen
     assert host == "", "listen on every interface of the pod"
@@ -217,7 +252,7 @@ def test_exporter_arguments_probes_and_node_name(rendered, name):
     args = _parse(container)
     port_name = _listen_port(container)
     for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": port_name}, probe
+        assert _handler(container[probe]) == _expected_probe(name, "/healthz", port_name), probe
     (node_env,) = [e for e in container["env"] if e["name"] == "NODE_NAME"]
     assert node_env["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert container["resources"]["requests"] and container["resources"]["limits"]
@@ -297,8 +332,8 @@ def test_analyzer_token_rollups_and_probes(rendered, name):
     args = _parse(container)
     assert args.command == "serve" and not args.no_auth
     port_name = _listen_port(container)
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port_name}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port_name}
+    assert _handler(container["livenessProbe"]) == _expected_probe(name, "/healthz", port_name)
+    assert _handler(container["readinessProbe"]) == _expected_probe(name, "/readyz", port_name)
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     token_dir = str(Path(args.api_token_file).parent)
@@ -317,18 +352,172 @@ def test_analyzer_token_rollups_and_probes(rendered, name):
         _one(objs, "PersistentVolumeClaim", claim)
 
 
-def test_readme_secret_commands_make_the_secrets_the_manifests_read(rendered):
+def _secure_section(lang: str) -> str:
+    """The fenced ``lang`` block of deploy/kubernetes/README.md's "Secure endpoints" section."""
+    section = re.search(r"^## Secure endpoints\n(.*?)(?=^## )", (KUBE / "README.md").read_text(), re.M | re.S)
+    assert section, "deploy/kubernetes/README.md has no '## Secure endpoints' section"
+    (block,) = re.findall(rf"```{lang}\n(.*?)```", section.group(1), re.S)
+    return block
+
+
+@pytest.fixture(scope="module")
+def secret_files(tmp_path_factory) -> Path:
+    """A directory where deploy/kubernetes/README.md's secure-endpoints commands ran: web.yml, the
+    certificate and key, Prometheus' password (python3 is the project's, which has bcrypt)."""
+    out = tmp_path_factory.mktemp("secrets")
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", _secure_section("sh")], cwd=out, capture_output=True,
+                          text=True, timeout=60, env={"PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin"})
+    assert proc.returncode == 0, f"the documented commands failed:\n{proc.stderr}"
+    return out
+
+
+def _readme_secrets(cwd: Path) -> dict[str, dict[str, Any]]:
+    """The README's `create secret` lines, run with --dry-run=client in ``cwd``: name -> Secret."""
     made = {}
     for line in readme_kubernetes_commands():
         if line.startswith("kubectl") and " create secret " in line:
-            proc = subprocess.run(["bash", "-c", f"{line} --dry-run=client -o yaml"], cwd=ROOT,
+            proc = subprocess.run(["bash", "-c", f"{line} --dry-run=client -o yaml"], cwd=cwd,
                                   capture_output=True, text=True, timeout=60,
                                   env={"PATH": str(Path(kubectl()).parent) + ":/usr/bin:/bin"})
             assert proc.returncode == 0, f"{line}\n{proc.stderr}"
             secret = yaml.safe_load(proc.stdout)
-            made[secret["metadata"]["name"]] = (secret["metadata"]["namespace"], set(secret["data"]))
+            made[secret["metadata"]["name"]] = secret
+    return made
+
+
+def test_readme_secret_commands_make_the_secrets_the_manifests_read(rendered, secret_files):
+    made = {name: (s["metadata"]["namespace"], set(s["data"])) for name, s in _readme_secrets(secret_files).items()}
     assert made["truegpu-api-token"] == ("truegpu", {"token"})
     assert made["truegpu-rollup-store"] == ("truegpu", {"url", "password"})
+    assert made[WEB_SECRET] == ("truegpu", {"web.yml", "tls.crt", "tls.key"})
+    assert made[SCRAPE_SECRET] == ("truegpu", {"username", "password", "ca.crt"})
+    for name in SECURE:  # every Secret the secure overlays read is one the README makes, with its keys
+        for kind in ("DaemonSet", "Deployment"):
+            volumes = _one(rendered[name], kind)["spec"]["template"]["spec"]["volumes"]
+            assert WEB_SECRET in {v["secret"]["secretName"] for v in volumes if "secret" in v}
+        for monitor in (o for o in rendered[name] if o["kind"] in ("PodMonitor", "ServiceMonitor")):
+            for endpoint in monitor["spec"].get("podMetricsEndpoints", monitor["spec"].get("endpoints")):
+                refs = [endpoint["tlsConfig"]["ca"]["secret"], *endpoint["basicAuth"].values()]
+                assert {(r["name"], r["key"]) for r in refs} <= {(SCRAPE_SECRET, k) for k in made[SCRAPE_SECRET][1]}
+
+
+def test_documented_web_config_loads_and_admits_the_scrape_credentials(secret_files, tmp_path):
+    """The Secret's files, laid out as its volume lays them out, load with the exporter's own loader
+    (which serve uses too): TLS from the relative paths, the hash matching Prometheus' password."""
+    import base64
+
+    from exporter.webconfig import BasicAuth, load_web_config
+
+    secrets = _readme_secrets(secret_files)
+    mounted = tmp_path / "etc-truegpu-web"  # what the pod sees at /etc/truegpu/web
+    mounted.mkdir()
+    for key, value in secrets[WEB_SECRET]["data"].items():
+        (mounted / key).write_bytes(base64.b64decode(value))
+    web = load_web_config(mounted / Path(WEB_CONFIG).name)
+    assert web.scheme == "https" and web.tls.minimum_version.name == "TLSv1_2"
+    assert web.headers["Strict-Transport-Security"]
+    scrape = {k: base64.b64decode(v).decode() for k, v in secrets[SCRAPE_SECRET]["data"].items()}
+    assert set(web.users) == {scrape["username"]} and len(scrape["password"]) >= 32
+    auth = BasicAuth(web.users)
+    basic = "Basic " + base64.b64encode(f"{scrape['username']}:{scrape['password']}".encode()).decode()
+    assert auth.allows(basic) and not auth.allows(basic[:-4] + "AAAA")
+    assert scrape["ca.crt"] == (mounted / "tls.crt").read_text()  # self-signed: Prometheus trusts the certificate
+    cert = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName"], input=scrape["ca.crt"],
+                          capture_output=True, text=True, check=True).stdout
+    for service in ("truegpu-exporter", "truegpu-analyzer"):  # the monitors' serverName
+        assert f"DNS:{service}.truegpu.svc" in cert
+
+
+def test_documented_scrape_config_is_valid_and_scrapes_the_rules_jobs(secret_files, tmp_path, promtool):
+    """The plain-Prometheus scrape jobs of deploy/kubernetes/README.md pass `promtool check config`
+    (with the documented file paths pointing at real files) and are the jobs the rules select.
+
+    Debian's Prometheus build (the one here) has no Kubernetes discovery, so promtool gets
+    static_configs in its place; the discovery blocks are checked against its documented keys here."""
+    config = yaml.safe_load(_secure_section("yaml"))
+    assert [j["job_name"] for j in config["scrape_configs"]] == [EXPORTER_JOB, ANALYZER_JOB]
+    for job in config["scrape_configs"]:
+        assert job["scheme"] == "https" and job["basic_auth"]["password_file"] and job["tls_config"]["ca_file"]
+        assert job["tls_config"]["server_name"] == f"{job['job_name']}.truegpu.svc"
+        (sd,) = job.pop("kubernetes_sd_configs")
+        assert set(sd) <= {"role", "namespaces", "selectors"} and sd["role"] in ("pod", "endpoints")
+        assert sd["namespaces"] == {"names": ["truegpu"]}
+        assert all(set(s) <= {"role", "label", "field"} and s["role"] == sd["role"] for s in sd.get("selectors", []))
+        job["static_configs"] = [{"targets": ["10.0.0.5:9835"]}]
+    (tmp_path / "ca.crt").write_bytes((secret_files / "tls.crt").read_bytes())
+    (tmp_path / "password").write_bytes((secret_files / "scrape-password").read_bytes())
+    text = yaml.safe_dump(config).replace("/etc/prometheus/truegpu/", f"{tmp_path}/")
+    (tmp_path / "prometheus.yml").write_text(text)
+    proc = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name", ["base", *OVERLAYS])
+def test_secure_endpoints_mount_the_web_config_read_only(rendered, name):
+    """secure-endpoints: both containers read --web-config-file from the Secret's read-only volume (no
+    subPath, so a rotated Secret arrives), readable by their user; no annotation-driven scraping."""
+    for kind in ("DaemonSet", "Deployment"):
+        template = _one(rendered[name], kind)["spec"]["template"]
+        pod, container = template["spec"], _container(rendered[name], kind)
+        path = _parse(container).web_config_file
+        if name not in SECURE:
+            assert path is None and not any("secret" in v and v["secret"]["secretName"] == WEB_SECRET
+                                            for v in pod["volumes"]), name
+            continue
+        assert path == WEB_CONFIG, (name, kind)
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(Path(path).parent)]
+        assert mount["readOnly"] is True and "subPath" not in mount
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["secret"] == {"secretName": WEB_SECRET, "defaultMode": 0o440}
+        # The files are root's, mode 0440, group fsGroup (which the container's processes join).
+        uid = container["securityContext"].get("runAsUser", pod["securityContext"].get("runAsUser"))
+        assert uid == 0 or pod["securityContext"].get("fsGroup") is not None, (name, kind, uid)
+        assert not any(k.startswith("prometheus.io/") for k in template["metadata"].get("annotations", {}))
+        assert {p["containerPort"] for p in container["ports"]} == {9835 if kind == "DaemonSet" else 9836}
+
+
+@pytest.mark.parametrize("name", OPERATOR)
+def test_monitors_scrape_https_with_basic_auth_where_the_endpoints_need_it(rendered, name):
+    objs = rendered[name]
+    endpoints = {"truegpu-exporter": _one(objs, "PodMonitor")["spec"]["podMetricsEndpoints"],
+                 "truegpu-analyzer": _one(objs, "ServiceMonitor")["spec"]["endpoints"]}
+    for service, eps in endpoints.items():
+        (endpoint,) = eps
+        if name not in SECURE:
+            assert endpoint.get("scheme", "http") == "http"
+            assert "tlsConfig" not in endpoint and "basicAuth" not in endpoint
+            continue
+        namespace = _one(objs, "Service", service)["metadata"]["namespace"]
+        assert endpoint["scheme"] == "https" and not endpoint["tlsConfig"].get("insecureSkipVerify")
+        assert endpoint["tlsConfig"]["serverName"] == f"{service}.{namespace}.svc"
+        assert endpoint["tlsConfig"]["ca"] == {"secret": {"name": SCRAPE_SECRET, "key": "ca.crt"}}
+        assert endpoint["basicAuth"] == {"username": {"name": SCRAPE_SECRET, "key": "username"},
+                                         "password": {"name": SCRAPE_SECRET, "key": "password"}}
+
+
+@pytest.mark.parametrize("other", ["dcgm-exporter", "postgres-rollups", "process-attribution"])
+def test_secure_endpoints_compose_with_the_other_components(other, tmp_path):
+    """Your own overlay of base + another component + secure-endpoints renders, and keeps both."""
+    kube = os.path.relpath(KUBE, tmp_path)  # kustomize takes relative paths only
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": [f"{kube}/base"],
+        "components": [f"{kube}/components/{other}", f"{kube}/components/secure-endpoints"]}))
+    proc = subprocess.run([kubectl(), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    objs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    for kind in ("DaemonSet", "Deployment"):
+        container = _container(objs, kind)
+        assert _parse(container).web_config_file == WEB_CONFIG
+        assert {"tcpSocket"} == set(_handler(container["livenessProbe"])) == set(_handler(container["readinessProbe"]))
+    exporter = _parse(_container(objs, "DaemonSet"))
+    if other == "dcgm-exporter":
+        assert exporter.sources == ["dcgm"]  # its arguments, plus the appended --web-config-file
+        pod = _one(objs, "DaemonSet")["spec"]["template"]["spec"]
+        sc = _container(objs, "DaemonSet")["securityContext"]
+        assert sc["runAsUser"] == 65534 and pod["securityContext"]["fsGroup"] == sc["runAsGroup"] == 65534
+    if other == "process-attribution":
+        assert _one(objs, "DaemonSet")["spec"]["template"]["spec"]["hostPID"] is True
 
 
 # Network policies and the scan -------------------------------------------------------------------------

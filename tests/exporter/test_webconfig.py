@@ -4,6 +4,7 @@ client certificate are refused; bad files are errors naming the key."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -64,9 +65,15 @@ def test_requests_need_tls_the_ca_a_client_certificate_and_the_password(pki: Pat
             requests.get(url + "/metrics", verify=pki / "ca.crt", auth=(USER, PASSWORD), timeout=10)
         with pytest.raises(requests.exceptions.RequestException):  # plain HTTP on the TLS port
             requests.get(url.replace("https", "http") + "/metrics", timeout=10)
+        host, port = url.removeprefix("https://").rsplit(":", 1)
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()  # a kubelet tcpSocket probe
         # the exporter keeps serving after refusing all of those
         again = requests.get(url + "/metrics", verify=pki / "ca.crt", cert=client, auth=(USER, PASSWORD), timeout=10)
         assert again.status_code == 200
+    logged = (tmp_path / "exporter.log").read_text()
+    refused = [line for line in logged.splitlines() if "TLS handshake" in line]
+    assert any("UNKNOWN_CA" in line for line in refused) and any("HTTP_REQUEST" in line for line in refused)
+    assert not any("EOF" in line for line in refused), refused  # a TCP probe is routine: debug, not info
 
 
 def test_real_prometheus_scrapes_over_tls_with_basic_auth(pki: Path, tmp_path: Path, prometheus_bin: str) -> None:
