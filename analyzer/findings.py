@@ -11,7 +11,8 @@ confirmed, extended or closed, so alerts, tickets and API clients can follow it.
 derived from the kind, the entity and the start (:func:`finding_id`); a service re-analyzing a
 sliding window carries the previous run's id over to the finding of the same kind and entity whose
 time span touches it (:func:`carry_ids`), because the start of a problem that began before the
-window moves with the window.
+window moves with the window; :class:`IdMemory` remembers the findings of the last window, so a
+problem missing from one run keeps its id too.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -151,6 +152,29 @@ def carry_ids(previous: Sequence[Finding], previous_end: float, current: Sequenc
     for i, f in enumerate(current):
         if i not in carried:
             f.id = _unique(finding_id(f) if not f.id or f.id in taken else f.id, taken)
+
+
+class IdMemory:
+    """The findings recent analyses showed, so that a problem missing from one run gets its id back
+    when it returns: a suspected straggler withdrawn for a minute, an intermittent one between
+    spells, a run that failed. Carrying from the previous run only would give it a fresh id each
+    time (an alert that flaps, an API client that loses track).
+
+    Each remembered finding keeps the span it had when last shown (open ends closed at that run's
+    end); entries last shown more than ``keep_s`` before the current run's end are forgotten, so the
+    memory holds one window's worth of findings at most."""
+
+    def __init__(self, keep_s: float) -> None:
+        self.keep_s = float(keep_s)
+        self._seen: dict[str, Finding] = {}
+
+    def carry(self, current: Sequence[Finding], current_end: float) -> None:
+        """:func:`carry_ids` from every remembered finding, then remember ``current``."""
+        carry_ids(list(self._seen.values()), current_end, current, current_end)
+        for f in current:
+            self._seen[f.id] = f if f.end is not None else replace(f, end=current_end)
+        horizon = current_end - self.keep_s
+        self._seen = {k: f for k, f in self._seen.items() if (f.end or current_end) >= horizon}
 
 
 def rfc3339(ts: float) -> str:

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.data.frame import Fleet
-from analyzer.findings import IDLE_ALLOCATED, IDLE_MASKING, Finding
+from analyzer.findings import IDLE_ALLOCATED, IDLE_MASKING, SEVERITY_ORDER, Finding, json_ready
 from analyzer.pipeline import detect
 from analyzer.site import SiteConfig
 
@@ -179,8 +179,10 @@ def evaluate(
 
 
 def _brief_finding(f: Finding) -> dict[str, Any]:
-    return {"hostname": f.hostname, "gpu": f.gpu, "gpu_instance": f.gpu_instance, "job": f.job,
-            "start": f.start, "end": f.end, "summary": f.summary}
+    """What a reader needs to judge a false finding: where, when, how bad, and the detector's evidence."""
+    return {"id": f.id, "kind": f.kind, "severity": f.severity, "confidence": f.confidence,
+            "hostname": f.hostname, "gpu": f.gpu, "gpu_instance": f.gpu_instance, "job": f.job,
+            "start": f.start, "end": f.end, "summary": f.summary, "evidence": json_ready(f.evidence)}
 
 
 def _brief_truth(t: Mapping[str, Any]) -> dict[str, Any]:
@@ -271,7 +273,8 @@ def evaluate_scenarios(
         cluster, fleet = named_scenario_fleet(name, dialect, step, dcgm_counters=dcgm_counters, seed_offset=offset)
         findings = detect(fleet, kinds, site, config)
         res = evaluate(findings, cluster.ground_truth(), kinds, fleet)
-        res.update(scenario=name, seed=cluster.scenario.seed, dialect=dialect, step=step, notes=list(fleet.notes))
+        res.update(scenario=name, seed=cluster.scenario.seed, dialect=dialect, step=step, notes=list(fleet.notes),
+                   dcgm_counters=dcgm_counters if dialect == "dcgm" else None)
         out.append(res)
     return out
 
@@ -318,12 +321,14 @@ def fleet_slice(fleet: Fleet, start: float, end: float) -> Fleet:
 
 @dataclasses.dataclass
 class _Seen:
-    """A finding id over the replay: its kind, whether it ever matched a truth, its first sighting."""
+    """A finding id over the replay: its kind, whether it ever matched a truth, its first sighting and
+    the highest severity any run gave it (a suspected finding confirmed later pages at that severity)."""
 
     kind: str
     first_cut: float
     finding: Finding
     true: bool = False
+    severity_max: str = "info"
 
 
 def replay(
@@ -339,7 +344,7 @@ def replay(
     """Re-run the analysis over ``fleet`` the way ``serve`` would have, and time each detection.
 
     Every cut (:func:`replay_cuts`) analyzes ``[cut - window, cut)`` (:func:`fleet_slice`), carries the
-    ids of the previous cut's findings over like the service (:func:`analyzer.findings.carry_ids`) and
+    ids of the last window's findings over like the service (:class:`analyzer.findings.IdMemory`) and
     matches the cut's findings to the truth (:func:`matches`, open ends at the cut). A truth's time to
     detect is the first cut holding a matching finding minus its onset (missed when none does). The
     findings of the replay are the distinct ids: an id is true when it ever matched a truth, so a false
@@ -347,7 +352,7 @@ def replay(
     matched it: more than one is either several devices of a node- or rack-level problem or an id that
     did not carry over (an alert that would have flapped). Scrape lag and the rules' ``for:`` come on top.
     """
-    from analyzer.findings import carry_ids
+    from analyzer.findings import IdMemory
 
     cuts = replay_cuts(fleet.start, fleet.end, fleet.step, interval)
     truth = _clip_truth(truth, fleet.start, cuts[-1]) if cuts else []
@@ -355,19 +360,19 @@ def replay(
     first: dict[int, float] = {}
     ids_of: dict[int, set[str]] = {}
     seen: dict[str, _Seen] = {}
-    previous: list[Finding] = []
-    for i, cut in enumerate(cuts):
+    ids = IdMemory(window)
+    for cut in cuts:
         found = detect(fleet_slice(fleet, cut - window, cut), kinds, site, config)
-        if previous:
-            carry_ids(previous, cuts[i - 1], found, cut)
+        ids.carry(found, cut)
         for f in found:
-            rec = seen.setdefault(f.id, _Seen(f.kind, cut, f))
+            rec = seen.setdefault(f.id, _Seen(f.kind, cut, f, severity_max=f.severity))
+            if SEVERITY_ORDER[f.severity] < SEVERITY_ORDER[rec.severity_max]:
+                rec.severity_max = f.severity
             for j, t in enumerate(truth):
                 if matches(f, t, cut, racks):
                     rec.true = True
                     first.setdefault(j, cut)
                     ids_of.setdefault(j, set()).add(f.id)
-        previous = found
     gpu_hours = fleet_gpu_hours(fleet)
     result: dict[str, Any] = {"window": [fleet.start, fleet.end], "gpu_hours": gpu_hours, "cuts": len(cuts),
                               "interval": interval, "analysis_window": window, "kinds": {}}
@@ -394,7 +399,8 @@ def _replay_counts(problems: list[dict[str, Any]], ids: list[_Seen], gpu_hours: 
         "ids_max": max((p["ids"] for p in problems), default=0),
         "false_per_1000_gpu_hours": (len(ids) - tp) / gpu_hours * 1000.0 if gpu_hours else None,
         "problems": problems,
-        "false_findings": [{**_brief_finding(r.finding), "first_cut": r.first_cut} for r in ids if not r.true],
+        "false_findings": [{**_brief_finding(r.finding), "first_cut": r.first_cut, "severity_max": r.severity_max}
+                           for r in ids if not r.true],
     }
 
 
@@ -418,7 +424,8 @@ def _replay_one(job: tuple[Any, ...]) -> dict[str, Any]:
     name, offset, dialect, step, interval, window, kinds, counters, site, config = job
     cluster, fleet = named_scenario_fleet(name, dialect, step, dcgm_counters=counters, seed_offset=offset)
     res = replay(fleet, cluster.ground_truth(), kinds, interval=interval, window=window, site=site, config=config)
-    res.update(scenario=name, seed=cluster.scenario.seed, dialect=dialect, step=step)
+    res.update(scenario=name, seed=cluster.scenario.seed, dialect=dialect, step=step,
+               dcgm_counters=counters if dialect == "dcgm" else None)
     return res
 
 

@@ -134,6 +134,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="scenario to run (repeatable; default: all)")
     e.add_argument("--dialect", choices=("truegpu", "dcgm", "both"), default="both",
                    help="input dialect the analyzer reads (dcgm: via a dcgm-exporter history file; default both)")
+    e.add_argument("--dcgm-counters", choices=("all", "default"), default="all",
+                   help="fields the dcgm dialect's history carries: all (every field the analyzer reads) or default "
+                   "(dcgm-exporter's default counter set, what most fleets run); no effect on truegpu (default all)")
     e.add_argument("--kinds", type=lambda s: [k for k in s.split(",") if k], default=None,
                    help="comma-separated finding kinds (default: every registered detector)")
     e.add_argument("--step", type=_arg(parse_positive_duration), default=None,
@@ -295,7 +298,8 @@ def run_evaluate(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 results += _replay(args, dialect, kinds, site)
             else:
                 results += evaluate_scenarios(args.scenarios, dialect=dialect, step=args.step or DEFAULT_STEP,
-                                              kinds=kinds, site=site, seeds=args.seeds, seed_offset=args.seed_offset)
+                                              kinds=kinds, site=site, seeds=args.seeds, seed_offset=args.seed_offset,
+                                              dcgm_counters=args.dcgm_counters)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         return _error("evaluate", str(exc).strip("'\""))
     if args.replay:
@@ -329,7 +333,7 @@ def _replay(args: argparse.Namespace, dialect: str, kinds: list[str], site: Any)
 
     return replay_scenarios(args.scenarios, dialect, kinds, step=args.step, interval=args.interval,
                             window=args.window, site=site, seeds=args.seeds, seed_offset=args.seed_offset,
-                            jobs=args.jobs)
+                            jobs=args.jobs, dcgm_counters=args.dcgm_counters)
 
 
 def _emit_replay(results: list[dict[str, Any]], args: argparse.Namespace, out: TextIO) -> int:

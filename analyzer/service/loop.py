@@ -6,10 +6,10 @@ the detectors (:mod:`analyzer.pipeline`); a complete run is swapped in as one im
 always see one consistent result set. No FastAPI here: the loop runs without the web app.
 A failed run (Prometheus down, slow, or returning nothing) is logged with the URL and
 recorded in :class:`Health`; the last good analysis keeps being served, and the next tick
-retries. Nothing a run does can stop the loop. Each run's findings take the ids of the previous
-run's findings of the same problem (:func:`analyzer.findings.carry_ids`), so a problem keeps its id
-while the window slides over it, across failed runs too (not across restarts: a restarted service
-derives ids afresh from kind, entity and start).
+retries. Nothing a run does can stop the loop. Each run's findings take the ids of the findings of
+the same problem that the runs of the last window showed (:class:`analyzer.findings.IdMemory`), so
+a problem keeps its id while the window slides over it, across failed runs and runs it was missing
+from too (not across restarts: a restarted service derives ids afresh from kind, entity and start).
 
 Heavy imports (pandas via the analyzer) happen in the loop thread, not at import time.
 """
@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from analyzer.findings import IdMemory
 from analyzer.service.fmt import label_value, number, short_error
 from exporter.timeparse import iso
 
@@ -227,6 +228,7 @@ class AnalyzerService:
         #: Called in the loop thread after each good run (e.g. the daily cost rollup); its errors are logged.
         self.on_result = on_result
         self._snapshot = Snapshot(None, Health(started=clock()))
+        self._ids = IdMemory(self.window)  # a problem keeps its id as the window slides, or misses a run
         self._lock = threading.Lock()  # serialises writers; readers take the snapshot reference as is
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -271,7 +273,6 @@ class AnalyzerService:
 
     def run_once(self) -> bool:
         """One analysis run; publishes the results on success, records the error otherwise. Never raises."""
-        from analyzer.findings import carry_ids
         from analyzer.pipeline import analyze
 
         t0 = time.perf_counter()
@@ -280,9 +281,7 @@ class AnalyzerService:
         try:
             fleet = self.loader(start, end)
             result = analyze(fleet, self.kinds, self.site)
-            previous = self._snapshot.analysis
-            if previous is not None:  # an ongoing problem keeps its id as the window slides
-                carry_ids(previous.findings, previous.end, result.findings, float(fleet.end))
+            self._ids.carry(result.findings, float(fleet.end))
             duration = time.perf_counter() - t0
             analysis = Analysis.build(fleet, result.scores, result.findings, finished=self.clock(), duration=duration)
         except Exception as exc:  # the loop must survive anything a run does

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from analyzer.findings import GPU_FAULT, THERMAL, Finding, assign_ids, carry_ids, finding_id
+from analyzer.findings import GPU_FAULT, THERMAL, Finding, IdMemory, assign_ids, carry_ids, finding_id
 
 T = 1_767_571_200.0
 
@@ -59,6 +59,29 @@ def test_distinct_problems_never_share_an_id() -> None:
     elsewhere = [f(0, gpu=4)]
     carry_ids(previous, T + 1800, elsewhere, T + 1860)
     assert elsewhere[0].id != previous[0].id
+
+
+def test_a_problem_missing_from_a_run_gets_its_id_back_within_the_window() -> None:
+    """An intermittent straggler between spells, a suspected one withdrawn for a minute: back in a later run,
+    it is the same problem for alerts and API clients. Forgotten once last seen a window ago."""
+    memory = IdMemory(keep_s=1800)
+    shown = [f(600)]
+    assign_ids(shown)
+    memory.carry(shown, T + 900)  # open at this run's end: remembered as [600, 900]
+    memory.carry([], T + 960)  # missing from one run
+    back = [f(660)]  # its start moved (a spell left the window): still touches what was shown
+    assign_ids(back)
+    memory.carry(back, T + 1020)
+    assert back[0].id == shown[0].id
+    other = [f(660, gpu=4)]
+    assign_ids(other)
+    memory.carry(other, T + 1080)
+    assert other[0].id != shown[0].id  # another GPU is another problem
+    memory.carry([], T + 1020 + 1800 + 60)  # last seen more than a window ago: forgotten
+    late = [f(660)]
+    assign_ids(late)
+    memory.carry(late, T + 1020 + 1800 + 120)
+    assert late[0].id != shown[0].id
 
 
 def test_the_same_fleet_analyzed_twice_gets_the_same_ids() -> None:

@@ -13,9 +13,10 @@ REQUIRED = {
     "healthy-fleet", "mixed-fleet", "thermal-straggler", "input-starved-node", "power-capped", "pcie-downgrade",
     "nvlink-errors", "xid-faults", "rack-cooling", "wan-split", "mig-training", "idle-waste",
     "straggler-slowdowns", "multi-fault", "noisy-neighbours", "healthy-long", "degraded-gpus", "topology-mistakes",
+    "healthy-heterogeneous",
 }
 #: Scenarios without any ground truth (healthy; every finding on them is false).
-HEALTHY = {"healthy-fleet", "noisy-neighbours", "healthy-long"}
+HEALTHY = {"healthy-fleet", "noisy-neighbours", "healthy-long", "healthy-heterogeneous"}
 #: The detectors' taxonomy: kind -> the attribution tokens its records may carry.
 ATTRIBUTION = {
     "straggler": {"thermal", "power", "pcie", "nvlink", "input", "unknown"},
@@ -106,6 +107,18 @@ def test_healthy_scenarios_have_no_ground_truth(name):
 def test_healthy_long_is_a_day_of_48_gpus():
     c = Cluster(load_scenario("healthy-long"))
     assert c.duration == 24 * 3600 and len(c.gpus) == 48
+
+
+def test_healthy_heterogeneous_is_mixed_messy_and_small():
+    """Three models, jobs that start and stop, start-up phases and chip spread, and telemetry mess: a realistic
+    healthy fleet for the false-finding rate, small enough (72 GPUs x 5 h) to run many seeds."""
+    sc = load_scenario("healthy-heterogeneous")
+    c = Cluster(sc)
+    assert set(c.layout.node_model) == {"H100", "A100", "L40S"} and len(c.gpus) == 72 and c.duration == 5 * 3600
+    assert {f.kind for f in sc.faults} == {"startup", "chip_spread", "power_spread"}
+    assert any(w.start > 0 for w in sc.workloads) and any(w.end is not None for w in sc.workloads)
+    assert set(sc.mess) == {"node_gaps", "exporter_restarts", "repeat_every", "replicas"}
+    assert all(d <= 180 for _h, _s, d in sc.mess["node_gaps"])  # a few scrape intervals, not an outage
 
 
 @pytest.mark.parametrize("name", sorted(REQUIRED - HEALTHY))
