@@ -310,7 +310,8 @@ class PrometheusClient:
                     content = self._read(resp, url)
             except requests.exceptions.SSLError as e:
                 raise PrometheusError(f"TLS error talking to Prometheus at {self.url}: {e}", url=url) from e
-            except (requests.ConnectionError, requests.Timeout) as e:
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as e:
+                # ChunkedEncodingError: the answer broke off (Prometheus restarted mid-reply), as transient.
                 last = f"cannot reach Prometheus at {self.url} ({type(e).__name__}: {e})"
                 continue
             if resp.status_code in _RETRY_STATUS:

@@ -162,6 +162,9 @@ def test_bad_promql_is_a_clear_error(prom_url):
 
 
 # Loopback fake ---------------------------------------------------------------------------------
+_CUT = -1  #: a scripted answer whose body is cut short (Prometheus restarted or killed while answering)
+
+
 class _Fake:
     """Answers scripted (status, body) responses in turn (the last one repeats); records requests."""
 
@@ -177,11 +180,13 @@ class _Fake:
                 fake.requests.append((self.path, dict(self.headers), body))
                 status, payload = fake.responses.pop(0) if len(fake.responses) > 1 else fake.responses[0]
                 data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-                self.send_response(status)
+                cut = status == _CUT  # the server dies mid-answer: fewer bytes than it declared
+                self.send_response(200 if cut else status)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Content-Length", str(len(data) + (100 if cut else 0)))
                 self.end_headers()
                 self.wfile.write(data)
+                self.close_connection = cut
 
             do_GET = do_POST = _answer
 
@@ -238,6 +243,16 @@ def test_retry_then_success_and_warnings_surface(fake):
     assert report.warnings == ["m: partial response"]
     path, _headers, body = server.requests[1]
     assert path == "/api/v1/query_range" and "query=m" in body and "step=1.0" in body
+
+
+def test_an_answer_cut_short_is_retried_and_names_the_server(fake):
+    server = fake((_CUT, _matrix([[1, "1"]])), (200, _matrix([[1, "2"]])))
+    frame, _ = query_prometheus(PrometheusClient(server.url, retries=2, backoff=0), ["m"], 1, 1, 1, aggregate=False)
+    assert len(server.requests) == 2 and frame["value"].tolist() == [2.0]
+    dead = fake((_CUT, _matrix([[1, "1"]])))
+    with pytest.raises(PrometheusError, match="cannot reach Prometheus at " + dead.url) as err:
+        PrometheusClient(dead.url, retries=1, backoff=0).query_range("m", 1, 1, 1)
+    assert "2 attempts" in str(err.value)
 
 
 def test_client_errors_are_not_retried(fake):
