@@ -202,16 +202,17 @@ def test_suspected_early_then_confirmed_or_withdrawn() -> None:
 
 
 def test_intermittent_straggler_is_one_finding_with_its_duty_cycle() -> None:
-    # 15% slower 3 of every 10 minutes for 80 minutes: no spell lasts min_duration_s, the recurrence does.
-    fl = gang_fleet(hosts=2, gpus=8, steps=120, slow={(0, 4): 1 / 1.17}, window=(20, 100), spells=(10, 3),
+    # 15% slower 4 of every 10 minutes for 80 minutes: no spell lasts min_duration_s, the recurrence does
+    # (spells are judged from spell_min_s 3 minutes running: shorter ones are too often chance).
+    fl = gang_fleet(hosts=2, gpus=8, steps=120, slow={(0, 4): 1 / 1.17}, window=(20, 100), spells=(10, 4),
                     same_clock=True)
     (found,) = stragglers(fl)
     assert (found.hostname, found.gpu) == ("n01", 4) and found.evidence["intermittent"] is True
     assert found.evidence["spells"] >= 6 and 0.2 <= found.evidence["duty_cycle"] <= 0.45
     assert found.start == pytest.approx(T0 + 20 * STEP, abs=3 * STEP) and "recurring spells" in found.summary
     # Two spells are no pattern.
-    assert stragglers(gang_fleet(hosts=2, gpus=8, steps=120, slow={(0, 4): 1 / 1.17}, window=(20, 40),
-                                 spells=(10, 3), same_clock=True)) == []
+    assert stragglers(gang_fleet(hosts=2, gpus=8, steps=120, slow={(0, 4): 1 / 1.17}, window=(20, 50),
+                                 spells=(15, 4), same_clock=True)) == []
 
 
 # Scenarios ---------------------------------------------------------------------------------
