@@ -362,7 +362,8 @@ class Straggler:
         CLK, CLKMAX, NVL = pg.matrix("sm_clock"), pg.matrix(_clock_max(fleet)), pg.matrix("nvlink_bps")
         steps = max(1, round(self.window_s / fleet.step))
         gpu = self._cells(U, TEN, SM, CLK, CLKMAX, NVL, pg.reference, steps, pg.blocks,
-                          max(1, round(self.silent_window_s / fleet.step)), max(2, round(self.spell_min_s / fleet.step)))
+                          max(1, round(self.silent_window_s / fleet.step)),
+                          max(2, round(self.spell_min_s / fleet.step)))
         gpu_cond = self._tristate(gpu, steps)
 
         # Node level: host medians of each group against the group's other hosts.
@@ -621,7 +622,7 @@ def _runs_at_least(mask: np.ndarray, n: int) -> np.ndarray:
     c = np.cumsum(np.pad(mask, ((0, 0), (1, 0))).astype(np.int64), axis=1)
     full = np.zeros(mask.shape, bool)  # full[:, t]: mask[:, t:t + n] all True
     T = mask.shape[1]
-    if T >= n:
+    if n <= T:
         full[:, :T - n + 1] = (c[:, n:] - c[:, :T - n + 1]) == n
     out = np.zeros_like(full)
     for k in range(n):  # a cell belongs to a full run starting at most n - 1 samples before it
