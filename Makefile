@@ -57,6 +57,7 @@ bench: install
 	$(PY) bench/bench_ingest.py
 	$(PY) bench/bench_analyze.py
 	$(PY) bench/bench_report.py
+	$(PY) bench/healthy_false_rate.py --replay-seeds 2
 
 clean:
 	rm -rf $(VENV) out truegpu-report .pytest_cache .ruff_cache
