@@ -55,7 +55,10 @@ A GPU's own behaviour: a GPU that always ran 4 C cool and now runs 7 C hot is un
 peer floor but 11 C hotter than itself. Per GPU and feature (temperatures, power) the best
 single change point of its window series (max standardized mean shift, with
 ``baseline_windows`` before it) gives its own earlier level; windows after it count as off
-when they rise ``*_shift`` over that level while above half the floor vs peers.
+when they rise ``*_shift`` over that level while above half the floor vs peers. Temperatures
+are followed relative to the GPU's node (same inlet air) where it has node peers: relative to
+job peers in another rack, a rack cooling failure and its recovery moved a healthy GPU's level
+by 14 C (7 false findings on rack-cooling over 20 never-used seeds).
 
 Change points in time: per GPU a one-sided CUSUM over windows of z = max(excess / floor,
 shift / shift floor), counted only in windows that are off (z >= 1, level part not
@@ -328,6 +331,10 @@ class DegradedGpu:
                              ["temp_res", "mem_res", "pow_res", "clk_res"]).reindex(win.index)
         win["temp_excess"] = np.fmin(node["temp_res"], job["temp_res"])
         win["mem_temp_excess"] = np.fmin(node["mem_res"], job["mem_res"])
+        # A GPU's own temperature history is judged against its node (same inlet air): job peers in a
+        # rack whose cooling failed and recovered would move its job-relative level by ten degrees.
+        for c, r in (("temp_excess", "temp_res"), ("mem_temp_excess", "mem_res")):
+            win[f"{c}_own"] = node[r].fillna(win[c])
         # Power and clocks: the fleet-wide fit is a valid baseline too (no inlet in it).
         win["power_excess"] = np.fmin(win["pow_res"], job["pow_res"])
         win["power_deficit"] = np.fmin(-win["pow_res"], -job["pow_res"])
@@ -390,7 +397,7 @@ class DegradedGpu:
         gi, w, G, W = _grid(win)
         for c in self.shift_floors():
             X = np.full((G, W), np.nan)
-            X[gi, w] = win[c].to_numpy()
+            X[gi, w] = win[f"{c}_own" if f"{c}_own" in win.columns else c].to_numpy()
             known = np.isfinite(X)
             cs = np.cumsum(np.where(known, X, 0.0), axis=1)
             cn = np.cumsum(known, axis=1)

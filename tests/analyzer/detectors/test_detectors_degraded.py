@@ -355,3 +355,12 @@ def test_power_deficit_while_held_at_its_own_limit_is_not_a_deficit() -> None:
         more_power(-0.25)(d, s)
         d["power_throttle"][s] = 1.0
     assert degraded(synthetic_fleet(tweaks={13: (40, at_own_cap)})) == []
+
+
+def test_a_gpu_in_another_rack_than_a_cooling_failure_keeps_its_own_level() -> None:
+    """rack-cooling at seed +1006: relative to its job peers in the failing rack, a healthy GPU of the next rack
+    looked 14 C hotter than its own earlier level once they cooled down; relative to its node it is not."""
+    from analyzer.analysis.evaluate import named_scenario_fleet
+
+    _, fleet = named_scenario_fleet("rack-cooling", "truegpu", 60.0, seed_offset=1006)
+    assert [(f.hostname, f.gpu) for f in make_detector(DEGRADED_GPU).detect(fleet)] == []
