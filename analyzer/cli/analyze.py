@@ -425,8 +425,7 @@ def format_summary(s: dict[str, Any]) -> str:
         *_split_lines(s),
         f"data coverage: {_pct(s['coverage']['ratio'])} of the window's GPU-hours have data",
     ]
-    for signal, why in s["missing"].items():
-        lines.append(f"unknown: {signal}: {why}")
+    lines += [f"unknown: {why}" for why in s["missing"].values()]  # each reason starts with its signal's name
     lines += [f"note: {n}" for n in s["notes"] + s["input_notes"]]
     return "\n".join(lines)
 
