@@ -228,7 +228,11 @@ class FrameBuilder:
         if not mask.any():
             return
         values[mask] = np.nan
-        hit, n = np.unique(sids[mask], return_counts=True)
+        self._count(sids[mask], counts)
+
+    def _count(self, sids: np.ndarray, counts: dict[str, int]) -> None:
+        """Add one per sample of ``sids`` to its metric name's count."""
+        hit, n = np.unique(sids, return_counts=True)
         for sid, count in zip(hit.tolist(), n.tolist(), strict=True):
             name = self._metric[sid]
             counts[name] = counts.get(name, 0) + count
@@ -246,14 +250,12 @@ class FrameBuilder:
             return None
         idx = np.flatnonzero(dup)
         same = pd.DataFrame({"k": key[idx], "v": vals[idx]}).duplicated(keep="first").to_numpy().copy()
-        same &= ~np.isnan(vals[idx])  # unknown values (sentinels, out of range) stay as read
+        same &= ~np.isnan(vals[idx])  # unknown values (sentinels, out of range) stay as read: their raw values differed
         keep = np.ones(len(sids), bool)
         keep[idx[same]] = False
-        hit, n = np.unique(sids[~keep], return_counts=True)
-        for sid, count in zip(hit.tolist(), n.tolist(), strict=True):
-            name = self._metric[sid]
-            self.report.duplicates[name] = self.report.duplicates.get(name, 0) + count
-        self._conflicts(sids[keep], ts[keep], vals[keep], key[keep])
+        self._count(sids[idx[same]], self.report.duplicates)
+        c = idx[~same]  # conflicts can only be among the repeats still kept
+        self._conflicts(sids[c], ts[c], vals[c], key[c])
         return keep
 
     def _conflicts(self, sids: np.ndarray, ts: np.ndarray, vals: np.ndarray, key: np.ndarray) -> None:
@@ -263,7 +265,8 @@ class FrameBuilder:
             return
         rep = pd.DataFrame({"k": key[dup], "s": sids[dup], "t": ts[dup], "v": vals[dup]})
         spread = rep.groupby("k").agg(s=("s", "first"), t=("t", "first"), lo=("v", "min"), hi=("v", "max"))
-        bad = spread[spread["lo"] != spread["hi"]]
+        # NaN copies (a sentinel through an HA pair) are unknown, not a value to conflict with.
+        bad = spread[spread["lo"].notna() & (spread["lo"] != spread["hi"])]
         if bad.empty:
             return
         for sid, n in bad["s"].value_counts().items():

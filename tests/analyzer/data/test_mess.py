@@ -166,3 +166,16 @@ def test_dcgm_pods_get_workloads_from_owners_not_prefixes(tmp_path: Path) -> Non
     jobs = fleet.frame.drop_duplicates("gpu").set_index(fleet.frame.drop_duplicates("gpu")["gpu"].astype(int))["job"]
     assert [str(jobs[g]) for g in range(len(pods))] == ["tensorflow"] * 4 + ["pretrain-7b", "big-run", "nightly",
                                                                               "llama-3"]
+
+
+def test_an_unknown_value_through_an_ha_pair_is_one_unknown_sample_not_a_conflict(tmp_path: Path) -> None:
+    """A DCGM not-supported marker (or an out-of-range value) read from both replicas: unknown, never a
+    "conflicting duplicate samples" note (NaN is no value to conflict with)."""
+    head = 'DCGM_FI_DEV_POWER_USAGE{gpu="0",Hostname="n1",prometheus_replica="%s"}'
+    lines = [f"{head % r} {v} {t}" for r in ("a", "b") for v, t in (("350.0", 0), ("9.999e+301", 60), ("1e9", 120))]
+    path = tmp_path / "ha.om"
+    path.write_text("# TYPE DCGM_FI_DEV_POWER_USAGE gauge\n" + "\n".join(lines) + "\n# EOF\n")
+    frame, report = read_openmetrics(path)
+    assert frame.loc[frame["timestamp"] == 0.0, "value"].tolist() == [350.0]
+    assert frame.loc[frame["timestamp"] > 0.0, "value"].isna().all() and not report.conflicts
+    assert report.duplicates == {"DCGM_FI_DEV_POWER_USAGE": 1} and not report.conflict_example
