@@ -834,11 +834,11 @@ DCGM_FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
 #: A dcgm-exporter DaemonSet pod's name (``<daemonset>-<5-character hash>``): what the host label holds
 #: where dcgm-exporter runs without the node's name, so node history splits whenever the DaemonSet rolls.
 DCGM_EXPORTER_POD = re.compile(r"(?:[a-z0-9-]+-)?dcgm-exporter-[a-z0-9]{5}")
-#: kube-state-metrics' ``kube_pod_info{namespace, pod, node, host_ip, ...} 1`` (one series per pod):
-#: the analyzer maps a DCGM_EXPORTER_POD host back to the node the pod ran on.
 #: kube-state-metrics: a node's GPU capacity (the device plugin's ``nvidia.com/gpu``, keyed by ``node``).
 KUBE_NODE_CAPACITY = "kube_node_status_capacity"
 KUBE_GPU_RESOURCE = "nvidia_com_gpu"
+#: kube-state-metrics' ``kube_pod_info{namespace, pod, node, host_ip, ...} 1`` (one series per pod):
+#: the analyzer maps a DCGM_EXPORTER_POD host back to the node the pod ran on.
 KUBE_POD_INFO = "kube_pod_info"
 KUBE_POD_INFO_POD = "pod"
 KUBE_POD_INFO_NODE = "node"

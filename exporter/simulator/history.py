@@ -134,6 +134,8 @@ def write_openmetrics(out: TextIO, series: Iterable[SeriesItem], times: np.ndarr
         idx = np.flatnonzero(present)
         if idx.size == 0:
             continue
+        if repeat_every > 0:  # every repeat_every-th sample written twice (a target scraped twice)
+            idx = np.repeat(idx, 1 + (np.arange(idx.size) % repeat_every == 0))
         if not header_written:
             out.write(_header(family))
             header_written = True
@@ -146,8 +148,6 @@ def write_openmetrics(out: TextIO, series: Iterable[SeriesItem], times: np.ndarr
             vals, sufs = values[idx].tolist(), [suffixes[i] for i in idx.tolist()]
         text = [_format_value(v) for v in vals] if np.isinf(values[idx]).any() else list(map(repr, vals))
         lines = [v + s for v, s in zip(text, sufs, strict=True)]
-        if repeat_every > 0:
-            lines = [line for i, line in enumerate(lines) for _ in range(2 if i % repeat_every == 0 else 1)]
         out.write(prefix + prefix.join(lines))
         stats.series += 1
         stats.samples += len(lines)
