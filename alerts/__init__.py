@@ -60,10 +60,14 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 _Dumper.add_representer(str, _str)
 
 
+def yaml_text(data: Any) -> str:
+    """YAML as the generated files write it: keys in order, multi-line strings (PromQL) as literal blocks."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=10_000, allow_unicode=True)
+
+
 def dump(data: Any, source: str, header: str = "") -> str:
     comment = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines())
-    body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=10_000, allow_unicode=True)
-    return _BANNER.format(source=source) + comment + body
+    return _BANNER.format(source=source) + comment + yaml_text(data)
 
 
 def render_rules(rf: RuleFile, links: Links | None = None) -> str:
