@@ -21,7 +21,9 @@ Rows are sorted by (hostname, gpu, gpu_instance, timestamp).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -53,6 +55,16 @@ class Fleet:
     missing: dict[str, str] = field(default_factory=dict)
     #: Anything else the user should know about the input (bad lines, sentinels, gaps).
     notes: list[str] = field(default_factory=list)
+    #: Results derived from this fleet that several detectors need (``memo``); never copied by
+    #: ``dataclasses.replace``, so a fleet with another frame starts empty.
+    _memo: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def memo(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """``make()`` once per fleet and ``key``: who communicates, say, is asked by idle_masking and
+        topology alike, and costs ~0.8 s at 10,000 GPUs."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
     @property
     def signals(self) -> tuple[str, ...]:

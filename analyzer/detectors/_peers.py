@@ -313,9 +313,16 @@ def communicating(fleet: Fleet, *, nvlink_bps: float = 1e9, sync_min: float = 0.
       replicas also move together when one load balancer feeds them a shared daily load, but
       then their util follows the load and is not steadily high.
 
-    ``busy``: per-row kernel-resident time (``analyzer.detectors.gpu_busy``); ``gpu_util`` when
-    None. Vectorized per workload: one numpy pass over its (members, T) block.
+    ``busy``: per-row kernel-resident time (``analyzer.detectors.gpu_busy``, derived from the fleet); ``gpu_util``
+    when None. Vectorized per workload: one numpy pass over its (members, T) block. Memoised per fleet and
+    settings (``Fleet.memo``): idle_masking and topology both ask.
     """
+    key = ("communicating", nvlink_bps, sync_min, busy_min, min_steps, busy is None)
+    return fleet.memo(key, lambda: _communicating(fleet, nvlink_bps, sync_min, busy_min, min_steps, busy))
+
+
+def _communicating(fleet: Fleet, nvlink_bps: float, sync_min: float, busy_min: float, min_steps: int,
+                   busy: np.ndarray | None) -> dict[str, Communication]:
     f = fleet.frame
     if not len(f) or "job" not in f.columns or not f["job"].notna().any():
         return {}
