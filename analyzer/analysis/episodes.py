@@ -89,6 +89,12 @@ class Episodes:
     def __len__(self) -> int:
         return len(self.table)
 
+    def sum(self, values: np.ndarray) -> np.ndarray:
+        """Per-episode sum of ``values`` (one per frame row) over every row of its span, NaN as 0."""
+        v = np.asarray(values, dtype=np.float64)[self.order]
+        sel = self.member >= 0
+        return np.bincount(self.member[sel], weights=np.nan_to_num(v[sel]), minlength=len(self.table))
+
     def mean(self, values: np.ndarray, where: str = "true") -> np.ndarray:
         """Per-episode mean of ``values`` (one per frame row), NaN skipped.
 
@@ -105,6 +111,12 @@ class Episodes:
         counts = np.bincount(self.member[sel], minlength=n)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def bridge_steps(step: float, steps: int, seconds: float = MAX_UNKNOWN_S) -> int:
+    """How many missing steps an episode bridges: ``steps``, or as many as fit in ``seconds`` (a few
+    minutes of scrape gap whatever the step)."""
+    return max(int(steps), int(np.floor(max(seconds, 0.0) / step + 1e-6)))
 
 
 def find_episodes(
@@ -164,7 +176,7 @@ def find_episodes(
     gap_steps = np.rint((t[next_first] - t[prev_last]) / step).astype(np.int64) - 1
     gap_false = false_cum[next_first] - false_cum[prev_last]
     gap_unknown = gap_steps - gap_false
-    unknown_ok = max(int(max_unknown_steps), int(np.floor(max(max_unknown_s, 0.0) / step + 1e-6)))
+    unknown_ok = bridge_steps(step, max_unknown_steps, max_unknown_s)
     merge = (d[next_first] == d[prev_last]) & (gap_false <= max_gap_steps) & (gap_unknown <= unknown_ok)
     new_ep = np.concatenate([[True], ~merge])
     ep_of_run = np.cumsum(new_ep) - 1

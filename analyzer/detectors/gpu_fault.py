@@ -275,8 +275,8 @@ class GpuFault:
         present = {c: eps.mean((v == 1.0).astype(np.float64)) > 0 for c, v in causes.items()}
         ev_ep = member[ev_rep]
         stats = {
-            "ecc_uncorrectable_errors": _ep_sum(eps, np.nan_to_num(np.maximum(ecc, 0.0)) * fleet.step),
-            "remapped_rows": _ep_sum(eps, np.nan_to_num(np.maximum(remap, 0.0)) * fleet.step),
+            "ecc_uncorrectable_errors": eps.sum(np.nan_to_num(np.maximum(ecc, 0.0)) * fleet.step),
+            "remapped_rows": eps.sum(np.nan_to_num(np.maximum(remap, 0.0)) * fleet.step),
             "nvlink_error_rate_max": _ep_reduce(eps, nvl, np.fmax),
             "nvlink_rising": _ep_reduce(eps, np.where(nvl_rising == 1.0, 1.0, np.nan), np.fmax),
             "ecc_rate_max": _ep_reduce(eps, np.abs(sbe_window), np.fmax),
@@ -492,12 +492,6 @@ def _finite(x: float) -> float:
 def _tri(value: np.ndarray, known: np.ndarray) -> np.ndarray:
     """1.0 / 0.0 where known, NaN where not."""
     return np.where(known, value.astype(np.float64), np.nan)
-
-
-def _ep_sum(eps: Episodes, values: np.ndarray) -> np.ndarray:
-    v = np.asarray(values, np.float64)[eps.order]
-    sel = eps.member >= 0
-    return np.bincount(eps.member[sel], weights=np.nan_to_num(v[sel]), minlength=len(eps))
 
 
 def _ep_reduce(eps: Episodes, values: np.ndarray, ufunc: np.ufunc) -> np.ndarray:

@@ -503,8 +503,7 @@ class Straggler:
             return []
         first = spell & ~np.pad(spell, ((0, 0), (1, 0)))[:, :-1]
         duty = eps.mean(pg.to_rows(spell.astype(np.float64)), "all")
-        spans = eps.table["true_steps"].to_numpy(np.float64) / np.maximum(duty, 1e-9)
-        n_spells = np.rint(eps.mean(pg.to_rows(first.astype(np.float64)), "all") * spans)
+        n_spells = eps.sum(pg.to_rows(first.astype(np.float64)))
         m = self._means(eps, pg.to_rows, cells, lambda k: column(fleet, k))
         m["lead"] = eps.mean(pg.to_rows(cells.spell_lead))
         members = _members(pg)

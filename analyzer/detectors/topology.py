@@ -85,7 +85,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analysis.bottleneck import CLASSES, COMM, classify
-from analyzer.analysis.episodes import MAX_UNKNOWN_S, column, format_duration
+from analyzer.analysis.episodes import MAX_UNKNOWN_S, bridge_steps, column, format_duration
 from analyzer.data.frame import Fleet
 from analyzer.detectors import gpu_busy, register
 from analyzer.detectors._peers import GANG_POD, Communication, communicating
@@ -388,20 +388,20 @@ class Topology:
         """Continuous (job, time) runs of a problem, kept when they last ``min_duration_s``."""
         step = float(fleet.step)
         fl = flags.sort_values(["job", "timestamp"])
+        if fl.empty:
+            return []
         job, ts = fl["job"].to_numpy(), fl["timestamp"].to_numpy(dtype=np.float64)
         new = np.ones(len(fl), bool)
-        gap = max(self.max_gap_steps, int(np.floor(self.max_unknown_s / step + 1e-6)))
+        gap = bridge_steps(step, self.max_gap_steps, self.max_unknown_s)  # a missing row: not flagged, or unknown
         new[1:] = (job[1:] != job[:-1]) | (ts[1:] - ts[:-1] > (gap + 1) * step + 1e-6)
-        idx = np.cumsum(new) - 1
         out = []
-        for k in range(int(idx[-1]) + 1 if len(idx) else 0):
-            sel = idx == k
-            start, end = float(ts[sel][0]), float(ts[sel][-1]) + step
+        for times, first in zip(np.split(ts, np.flatnonzero(new)[1:]), np.flatnonzero(new), strict=True):
+            start, end = float(times[0]), float(times[-1]) + step
             is_open = fleet.end - end <= gap * step + 1e-6
             duration = (max(fleet.end, end) if is_open else end) - start
             if duration >= self.min_duration_s - 1e-6:
-                out.append({"job": str(job[sel][0]), "start": start, "end": None if is_open else end,
-                            "duration_s": duration, "times": ts[sel]})
+                out.append({"job": str(job[first]), "start": start, "end": None if is_open else end,
+                            "duration_s": duration, "times": times})
         return out
 
     @staticmethod
