@@ -306,9 +306,7 @@ def run_evaluate(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return _emit_replay(results, args, out)
     totals = pooled(results)
     if args.json:
-        json.dump({"results": results, "pooled": [{"dialect": d, "kind": k, **v} for (d, k), v in totals.items()]},
-                  out, indent=2, default=str)
-        out.write("\n")
+        _emit_json(results, totals, out)
     else:
         out.write(format_table(results) + "\n\npooled over scenarios:\n")
         for (dialect, kind), v in sorted(totals.items()):
@@ -336,16 +334,22 @@ def _replay(args: argparse.Namespace, dialect: str, kinds: list[str], site: Any)
                             jobs=args.jobs, dcgm_counters=args.dcgm_counters)
 
 
-def _emit_replay(results: list[dict[str, Any]], args: argparse.Namespace, out: TextIO) -> int:
-    """The replay's table (or JSON: every run, and the pooled numbers per dialect and kind), then the gate."""
-    from analyzer.analysis.evaluate import format_replay, pooled_replay
+def _emit_json(results: list[dict[str, Any]], totals: dict[tuple[str, str], dict[str, Any]], out: TextIO) -> None:
+    """Every run and the pooled numbers per dialect and kind, as strict JSON (unknown numbers are null)."""
     from analyzer.findings import json_ready
+
+    doc = {"results": results, "pooled": [{"dialect": d, "kind": k, **v} for (d, k), v in totals.items()]}
+    json.dump(json_ready(doc), out, indent=2, allow_nan=False)
+    out.write("\n")
+
+
+def _emit_replay(results: list[dict[str, Any]], args: argparse.Namespace, out: TextIO) -> int:
+    """The replay's table (or JSON), then the gate."""
+    from analyzer.analysis.evaluate import format_replay, pooled_replay
 
     totals = pooled_replay(results)
     if args.json:
-        doc = {"results": results, "pooled": [{"dialect": d, "kind": k, **v} for (d, k), v in totals.items()]}
-        json.dump(json_ready(doc), out, indent=2, allow_nan=False)
-        out.write("\n")
+        _emit_json(results, totals, out)
     else:
         r0 = results[0] if results else {}
         runs = len({(r["scenario"], r["seed"]) for r in results})
