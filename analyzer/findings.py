@@ -115,20 +115,20 @@ def assign_ids(findings: Sequence[Finding]) -> None:
             f.id = _unique(finding_id(f), used)
 
 
-def _span_touch(a: Finding, a_end: float, b: Finding, b_end: float) -> float | None:
-    """Overlap of two findings' spans (open ends at their analysis' end); None when they neither
-    overlap nor touch."""
+def _span_touch(a: Finding, a_end: float, b: Finding, b_end: float, gap_s: float = 0.0) -> float | None:
+    """Overlap of two findings' spans (open ends at their analysis' end; negative: the gap between
+    them); None when they are more than ``gap_s`` apart."""
     a1 = a_end if a.end is None else a.end
     b1 = b_end if b.end is None else b.end
-    if a.start > b1 or b.start > a1:
-        return None
-    return min(a1, b1) - max(a.start, b.start)
+    overlap = min(a1, b1) - max(a.start, b.start)
+    return overlap if overlap >= -gap_s else None
 
 
 def carry_ids(previous: Sequence[Finding], previous_end: float, current: Sequence[Finding],
-              current_end: float) -> None:
+              current_end: float, gap_s: float = 0.0) -> None:
     """Give ``current`` findings (one analysis, window ending ``current_end``) the ids of the
-    ``previous`` analysis' findings of the same kind and entity whose spans touch or overlap theirs.
+    ``previous`` analysis' findings of the same kind and entity whose spans touch or overlap theirs
+    (or lie at most ``gap_s`` apart: a problem that recurs).
 
     Each previous id goes to one current finding at most (the one overlapping it most, earliest
     first): a problem that split keeps its id on one part. The rest keep or get a fresh id, never
@@ -139,10 +139,10 @@ def carry_ids(previous: Sequence[Finding], previous_end: float, current: Sequenc
     taken: set[str] = set()
     carried: set[int] = set()
     for i, f in sorted(enumerate(current), key=lambda x: x[1].start):
-        best, best_overlap = None, -1.0
+        best, best_overlap = None, -math.inf
         for p in by_entity.get(entity_key(f), ()):
             p_id = p.id or finding_id(p)
-            overlap = _span_touch(p, previous_end, f, current_end)
+            overlap = _span_touch(p, previous_end, f, current_end, gap_s)
             if p_id not in taken and overlap is not None and overlap > best_overlap:
                 best, best_overlap = p_id, overlap
         if best is not None:
@@ -162,19 +162,23 @@ class IdMemory:
 
     Each remembered finding keeps the span it had when last shown (open ends closed at that run's
     end); entries last shown more than ``keep_s`` before the current run's end are forgotten, so the
-    memory holds one window's worth of findings at most."""
+    memory holds one window's worth of findings at most. A remembered finding gives its id to a finding
+    of the same kind and entity within ``keep_s`` of its span even when they don't touch: the problem
+    recurred (an intermittent straggler's next spells, an ECC storm flaring again), and one id keeps its
+    alert and its API entry from flapping; a run that still shows the earlier episode keeps that id on it."""
 
     def __init__(self, keep_s: float) -> None:
         self.keep_s = float(keep_s)
-        self._seen: dict[str, Finding] = {}
+        #: id -> (the finding as last shown, the end of the run that showed it)
+        self._seen: dict[str, tuple[Finding, float]] = {}
 
     def carry(self, current: Sequence[Finding], current_end: float) -> None:
         """:func:`carry_ids` from every remembered finding, then remember ``current``."""
-        carry_ids(list(self._seen.values()), current_end, current, current_end)
+        carry_ids([f for f, _ in self._seen.values()], current_end, current, current_end, gap_s=self.keep_s)
         for f in current:
-            self._seen[f.id] = f if f.end is not None else replace(f, end=current_end)
+            self._seen[f.id] = (f if f.end is not None else replace(f, end=current_end), current_end)
         horizon = current_end - self.keep_s
-        self._seen = {k: f for k, f in self._seen.items() if (f.end or current_end) >= horizon}
+        self._seen = {k: seen for k, seen in self._seen.items() if seen[1] >= horizon}
 
 
 def rfc3339(ts: float) -> str:

@@ -95,6 +95,15 @@ class Episodes:
         sel = self.member >= 0
         return np.bincount(self.member[sel], weights=np.nan_to_num(v[sel]), minlength=len(self.table))
 
+    def last(self, values: np.ndarray) -> np.ndarray:
+        """Per-episode value of ``values`` at its latest row that has one (NaN when none): where an open
+        episode stands now, which its mean over the whole span lags behind."""
+        v = np.asarray(values, dtype=np.float64)[self.order]
+        pos = np.flatnonzero((self.member >= 0) & ~np.isnan(v))
+        latest = np.full(len(self.table), -1, dtype=np.int64)
+        np.maximum.at(latest, self.member[pos], pos)
+        return np.where(latest >= 0, v[np.maximum(latest, 0)], np.nan) if len(v) else np.full(len(self.table), np.nan)
+
     def mean(self, values: np.ndarray, where: str = "true") -> np.ndarray:
         """Per-episode mean of ``values`` (one per frame row), NaN skipped.
 

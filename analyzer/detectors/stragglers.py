@@ -108,8 +108,9 @@ Early warning: a problem still open at the end of the data that has lasted
 ``suspected``, severity "warning" when its slowdown >= ``suspect_slowdown`` 0.2, else "info"),
 only on strong evidence: a lower clock explaining the lead, a slowdown >= 0.2 (each minute
 of it costs a fifth of the whole job; the healthy spread is a few percent), or the silent path's
-clock-normalized lead >= ``suspect_silent_lead`` 0.1 (above the 7-8% a healthy member's drift peak
-reaches over a half window, below the >= 11% of a 10% straggler). It becomes the
+clock-normalized lead where the episode stands now (its latest sample, not the episode's mean, which
+lags the ramp of a 15-minute average by minutes) >= ``suspect_silent_lead`` 0.1 (above the 7-8% a
+healthy member's drift peak reaches over a half window, below the >= 11% of a 10% straggler). It becomes the
 normal finding once it lasts ``min_duration_s`` and disappears if it ends before (withdrawn).
 Replayed every 5 minutes over the healthy scenarios (30-minute windows, as ``serve`` cuts
 them) none appears; thermal/power stragglers of 10-50% are suspected 2-3 minutes after onset.
@@ -391,6 +392,7 @@ class Straggler:
         m["ref_clk"], m["ref_util"] = eps.mean(flat(cells.ref_clk)), eps.mean(flat(cells.ref_util))
         for k in ("input", "compute", "nvlink", "silent"):
             m[k] = eps.mean(flat(getattr(cells, k).astype(np.float64)))
+        m["silent_lead_now"] = eps.last(flat(cells.silent_lead))
         for k in Straggler._SIGNALS:
             m[k] = eps.mean(signal(k))
         return m
@@ -415,7 +417,7 @@ class Straggler:
         # Early, only on strong evidence: a lower clock explaining the lead, a large slowdown, or the
         # busiest member by the silent path's clock-normalized lead (the peer relation itself).
         clocked = v["compute"] >= 0.5 and v["clk_rel"] <= 1.0 - self.clock_drop
-        silent = v["silent"] >= 0.5 and v["silent_lead"] - 1.0 >= self.suspect_silent_lead
+        silent = v["silent"] >= 0.5 and v["silent_lead_now"] - 1.0 >= self.suspect_silent_lead
         return "suspected" if clocked or silent or self._slowdown(v) >= self.suspect_slowdown else None
 
     def _gpu_findings(self, fleet: Fleet, pg: PeerGroups, cells: _Cells, cond: np.ndarray) -> list[Finding]:

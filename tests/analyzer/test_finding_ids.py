@@ -84,6 +84,26 @@ def test_a_problem_missing_from_a_run_gets_its_id_back_within_the_window() -> No
     assert late[0].id != shown[0].id
 
 
+def test_a_problem_that_recurs_within_the_window_keeps_its_id() -> None:
+    """An intermittent straggler's next spells: the earlier episode closed 14 minutes before the new one
+    starts, and the memory still holds it (shown by a run within the window, whatever its span's end),
+    so the recurrence is the same problem. Beyond the window it is a new one."""
+    memory = IdMemory(keep_s=1800)
+    first = [f(660, end=1260)]  # [11, 21] min, closed
+    assign_ids(first)
+    memory.carry(first, T + 2460)  # last shown at 41 min, its span long closed
+    memory.carry([], T + 2520)
+    again = [f(2100)]  # from 35 min: 14 min after the first one ended
+    assign_ids(again)
+    memory.carry(again, T + 2700)
+    assert again[0].id == first[0].id
+    memory.carry([], T + 2700 + 1860)  # nothing shown for longer than the window
+    later = [f(4700)]
+    assign_ids(later)
+    memory.carry(later, T + 4800)
+    assert later[0].id != first[0].id
+
+
 def test_the_same_fleet_analyzed_twice_gets_the_same_ids() -> None:
     from analyzer.analysis.evaluate import named_scenario_fleet
     from analyzer.pipeline import analyze

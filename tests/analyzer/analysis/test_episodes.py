@@ -144,6 +144,16 @@ def test_mean_over_true_rows_and_over_the_span() -> None:
     assert eps.mean(fleet.frame["x"].to_numpy(), where="all") == pytest.approx([(1 + 2 + 3 + 100 + 5 + 7) / 6])
 
 
+def test_last_is_where_each_episode_stands_now() -> None:
+    """The latest known value in each episode's span (what a suspected finding is judged on), NaN skipped."""
+    fleet = timeline([{"gpu": 0, "x": [1.0, 2.0, 9.0, 0.0, 0.0, 4.0, 6.0, None]},
+                      {"gpu": 1, "x": [None] * 8}], 8)
+    eps = find_episodes(fleet, runs("11100111") + runs("11110000"), min_duration_s=60, max_gap_steps=0)
+    assert len(eps) == 3
+    last = eps.last(fleet.frame["x"].to_numpy())
+    assert last[:2].tolist() == [9.0, 6.0] and np.isnan(last[2])  # the open one's last row is NaN: 6.0
+
+
 def test_condition_length_is_checked_and_tristate_accepts_nullable_booleans() -> None:
     fleet = timeline([{"gpu": 0}], 5)
     with pytest.raises(ValueError, match="condition"):
