@@ -1,11 +1,14 @@
-"""Benchmark: OpenMetrics history ingest speed, plain and gzip.
+"""Benchmark: OpenMetrics history ingest speed, plain and gzip, and Prometheus text scrapes.
 
 Generates a history file the way the simulator writes one (exporter.simulator.history
-writer, contract metric names, hostname/gpu/uuid labels, shortest-repr float values)
-and prints one ``name value`` line per measurement:
+writer, contract metric names, hostname/gpu/uuid labels, shortest-repr float values,
+series one after another) and the same samples as concatenated scrapes (Prometheus text,
+every series once per scrape time, millisecond timestamps: time-major, so no run of one
+series key to exploit), and prints one ``name value`` line per measurement:
 
-    ingest_openmetrics_samples_per_second <N>        (plain text)
-    ingest_openmetrics_gzip_samples_per_second <N>   (same file, gzip)
+    ingest_openmetrics_samples_per_second <N>             (plain text)
+    ingest_openmetrics_gzip_samples_per_second <N>        (same file, gzip)
+    ingest_prometheus_text_time_major_samples_per_second <N>
 
 Usage: python bench/bench_ingest.py [--gpus 200] [--metrics 10] [--points 720] [--repeat 3]
 """
@@ -28,7 +31,7 @@ if str(ROOT) not in sys.path:
 
 from analyzer.data.ingest import read_openmetrics  # noqa: E402
 from exporter import schema  # noqa: E402
-from exporter.simulator.history import write_openmetrics  # noqa: E402
+from exporter.simulator.history import format_labels, write_openmetrics  # noqa: E402
 
 METRICS = (
     schema.GPU_UTILIZATION, schema.SM_ACTIVE, schema.SM_OCCUPANCY, schema.TENSOR_ACTIVE, schema.DRAM_ACTIVE,
@@ -37,27 +40,43 @@ METRICS = (
 )  # fmt: skip
 
 
-def write_file(path: Path, gpus: int, n_metrics: int, points: int) -> int:
-    """Write ``n_metrics`` families x ``gpus`` series x ``points`` samples; return the sample count."""
+def _series(gpus: int, n_metrics: int, points: int):
+    """``(metric, labels, values)`` for ``n_metrics`` families x ``gpus`` series x ``points`` samples."""
     rng = np.random.default_rng(7)
-    times = 1_700_000_000.0 + 15.0 * np.arange(points)
     labels = [
         {schema.HOSTNAME: f"gpu-node-{g // 8:04d}.cluster.local", schema.GPU: str(g % 8),
          schema.UUID: f"GPU-{g:08x}-1c2d-4e5f-8a9b-{g * 7919:012x}"}
         for g in range(gpus)
     ]  # fmt: skip
+    for metric in METRICS[:n_metrics]:
+        for lab in labels:
+            values = rng.random(points)
+            if metric.type == "counter":
+                values = np.cumsum(values * 100.0)
+            yield metric, lab, values
 
-    def series():
-        for metric in METRICS[:n_metrics]:
-            for lab in labels:
-                values = rng.random(points)
-                if metric.type == "counter":
-                    values = np.cumsum(values * 100.0)
-                yield metric, lab, values
 
+def _times(points: int) -> np.ndarray:
+    return 1_700_000_000.0 + 15.0 * np.arange(points)
+
+
+def write_file(path: Path, gpus: int, n_metrics: int, points: int) -> int:
+    """Write the history file, series after series; return the sample count."""
     with open(path, "w", encoding="utf-8") as out:
-        stats = write_openmetrics(out, series(), times)
+        stats = write_openmetrics(out, _series(gpus, n_metrics, points), _times(points))
     return stats.samples
+
+
+def write_scrapes(path: Path, gpus: int, n_metrics: int, points: int) -> int:
+    """Write the same samples scrape after scrape (Prometheus text, ms timestamps); return the sample count."""
+    series = list(_series(gpus, n_metrics, points))
+    keys = [f"{m.name}{'_total' if m.type == 'counter' else ''}{format_labels(lab)} " for m, lab, _ in series]
+    values = np.array([v for _, _, v in series]).T.tolist()  # one row per scrape time
+    with open(path, "w", encoding="utf-8") as out:
+        for t, row in zip(_times(points).tolist(), values, strict=True):
+            suffix = f" {round(t * 1000)}\n"
+            out.write("".join(k + repr(v) + suffix for k, v in zip(keys, row, strict=True)))
+    return len(series) * points
 
 
 def measure(path: Path, repeat: int) -> tuple[float, int]:
@@ -95,6 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         rate_gz, samples_gz = measure(gz, args.repeat)
         assert samples_gz == expected
         print(f"ingest_openmetrics_gzip_samples_per_second {rate_gz:.0f}")
+        plain.unlink()
+        gz.unlink()
+        scrapes = Path(tmp) / "scrapes.prom"
+        expected = write_scrapes(scrapes, args.gpus, args.metrics, args.points)
+        rate_tm, samples_tm = measure(scrapes, args.repeat)
+        assert samples_tm == expected, (samples_tm, expected)
+        print(f"ingest_prometheus_text_time_major_samples_per_second {rate_tm:.0f}")
     return 0
 
 

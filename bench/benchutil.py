@@ -1,6 +1,16 @@
-"""What the benchmark scripts share: memory readings from /proc (Linux)."""
+"""What the benchmark scripts share: memory readings from /proc (Linux), and a simulated fleet's
+history served by a real Prometheus."""
 
 from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+#: History is written and backfilled in pieces this long: a 10,000-GPU hour (~150 M samples) is never on disk at once.
+PIECE_S = 600.0
 
 
 def status_mb(field: str) -> float:
@@ -22,3 +32,27 @@ def reset_peak() -> None:
             f.write("5")
     except OSError:
         pass
+
+
+@contextmanager
+def simulated_prometheus(sim: Any, start: float, end: float, scrape: float, tmp: Path,
+                         promtool: str = "promtool", prometheus: str = "prometheus") -> Iterator[str]:
+    """The simulated cluster ``sim``'s history over ``[start, end)`` every ``scrape`` s, written in
+    ``PIECE_S`` pieces, each backfilled with promtool into a fresh TSDB under ``tmp``, then served by a
+    real Prometheus on loopback until the block ends; yields its base URL."""
+    from exporter.simulator.history import write_history
+    from tests.realprom import serving_tsdb
+
+    data = tmp / "data"
+    a = start
+    while a < end:
+        piece = tmp / "piece.om"
+        write_history(piece, sim, a, min(a + PIECE_S, end), scrape)
+        done = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(piece), str(data)],
+                              capture_output=True, text=True)
+        piece.unlink()
+        if done.returncode:
+            raise SystemExit(f"promtool backfill failed: {done.stderr[-2000:]}")
+        a += PIECE_S
+    with serving_tsdb(tmp, data, prometheus, timeout=600.0) as url:
+        yield url

@@ -52,6 +52,16 @@ def prometheus_bin() -> str:
     return find_binary("prometheus")
 
 
+@pytest.fixture(scope="session")
+def victoriametrics_bin() -> str:
+    """The single-node VictoriaMetrics server (Debian's victoria-metrics package)."""
+    path = shutil.which("victoria-metrics")
+    if not path:
+        pytest.fail("victoria-metrics is not installed; run `make test` (installs Debian's victoria-metrics) "
+                    "or `apt-get install victoria-metrics`", pytrace=False)
+    return path
+
+
 def promtool_check(promtool: str, exposition: bytes) -> None:
     """The real `promtool check metrics` accepts an exposition, or the test fails with its output."""
     proc = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=60)

@@ -51,8 +51,11 @@ def running(argv: Sequence[str], log: Path, ready_url: str, timeout: float = 60.
 
 
 @contextmanager
-def backfilled_prometheus(tmp: Path, files: Sequence[Path], promtool: str, prometheus_bin: str) -> Iterator[str]:
-    """Backfill ``files`` (OpenMetrics) into a fresh TSDB under ``tmp`` and serve it; yields the base URL."""
+def backfilled_prometheus(
+    tmp: Path, files: Sequence[Path], promtool: str, prometheus_bin: str, flags: Sequence[str] = ()
+) -> Iterator[str]:
+    """Backfill ``files`` (OpenMetrics) into a fresh TSDB under ``tmp`` and serve it with the extra
+    command-line ``flags`` (e.g. ``--query.max-samples=5000``); yields the base URL."""
     data = tmp / "data"
     for om in files:
         backfill = subprocess.run(
@@ -60,11 +63,19 @@ def backfilled_prometheus(tmp: Path, files: Sequence[Path], promtool: str, prome
             capture_output=True, text=True, timeout=300,
         )
         assert backfill.returncode == 0, backfill.stderr + backfill.stdout
+    with serving_tsdb(tmp, data, prometheus_bin, flags) as url:
+        yield url
+
+
+@contextmanager
+def serving_tsdb(tmp: Path, data: Path, prometheus_bin: str, flags: Sequence[str] = (),
+                 timeout: float = 60.0) -> Iterator[str]:
+    """Serve the TSDB at ``data`` (backfilled history, kept 100 years) on loopback; yields the base URL."""
     config = tmp / "prometheus.yml"
     config.write_text("global:\n  scrape_interval: 1h\n")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={data}",
-            f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y"]
-    with running(argv, tmp / "prometheus.log", f"{url}/-/ready"):
+            f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y", *flags]
+    with running(argv, tmp / "prometheus.log", f"{url}/-/ready", timeout=timeout):
         yield url

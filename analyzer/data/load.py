@@ -2,7 +2,7 @@
 
 Both read only the families the signals need (truegpu_* and every dcgm-exporter spelling
 of them, plus the info series, and kube_pod_info where the host label holds dcgm-exporter
-pod names), then hand the long frame to ``normalize``.
+pod names), then hand the compact Samples to ``normalize``.
 
 Prometheus queries push the per-step aggregation to the server so a fleet-day returns one
 point per series and step. Each point is evaluated one millisecond before the END of its
@@ -21,13 +21,18 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from analyzer.data import dialects as D
 from analyzer.data.budget import check_window
 from analyzer.data.frame import Fleet
 from analyzer.data.hosts import exporter_pods, host_values, query_pod_info
-from analyzer.data.ingest import IngestReport, MetricFilter, PrometheusClient, query_prometheus, read_openmetrics
+from analyzer.data.ingest import (
+    IngestReport,
+    MetricFilter,
+    PrometheusClient,
+    Samples,
+    query_prometheus,
+    read_openmetrics,
+)
 from analyzer.data.ingest.prometheus import MatcherValue
 from analyzer.data.normalize import normalize
 from exporter import schema as S
@@ -59,16 +64,17 @@ def load_files(
     paths = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
     if not paths:
         raise ValueError("load_files: no input files given")
-    long, report = read_openmetrics(paths, metric_filter=metric_filter(), default_timestamp=default_timestamp)
+    samples, report = read_openmetrics(paths, metric_filter=metric_filter(), default_timestamp=default_timestamp,
+                                       compact=True)
     where = ", ".join(map(str, paths))
-    if long.empty:
+    if not len(samples):
         hint = f" ({report.bad_line_count} unreadable lines)" if report.bad_line_count else ""
         raise ValueError(
             f"no GPU telemetry in {where}{hint}: expected truegpu_* or dcgm-exporter DCGM_FI_* / dcgm_fi_* "
             f"samples with timestamps (pass default_timestamp for a scrape without them)"
         )
     try:
-        return normalize(long, step=step, start=start, end=end, job_label=job_label, report=report)
+        return normalize(samples, step=step, start=start, end=end, job_label=job_label, report=report)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from exc
 
@@ -116,6 +122,7 @@ def load_prometheus(
     *,
     matchers: Mapping[str, MatcherValue] | None = None,
     job_label: str | None = None,
+    names: Iterable[str] | None = None,
     **client_kwargs: Any,
 ) -> Fleet:
     """Query a Prometheus-compatible API for ``[start, end)`` every ``step`` s and normalize.
@@ -123,14 +130,18 @@ def load_prometheus(
     Discovers which of the needed names exist (either dialect), then fetches them with the
     aggregation pushed down. Where the host label holds dcgm-exporter pod names, their
     kube_pod_info is fetched too (without ``matchers``: they name GPU series' labels) so
-    normalize can map them to nodes. ``matchers`` narrow every selector (e.g. ``{"Hostname": [...]}``);
-    ``client_kwargs`` go to PrometheusClient (timeout, bearer_token, basic_auth, ...).
+    normalize can map them to nodes. ``matchers`` narrow every selector (e.g. ``{"Hostname": [...]}``),
+    ``names`` the input names read (default: every one normalize reads);
+    ``client_kwargs`` go to PrometheusClient (timeout, bearer_token, basic_auth, and max_samples /
+    concurrency: each metric's query is split by host and time under the server's limit, see
+    ``query_prometheus``).
     Raises ValueError naming the URL when the server has no GPU telemetry in the window.
     """
     start, end, step = float(start), float(end), float(step)
     check_window(start, end, step)  # before any query
     with PrometheusClient(url, **client_kwargs) as client:
-        found = client.existing_metrics(sorted(D.needed_names()), matchers, start, end + step)
+        wanted = D.needed_names() if names is None else D.needed_names() & set(names)
+        found = client.existing_metrics(sorted(wanted), matchers, start, end + step)
         telemetry = [n for n in found if n not in {m.name for m in D.INFO_METRICS}]
         if not telemetry:
             raise ValueError(
@@ -140,29 +151,30 @@ def load_prometheus(
             )
         rates = [n for n in found if _is_dcgm_rate(n)]
         rest = [n for n in found if not _is_dcgm_rate(n)]
-        frames, reports = [], []
+        parts, reports = [], []
         if rest:
-            long, report = query_prometheus(
+            samples, report = query_prometheus(
                 client, rest, start + step - _EDGE, end + step - _EDGE, step, matchers,
-                functions={n: _function(n) for n in rest}, window=step,
+                functions={n: _function(n) for n in rest}, window=step, compact=True,
             )  # fmt: skip
-            frames.append(long)
+            parts.append(samples)
             reports.append(report)
         if rates:
-            long, report = query_prometheus(
-                client, rates, start + step, end, step, matchers, functions={n: "avg_over_time" for n in rates}
-            )
-            frames.append(long)
+            samples, report = query_prometheus(
+                client, rates, start + step, end, step, matchers, functions={n: "avg_over_time" for n in rates},
+                compact=True,
+            )  # fmt: skip
+            parts.append(samples)
             reports.append(report)
         # the host label holds dcgm-exporter pod names: fetch kube_pod_info for them (normalize maps them)
-        pods = exporter_pods(name for frame in frames for name in host_values(frame))
+        pods = exporter_pods(name for part in parts for name in host_values(part.series))
         if pods:
             long, report = query_pod_info(client, pods, start + step - _EDGE, end + step - _EDGE, step)
-            frames.append(long)
+            parts.append(Samples.from_frame(long))  # one series per pod: small
             reports.append(report)
-    long = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     try:
-        return normalize(long, step=step, start=start, end=end, job_label=job_label, report=_merge(reports))
+        return normalize(Samples.concat(parts), step=step, start=start, end=end, job_label=job_label,
+                         report=_merge(reports))
     except ValueError as exc:
         raise ValueError(f"{url}: {exc}") from exc
 

@@ -1,11 +1,16 @@
-"""Long ingest frame (either dialect) -> the tidy Fleet every score and detector reads.
+"""Ingested samples (either dialect) -> the tidy Fleet every score and detector reads.
 
-Input: the long frame of analyzer.data.ingest (``metric``, ``timestamp``, ``value`` + one
-column per label), from truegpu's exporter, from NVIDIA dcgm-exporter (current or 1.x
-spelling) or both, plus kube-state-metrics' ``kube_pod_info`` where present (it maps
-dcgm-exporter pod names in the host label to their nodes: analyzer.data.hosts). Output:
-analyzer.data.frame.Fleet on a regular grid of ``step`` seconds, the same frame
-analyzer.data.simulated.fleet_from_cluster builds straight from the simulator.
+Input: the Samples of analyzer.data.ingest (a series table and per-metric sample blocks; a long
+frame of ``metric``, ``timestamp``, ``value`` + one column per label is turned into Samples
+first), from truegpu's exporter, from NVIDIA dcgm-exporter (current or 1.x spelling) or both,
+plus kube-state-metrics' ``kube_pod_info`` where present (it maps dcgm-exporter pod names in the
+host label to their nodes: analyzer.data.hosts). Output: analyzer.data.frame.Fleet on a regular
+grid of ``step`` seconds, the same frame analyzer.data.simulated.fleet_from_cluster builds
+straight from the simulator.
+
+Labels are resolved once per series; samples are read one metric at a time, in chunks of about
+``_CHUNK`` samples cut between timelines, so the peak is the kept samples plus one chunk's
+temporaries and the dense (device x step) results.
 
 Resampling semantics (row ``t`` is the interval ``[t, t + step)``):
 
@@ -29,6 +34,9 @@ rows of that GPU's MIG instances where the instance has no value of its own.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -36,9 +44,10 @@ import pandas as pd
 from analyzer.data import dialects as D
 from analyzer.data.budget import BudgetError, check_rows, check_window
 from analyzer.data.coverage import DATA_SHARE, hold_allocations
-from analyzer.data.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, empty_frame, gpu_share
+from analyzer.data.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, gpu_share
 from analyzer.data.hosts import map_exporter_pods, pod_info
-from analyzer.data.ingest import IngestReport
+from analyzer.data.ingest import IngestReport, Samples
+from analyzer.data.ingest.samples import Block
 from analyzer.data.signals import ALLOCATION_COLUMNS, SIGNALS, Signal
 from exporter import schema as S
 from exporter.attribution.jobs import KNOWN_JOB_LABELS, derive_job, sanitized_job_labels
@@ -47,10 +56,12 @@ _EPS = 1e-9
 _NEEDED = D.needed_names()
 #: Step used when the input has one sample time only (a scraped snapshot).
 SNAPSHOT_STEP = 60.0
+#: Samples read at a time (a chunk ends where a timeline does, so it may hold more).
+_CHUNK = 1 << 18
 
 
 def normalize(
-    long: pd.DataFrame,
+    long: pd.DataFrame | Samples,
     *,
     step: float | None = None,
     start: float | None = None,
@@ -58,7 +69,8 @@ def normalize(
     job_label: str | None = None,
     report: IngestReport | None = None,
 ) -> Fleet:
-    """Map a long ingest frame of either dialect onto canonical signals on a regular grid.
+    """Map ingested samples (Samples, or a long ingest frame) of either dialect onto canonical
+    signals on a regular grid.
 
     ``step`` defaults to the median sample spacing, ``start`` to the first sample and
     ``end`` to the end of the step holding the last sample. ``job_label`` names a label holding the job
@@ -66,9 +78,9 @@ def normalize(
     ``hpc_job`` or ``derive_job(pod)``. ``report`` (the IngestReport of the read) is
     carried into ``Fleet.notes``. Raises ValueError on input without GPU telemetry.
     """
-    _check_columns(long)
+    samples = _samples(long)
     notes = _report_notes(report)
-    data = _Input(long, job_label, pod_info(long))
+    data = _Input(samples, job_label, pod_info(samples.frame([S.KUBE_POD_INFO])))
     absent = _absent(report.missing, data.dialect) if report is not None else []
     if absent:
         notes.append(f"queried but absent from the source: {', '.join(absent)}")
@@ -88,15 +100,19 @@ def normalize(
 
 
 # Input checks and notes -------------------------------------------------------------------
-def _check_columns(long: pd.DataFrame) -> None:
-    if not isinstance(long, pd.DataFrame):
-        raise TypeError(f"normalize expects the long ingest DataFrame, got {type(long).__name__}")
-    lacking = [c for c in ("metric", "timestamp", "value") if c not in long.columns]
+def _samples(data: pd.DataFrame | Samples) -> Samples:
+    """The input as Samples: a long frame is converted once, so there is one path from here on."""
+    if isinstance(data, Samples):
+        return data
+    if not isinstance(data, pd.DataFrame):
+        raise TypeError(f"normalize expects Samples or the long ingest DataFrame, got {type(data).__name__}")
+    lacking = [c for c in ("metric", "timestamp", "value") if c not in data.columns]
     if lacking:
         raise ValueError(
             f"normalize: input frame lacks column(s) {', '.join(lacking)}; expected the long frame of "
-            f"analyzer.data.ingest (metric, timestamp, value, one column per label), got columns {list(long.columns)}"
+            f"analyzer.data.ingest (metric, timestamp, value, one column per label), got columns {list(data.columns)}"
         )
+    return Samples.from_frame(data)
 
 
 def _report_notes(report: IngestReport | None) -> list[str]:
@@ -152,67 +168,132 @@ def _absent(missing: list[str], dialect: str) -> list[str]:
 
 
 # Series-level view of the input ------------------------------------------------------------
-def _codes(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """(per-sample int codes, -1 = missing; category values as strings)."""
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        return np.asarray(col.cat.codes, dtype=np.int64), np.asarray(col.cat.categories.astype(str), dtype=object)
-    codes, uniques = pd.factorize(col, use_na_sentinel=True)
-    return codes.astype(np.int64), np.asarray(pd.Index(uniques).astype(str), dtype=object)
-
-
 class _Grid:
     def __init__(self, start: float, step: float, T: int, spacing: float) -> None:
         self.start, self.step, self.T, self.spacing = start, step, T, spacing
         self.times = start + step * np.arange(T, dtype=np.float64)
 
+    def row(self, ts: np.ndarray) -> np.ndarray:
+        """The row whose interval ``[t, t + step)`` holds each time."""
+        return np.floor((ts - self.start) / self.step + _EPS).astype(np.int64)
+
+    def row_ending(self, ts: np.ndarray) -> np.ndarray:
+        """The row whose interval ``(t, t + step]`` holds each time (a time exactly at the start: row 0)."""
+        be = np.ceil((ts - self.start) / self.step - _EPS).astype(np.int64) - 1
+        return np.where((be < 0) & (np.abs(ts - self.start) < _EPS * max(self.step, 1.0)), 0, be)
+
+
+@dataclass
+class _Picked:
+    """Samples of some series sorted by (timeline, time): series id, time, value (float64) and timeline
+    per sample, and (once known) their source device and rows on the grid."""
+
+    sid: np.ndarray
+    ts: np.ndarray
+    val: np.ndarray
+    tl: np.ndarray
+    #: Per series, its source device (_Input.series_own); None before devices are known.
+    own: np.ndarray | None
+    grid: _Grid | None
+
+    @cached_property
+    def src(self) -> np.ndarray:
+        return self.own[self.sid]
+
+    @cached_property
+    def bf(self) -> np.ndarray:
+        return self.grid.row(self.ts)
+
+    @cached_property
+    def be(self) -> np.ndarray:
+        return self.grid.row_ending(self.ts)
+
 
 class _Input:
-    """Samples sorted by timeline (metric, device, contract labels) and time, plus a series table."""
+    """A series table with canonical labels and timelines (metric, device, contract labels), and the
+    needed metrics' sample blocks, read through ``picks``."""
 
-    def __init__(self, long: pd.DataFrame, job_label: str | None, pods: pd.DataFrame) -> None:
+    def __init__(self, samples: Samples, job_label: str | None, pods: pd.DataFrame) -> None:
         """``pods``: kube_pod_info rows (analyzer.data.hosts.pod_info) naming dcgm-exporter pods' nodes."""
         self.job_label = job_label
-        mcodes, names = _codes(long["metric"])
-        keep_name = np.array([n in _NEEDED for n in names], dtype=bool)
-        keep = (mcodes >= 0) & (keep_name[np.maximum(mcodes, 0)] if len(names) else False)
-        if not keep.any():
-            found = ", ".join(sorted(map(str, names))[:10]) or "nothing"
+        blocks = [b for b in samples.blocks if b.metric in _NEEDED]
+        if not blocks:
+            found = ", ".join(sorted(b.metric for b in samples.blocks)[:10]) or "nothing"
             raise ValueError(
                 "no GPU telemetry in the input: expected truegpu exporter metrics (truegpu_*, e.g. "
                 f"{S.GPU_UTILIZATION.name}) or dcgm-exporter metrics (DCGM_FI_* / dcgm_fi_*, e.g. "
                 f"{S.GPU_UTILIZATION.dcgm[0].field}); found: {found}"
             )
-        idx = np.flatnonzero(keep)
-        label_cols = [c for c in long.columns if c not in ("metric", "timestamp", "value")]
-        cols = [(mcodes[idx], names)] + [_codes(long[c].iloc[idx] if len(idx) < len(long) else long[c])
-                                         for c in label_cols]
-        ts = np.asarray(long["timestamp"].to_numpy(dtype=np.float64))[idx]
-        val = np.asarray(long["value"].to_numpy(dtype=np.float64))[idx]
-        if not np.isfinite(ts).all():
+        if not all(np.isfinite(b.times).all() for b in blocks):
             raise ValueError("normalize: input has non-finite timestamps; expected unix seconds")
-        sid, first = _series_ids([c for c, _ in cols])
-        table = {"metric": _values(cols[0], first)}
-        for name, col in zip(label_cols, cols[1:], strict=True):
-            table[name] = _values(col, first)
+        #: (block, id of its first series here): series are renumbered over the kept blocks.
+        self.blocks: list[tuple[Block, int]] = []
+        for b in blocks:
+            self.blocks.append((b, self.blocks[-1][1] + self.blocks[-1][0].n_series if self.blocks else 0))
+        rows = np.concatenate([np.arange(b.first, b.first + b.n_series) for b in blocks])
+        series = samples.series.iloc[rows] if len(rows) < len(samples.series) else samples.series
+        table = {"metric": series["metric"].to_numpy(dtype=object)}
+        for name in samples.label_names:
+            v = series[name].to_numpy(dtype=object)
+            table[name] = np.where(pd.isna(v), "", v).astype(object)
         self.table = table
-        self.n_series = len(first)
+        self.n_series = len(rows)
+        self.g: _Grid | None = None
+        self.series_own: np.ndarray | None = None  # set by devices()
         self._canonical(pods)
         # timeline: series of one device and one contract label combination, whatever its
         # attribution labels (dcgm-exporter splits a GPU's series by pod; err_code changes)
         parts = [table["metric"], self.own_key] + [table.get(lab, _blank(self.n_series)) for lab in D.SIGNAL_LABELS]
-        tl_series = pd.factorize(pd.Series(["\x00".join(p) for p in zip(*parts, strict=True)]))[0]
-        tl = tl_series[sid]
-        order = np.lexsort((ts, tl))
-        self.ts, self.val, self.sid, self.tl = ts[order], val[order], sid[order], tl[order]
-        self.tl_series = tl_series
-        self.n_tl = int(tl_series.max()) + 1 if len(tl_series) else 0
+        self.tl_series = pd.factorize(pd.Series(["\x00".join(p) for p in zip(*parts, strict=True)]))[0]
+        self.n_tl = int(self.tl_series.max()) + 1 if len(self.tl_series) else 0
         # a representative series per timeline (same metric, device and contract labels)
         self.tl_rep = np.zeros(self.n_tl, dtype=np.int64)
-        self.tl_rep[tl_series[::-1]] = np.arange(self.n_series)[::-1]
+        self.tl_rep[self.tl_series[::-1]] = np.arange(self.n_series)[::-1]
         self.metric = table["metric"]
+        self.ts_min = min(float(b.times.min()) for b in blocks)
         self.dialect_of_series = np.array([D.dialect_of(m) or "" for m in self.metric], dtype=object)
         used = {d for d in self.dialect_of_series if d}
         self.dialect = "mixed" if len(used) > 1 else (used.pop() if used else "truegpu")
+
+    def picks(self, series_mask: np.ndarray, *, known: bool = True) -> Iterator[_Picked]:
+        """The samples of the series in ``series_mask`` sorted by (timeline, time), a metric at a time in
+        chunks of about _CHUNK samples cut between timelines; ``known``: only the samples of device series
+        that hold a value. A timeline's series are merged by time (ties in series order)."""
+        if known:
+            series_mask = series_mask & (self.series_own >= 0)
+        for b, off in self.blocks:
+            local = np.flatnonzero(series_mask[off:off + b.n_series])
+            if not len(local):
+                continue
+            tl = self.tl_series[off + local]
+            merged = bool((np.diff(tl) <= 0).any())  # a timeline of several series
+            if merged:
+                order = np.lexsort((local, tl))
+                local, tl = local[order], tl[order]
+            lo, hi = b.bounds[local], b.bounds[local + 1]
+            size = hi - lo
+            before = np.cumsum(size) - size
+            heads = np.flatnonzero(np.concatenate(([True], tl[1:] != tl[:-1])))
+            targets = np.arange(_CHUNK, int(before[-1] + size[-1]), _CHUNK)
+            cuts = np.unique(np.concatenate(([0], heads[np.searchsorted(before[heads], targets, "right") - 1],
+                                             [len(local)])))
+            for j0, j1 in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+                if (lo[j0 + 1:j1] == hi[j0:j1 - 1]).all():
+                    at: slice | np.ndarray = slice(int(lo[j0]), int(hi[j1 - 1]))
+                else:
+                    n = size[j0:j1]
+                    at = np.repeat(lo[j0:j1] - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+                sid = np.repeat(off + local[j0:j1], size[j0:j1])
+                ts, val = b.timestamps(at), np.asarray(b.val[at], dtype=np.float64)
+                tls = self.tl_series[sid]
+                if merged and (tl[j0 + 1:j1] == tl[j0:j1 - 1]).any():
+                    order = np.lexsort((ts, tls))
+                    sid, ts, val, tls = sid[order], ts[order], val[order], tls[order]
+                if known:
+                    ok = ~np.isnan(val)
+                    if not ok.all():
+                        sid, ts, val, tls = sid[ok], ts[ok], val[ok], tls[ok]
+                yield _Picked(sid, ts, val, tls, self.series_own, self.g)
 
     def _canonical(self, pods: pd.DataFrame) -> None:
         t, n = self.table, self.n_series
@@ -272,12 +353,21 @@ class _Input:
         return fixed
 
     def grid(self, step: float | None, start: float | None, end: float | None, notes: list[str]) -> _Grid:
-        telemetry = np.array([m not in _INFO_NAMES for m in self.metric], dtype=bool)[self.sid]
-        ts = self.ts[telemetry] if telemetry.any() else self.ts
-        tl = self.tl[telemetry] if telemetry.any() else self.tl
-        d = np.diff(ts)
-        d = d[(tl[1:] == tl[:-1]) & (d > 0)]
-        spacing = float(np.median(d)) if len(d) else float("nan")
+        telemetry = np.array([m not in _INFO_NAMES for m in self.metric], dtype=bool)
+        if not telemetry.any():
+            telemetry[:] = True
+        spacings, counts = [], []
+        for p in self.picks(telemetry, known=False):
+            d = np.diff(p.ts)
+            d = d[(p.tl[1:] == p.tl[:-1]) & (d > 0)]
+            if len(d) and d.min() == d.max():  # the common case, without counting distinct values
+                spacings.append(d[:1].copy())  # not a view: it would keep the chunk's diffs
+                counts.append(np.array([len(d)]))
+            elif len(d):
+                vc = pd.Series(d).value_counts(sort=False)
+                spacings.append(vc.index.to_numpy(dtype=np.float64))
+                counts.append(vc.to_numpy())
+        spacing = _median(spacings, counts)
         if step is None:
             if math.isnan(spacing):
                 step = SNAPSHOT_STEP
@@ -287,14 +377,14 @@ class _Input:
         step = float(step)
         if not math.isfinite(step) or step <= 0:
             raise BudgetError(f"step must be a positive number of seconds, not {step!r}")
-        start = float(ts.min()) if start is None else float(start)
+        kept = [b for b, off in self.blocks if telemetry[off]]
+        start = min(float(b.times.min()) for b in kept) if start is None else float(start)
         if end is None:  # the end of the step holding the last sample
-            end = start + (math.floor((float(ts.max()) - start) / step + _EPS) + 1) * step
+            last = max(float(b.times.max()) for b in kept)
+            end = start + (math.floor((last - start) / step + _EPS) + 1) * step
         T = check_window(start, float(end), step)
-        self.bf = np.floor((self.ts - start) / step + _EPS).astype(np.int64)
-        be = np.ceil((self.ts - start) / step - _EPS).astype(np.int64) - 1
-        self.be = np.where((be < 0) & (np.abs(self.ts - start) < _EPS * max(step, 1.0)), 0, be)
-        return _Grid(start, step, T, spacing if not math.isnan(spacing) else step)
+        self.g = _Grid(start, step, T, spacing if not math.isnan(spacing) else step)
+        return self.g
 
     def devices(self) -> pd.DataFrame:
         """Frame rows: MIG instances of GPUs that have them, else whole GPUs; sorted."""
@@ -337,28 +427,18 @@ def _blank(n: int) -> np.ndarray:
     return np.full(n, "", dtype=object)
 
 
-def _values(col: tuple[np.ndarray, np.ndarray], first: np.ndarray) -> np.ndarray:
-    codes, cats = col
-    c = codes[first]
-    out = _blank(len(first))
-    ok = c >= 0
-    out[ok] = cats[c[ok]]
-    return out
+def _median(values: list[np.ndarray], counts: list[np.ndarray]) -> float:
+    """np.median of the multiset ``values`` (each repeated ``counts`` times), NaN when empty."""
+    if not values:
+        return float("nan")
+    uniq, inv = np.unique(np.concatenate(values), return_inverse=True)
+    cum = np.cumsum(np.bincount(inv.reshape(-1), weights=np.concatenate(counts)).astype(np.int64))
+    n = int(cum[-1])
 
+    def nth(k: int) -> float:
+        return float(uniq[np.searchsorted(cum, k, side="right")])
 
-def _series_ids(codes: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-sample series id over all label codes, and each series' first sample index."""
-    n = len(codes[0])
-    key = np.zeros(n, dtype=np.int64)
-    for c in codes:
-        width = int(c.max()) + 2 if n else 1
-        if n and (int(key.max()) + 1) * width >= 2**62:
-            key = pd.factorize(key)[0].astype(np.int64)
-        key = key * width + (c + 1)
-    sid = pd.factorize(key)[0].astype(np.int64)
-    first = np.empty(int(sid.max()) + 1 if n else 0, dtype=np.int64)
-    first[sid[::-1]] = np.arange(n)[::-1]
-    return sid, first
+    return nth(n // 2) if n % 2 else float(np.mean([nth(n // 2 - 1), nth(n // 2)]))
 
 
 def _num(values: pd.Series | np.ndarray) -> np.ndarray:
@@ -375,6 +455,29 @@ def _device_sort_key(key: str) -> tuple:
             return (1 if x else -1, 0.0, x)
 
     return (host, n(gpu), n(inst))
+
+
+_Value = Callable[[_Picked], np.ndarray]
+
+
+class _Dense:
+    """(source device x row) sums and counts, accumulated a chunk of samples at a time."""
+
+    def __init__(self, n_src: int, T: int) -> None:
+        self.shape = (n_src, T)
+        self.sums = np.zeros(n_src * T)
+        self.cnt = np.zeros(n_src * T, dtype=np.int64)
+
+    def add(self, flat: np.ndarray, values: np.ndarray) -> None:
+        self.sums += np.bincount(flat, weights=values, minlength=len(self.sums))
+        self.cnt += np.bincount(flat, minlength=len(self.sums))
+
+    def mean(self) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.cnt > 0, self.sums / np.maximum(self.cnt, 1), np.nan).reshape(self.shape)
+
+    def total(self) -> np.ndarray:
+        return np.where(self.cnt > 0, self.sums, np.nan).reshape(self.shape)
 
 
 def _runs(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -402,14 +505,6 @@ class _State:
         else:
             self.rate_queries: set[str] = set()
         self.metric_idx = pd.Index(pd.unique(data.metric))
-        self.series_metric = self.metric_idx.get_indexer(data.metric)
-        self.sample_metric = self.series_metric[data.sid]
-        self.sample_src = data.series_own[data.sid]
-
-    # sample selection
-    def _samples(self, series_mask: np.ndarray) -> np.ndarray:
-        sel = series_mask[self.d.sid] & (self.sample_src >= 0)
-        return np.flatnonzero(sel & ~np.isnan(self.d.val))
 
     def _label_mask(self, signal: Signal) -> tuple[np.ndarray, np.ndarray]:
         """(series feeding ``signal`` as truegpu primary, as truegpu fallback ``total``)."""
@@ -422,96 +517,95 @@ class _State:
             total |= v == "total"
         return ok & ~total, ok & total
 
-    # per-kind aggregation into dense (n_src, T) arrays
-    def _mean(self, idx: np.ndarray, values: np.ndarray, bucket: np.ndarray) -> np.ndarray:
-        T = self.g.T
-        ok = (bucket >= 0) & (bucket < T)
-        flat = self.sample_src[idx[ok]] * T + bucket[ok]
-        size = self.n_src * T
-        sums = np.bincount(flat, weights=values[ok], minlength=size)
-        cnt = np.bincount(flat, minlength=size)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(cnt > 0, sums / np.maximum(cnt, 1), np.nan).reshape(self.n_src, T)
+    # per-kind aggregation into dense (n_src, T) arrays, a chunk of samples at a time
+    def _mean(self, picks: Iterable[_Picked], value: _Value) -> np.ndarray:
+        dense = _Dense(self.n_src, self.g.T)
+        for p in picks:
+            ok = (p.bf >= 0) & (p.bf < self.g.T)
+            dense.add(p.src[ok] * self.g.T + p.bf[ok], value(p)[ok])
+        return dense.mean()
 
-    def _max(self, idx: np.ndarray, values: np.ndarray, bucket: np.ndarray) -> np.ndarray:
+    def _max(self, picks: Iterable[_Picked], value: _Value) -> np.ndarray:
         T = self.g.T
-        ok = (bucket >= 0) & (bucket < T)
         out = np.full(self.n_src * T, -np.inf)
-        np.maximum.at(out, self.sample_src[idx[ok]] * T + bucket[ok], values[ok])
+        for p in picks:
+            ok = (p.bf >= 0) & (p.bf < T)
+            np.maximum.at(out, p.src[ok] * T + p.bf[ok], value(p)[ok])
         out[np.isneginf(out)] = np.nan
         return out.reshape(self.n_src, T)
 
-    def _tl_sum(self, tl: np.ndarray, bucket: np.ndarray, rate: np.ndarray) -> np.ndarray:
-        """Sum per-timeline values into (src, bucket); NaN where no timeline is known."""
+    def _tl_add(self, dense: _Dense, tl: np.ndarray, bucket: np.ndarray, rate: np.ndarray) -> None:
+        """Add per-timeline values to their device's (src, bucket) sum."""
         T = self.g.T
         ok = (bucket >= 0) & (bucket < T) & np.isfinite(rate)
         src = self.d.series_own[self.d.tl_rep[tl[ok]]]
-        flat = src * T + bucket[ok]
-        size = self.n_src * T
-        sums = np.bincount(flat, weights=rate[ok], minlength=size)
-        cnt = np.bincount(flat, minlength=size)
-        return np.where(cnt > 0, sums, np.nan).reshape(self.n_src, T)
+        dense.add(src * T + bucket[ok], rate[ok])
 
-    def _counter_rate(self, idx: np.ndarray, values: np.ndarray) -> np.ndarray:
-        d, T = self.d, self.g.T
-        tl, ts = d.tl[idx], d.ts[idx]
-        if len(idx) < 2:
-            return np.full((self.n_src, T), np.nan)
-        dt = ts[1:] - ts[:-1]
-        inc = values[1:] - values[:-1]
-        same = tl[1:] == tl[:-1]
-        reset = same & (inc < 0)
-        self.resets += int(reset.sum())
-        inc = np.where(reset, values[1:], inc)
-        max_gap = max(1.5 * self.g.spacing, self.g.step) + _EPS
-        ok = same & (dt > 0) & (dt <= max_gap)
-        b = d.bf[idx][:-1][ok]
-        tl_ok = tl[:-1][ok]
-        inside = (b >= 0) & (b < T)
-        key = tl_ok[inside] * T + b[inside]
-        starts, ukey = _runs(key)
-        if not len(starts):
-            return np.full((self.n_src, T), np.nan)
-        inc_sum = np.add.reduceat(inc[ok][inside], starts)
-        dt_sum = np.add.reduceat(dt[ok][inside], starts)
-        return self._tl_sum(ukey // T, ukey % T, inc_sum / dt_sum)
-
-    def _tl_mean_sum(self, idx: np.ndarray, values: np.ndarray, bucket: np.ndarray) -> np.ndarray:
-        """Mean per (timeline, bucket), summed over the timelines of a device (rates: tx + rx)."""
+    def _counter_rate(self, picks: Iterable[_Picked], value: _Value) -> np.ndarray:
         T = self.g.T
-        inside = (bucket >= 0) & (bucket < T)
-        tl = self.d.tl[idx][inside]
-        key = tl * T + bucket[inside]
-        order = np.argsort(key, kind="stable")
-        key, v = key[order], values[inside][order]
-        starts, ukey = _runs(key)
-        if not len(starts):
-            return np.full((self.n_src, T), np.nan)
-        counts = np.diff(np.append(starts, len(key)))
-        mean = np.add.reduceat(v, starts) / counts
-        return self._tl_sum(ukey // T, ukey % T, mean)
+        dense = _Dense(self.n_src, T)
+        max_gap = max(1.5 * self.g.spacing, self.g.step) + _EPS
+        for p in picks:
+            if len(p.ts) < 2:
+                continue
+            values, tl = value(p), p.tl
+            dt = p.ts[1:] - p.ts[:-1]
+            inc = values[1:] - values[:-1]
+            same = tl[1:] == tl[:-1]
+            reset = same & (inc < 0)
+            self.resets += int(reset.sum())
+            inc = np.where(reset, values[1:], inc)
+            ok = same & (dt > 0) & (dt <= max_gap)
+            b = p.bf[:-1][ok]
+            inside = (b >= 0) & (b < T)
+            key = tl[:-1][ok][inside] * T + b[inside]
+            starts, ukey = _runs(key)
+            if not len(starts):
+                continue
+            inc_sum = np.add.reduceat(inc[ok][inside], starts)
+            dt_sum = np.add.reduceat(dt[ok][inside], starts)
+            self._tl_add(dense, ukey // T, ukey % T, inc_sum / dt_sum)
+        return dense.total()
+
+    def _tl_mean_sum(self, picks: Iterable[_Picked], value: _Value) -> np.ndarray:
+        """Mean per (timeline, row ending at the sample), summed over the timelines of a device (rates:
+        tx + rx)."""
+        T = self.g.T
+        dense = _Dense(self.n_src, T)
+        for p in picks:
+            inside = (p.be >= 0) & (p.be < T)
+            key = p.tl[inside] * T + p.be[inside]
+            order = np.argsort(key, kind="stable")
+            key, v = key[order], value(p)[inside][order]
+            starts, ukey = _runs(key)
+            if not len(starts):
+                continue
+            counts = np.diff(np.append(starts, len(key)))
+            self._tl_add(dense, ukey // T, ukey % T, np.add.reduceat(v, starts) / counts)
+        return dense.total()
 
     def _group(self, kind: str, series_mask: np.ndarray, factors: tuple[float, float], bits: int,
                name: str) -> np.ndarray | None:
-        idx = self._samples(series_mask)
         if not series_mask.any():
             return None
-        v = self.d.val[idx] * factors[0] / factors[1]
+        picks = self.d.picks(series_mask)
+
+        def scaled(p: _Picked) -> np.ndarray:
+            return p.val * factors[0] / factors[1]
+
         if name in self.increase and kind == "counter":
-            if name not in self.rate_queries:
-                v = v / self.g.step
-            return self._tl_mean_sum(idx, v, self.d.be[idx])
+            if name in self.rate_queries:
+                return self._tl_mean_sum(picks, scaled)
+            return self._tl_mean_sum(picks, lambda p: scaled(p) / self.g.step)
         if kind == "gauge":
-            return self._mean(idx, v, self.d.bf[idx])
+            return self._mean(picks, scaled)
         if kind == "flag":
-            return self._max(idx, v, self.d.bf[idx])
+            return self._max(picks, scaled)
         if kind == "bitmask":
-            raw = self.d.val[idx]
-            flag = ((np.nan_to_num(raw).astype(np.int64) & bits) != 0).astype(np.float64)
-            return self._max(idx, flag, self.d.bf[idx])
+            return self._max(picks, lambda p: ((np.nan_to_num(p.val).astype(np.int64) & bits) != 0).astype(np.float64))
         if kind == "dcgm_rate":
-            return self._tl_mean_sum(idx, v, self.d.be[idx])
-        return self._counter_rate(idx, v)
+            return self._tl_mean_sum(picks, scaled)
+        return self._counter_rate(picks, scaled)
 
     def signal(self, signal: Signal) -> np.ndarray | None:
         """Dense (n_src, T) values of ``signal``: truegpu first, dcgm where truegpu is unknown."""
@@ -575,10 +669,12 @@ class _State:
             self.notes.append(f"{len(shared)} UUID(s) appear on more than one GPU (e.g. {shared.index[0]}): "
                                 "told apart by host and gpu index")
 
-    def _rows(self, dense: np.ndarray) -> np.ndarray:
-        own = dense[self.dev["own"].to_numpy()]
-        par = dense[self.dev["par"].to_numpy()]
-        return np.where(np.isnan(own), par, own).reshape(-1)
+    def _rows(self, dense: np.ndarray, out: np.ndarray) -> None:
+        """Write the frame column of a (source device x step) array into ``out``: a MIG instance without a
+        value of its own takes its GPU's."""
+        own = dense[self.dev["own"].to_numpy()].reshape(-1)
+        par = dense[self.dev["par"].to_numpy()].reshape(-1)
+        np.copyto(out, np.where(np.isnan(own), par, own))
 
     # frame --------------------------------------------------------------------------------
     def frame(self) -> pd.DataFrame:
@@ -586,7 +682,11 @@ class _State:
         n = len(dev)
         if n == 0:
             raise ValueError("no GPU telemetry in the input: no series carries a gpu label")
-        cols: dict[str, object] = {"timestamp": np.tile(self.g.times, n)}
+        # the float columns are written into one (column x row) block the frame is built on, not copied
+        floats = np.empty((3 + len(SIGNALS), n * T))
+        names = ["timestamp", "gpu_share", DATA_SHARE]
+        cats: list[tuple[int, str, pd.Categorical]] = []  # (position in the frame, name, column)
+        floats[0] = np.tile(self.g.times, n)
         own, par = dev["own"].to_numpy(), dev["par"].to_numpy()
         uuid = self._per_src(d.lab["uuid"])
         model = self._per_src(d.lab["model"])
@@ -601,22 +701,26 @@ class _State:
         site, rack = self._placement(values["hostname"])
         values["site"], values["rack"] = site, rack
         for name, v in values.items():
-            cats, codes = np.unique(v.astype(str), return_inverse=True)
-            cols[name] = pd.Categorical.from_codes(np.repeat(codes, T), cats)
+            uniq, codes = np.unique(v.astype(str), return_inverse=True)
+            cats.append((1 + len(cats), name, pd.Categorical.from_codes(np.repeat(codes, T), uniq)))
         profiles = pd.unique(prof[own])
         share = dict(zip(profiles, (gpu_share(p) for p in profiles), strict=True))
-        cols["gpu_share"] = np.repeat(np.array([share[p] for p in prof[own]], dtype=np.float64), T)
-        cols.update(self._allocation())
-        cols[DATA_SHARE] = self._rows(self.data_share())
+        floats[1] = np.repeat(np.array([share[p] for p in prof[own]], dtype=np.float64), T)
+        after = 2 + len(cats)  # timestamp, the device columns, gpu_share
+        cats += [(after + k, name, col) for k, (name, col) in enumerate(self._allocation().items())]
+        self._rows(self.data_share(), floats[2])
         for signal in SIGNALS:
             dense = self.signal(signal)
             if dense is not None:
                 self.present.add(signal.name)
-                cols[signal.name] = self._rows(dense)
+                self._rows(dense, floats[len(names)])
+                names.append(signal.name)
         if self.resets:
             self.notes.append(f"{self.resets} counter resets (a drop in a counter) read as restarts from 0")
-        frame = pd.DataFrame(cols)
-        return frame if len(frame.columns) > 1 else empty_frame()
+        frame = pd.DataFrame(floats[:len(names)].T, columns=names, copy=False)
+        for at, name, col in cats:
+            frame.insert(at, name, col)
+        return frame
 
     def data_share(self) -> np.ndarray:
         """(n_src, T): the share of each row's step that samples cover, from memory used (on every GPU and
@@ -624,15 +728,14 @@ class _State:
         the device has no such sample in the row (a row with other data then counts whole). Exact across
         series that change labels mid-window (a new pod): samples are divided by the series present."""
         d, T = self.d, self.g.T
-        ref = np.isin(d.metric, list(_SHARE_NAMES)) & (d.series_own >= 0)
-        idx = self._samples(ref)
-        b = d.bf[idx]
-        keep = (b >= 0) & (b < T)
-        idx, b = idx[keep], b[keep]
         n = self.n_src * T
-        samples = np.bincount(self.sample_src[idx] * T + b, minlength=n).astype(np.float64)
-        pairs = np.unique(d.sid[idx].astype(np.int64) * T + b)  # (series, row) present
-        series = np.bincount(d.series_own[pairs // T] * T + pairs % T, minlength=n).astype(np.float64)
+        samples, series = np.zeros(n), np.zeros(n)
+        for p in d.picks(np.isin(d.metric, list(_SHARE_NAMES))):  # a series is never split between chunks
+            keep = (p.bf >= 0) & (p.bf < T)
+            b = p.bf[keep]
+            samples += np.bincount(p.src[keep] * T + b, minlength=n)
+            pairs = np.unique(p.sid[keep] * T + b)  # (series, row) present
+            series += np.bincount(d.series_own[pairs // T] * T + pairs % T, minlength=n)
         with np.errstate(invalid="ignore", divide="ignore"):
             share = np.where(series > 0, np.minimum(1.0, samples / series * self.g.spacing / self.g.step), np.nan)
         return share.reshape(self.n_src, T)
@@ -683,13 +786,12 @@ class _State:
         alloc_id = np.full(n, -1, dtype=np.int64)
         uniq_tuples = pd.Index(pd.unique(tuples[carries]))
         alloc_id[carries] = uniq_tuples.get_indexer(tuples[carries])
-        sample_alloc = alloc_id[d.sid]
-        use = (sample_alloc >= 0) & (self.sample_src >= 0)
-        use &= ~alloc_info[d.sid] | (d.val > 0.5)
-        b = d.bf[use]
-        inside = (b >= 0) & (b < T)
         dense = np.full(self.n_src * T, -1, dtype=np.int64)
-        np.maximum.at(dense, self.sample_src[use][inside] * T + b[inside], sample_alloc[use][inside])
+        for p in d.picks((alloc_id >= 0) & (d.series_own >= 0), known=False):
+            use = ~alloc_info[p.sid] | (p.val > 0.5)
+            b = p.bf[use]
+            inside = (b >= 0) & (b < T)
+            np.maximum.at(dense, p.src[use][inside] * T + b[inside], alloc_id[p.sid[use][inside]])
         dense = dense.reshape(self.n_src, T)
         own = dense[self.dev["own"].to_numpy()]
         par = dense[self.dev["par"].to_numpy()]
@@ -728,41 +830,41 @@ class _State:
     def events(self) -> pd.DataFrame:
         d, T = self.d, self.g.T
         parts = []
-        tg = d.metric == S.XID_ERRORS.name
-        if tg.any():
-            idx = self._samples(tg)
-            v = d.val[idx]
+        xids = d.table.get("xid", _blank(d.n_series))
+        for p in d.picks(d.metric == S.XID_ERRORS.name):
+            v = p.val
             if S.XID_ERRORS.name in self.increase:
-                b, cnt, ok = d.be[idx], np.round(v), v > 0.5
-                parts.append((idx[ok], b[ok], cnt[ok], d.table.get("xid", _blank(d.n_series))[d.sid[idx[ok]]]))
+                b, cnt, ok = p.be, np.round(v), v > 0.5
+                parts.append((p.sid[ok], b[ok], cnt[ok], xids[p.sid[ok]]))
             else:
-                tl = d.tl[idx]
+                tl = p.tl
                 same = tl[1:] == tl[:-1]
                 inc = np.where(v[1:] < v[:-1], v[1:], v[1:] - v[:-1])
                 ok = same & (inc > 0)
                 first = np.concatenate(([True], ~same))
                 # a series born later than the data's start was born by its first event
-                late = first & (d.ts[idx] > d.ts.min() + 1.5 * self.g.spacing) & (v > 0)
-                sel = np.concatenate([idx[:-1][ok], idx[late]])
-                b = np.concatenate([d.bf[idx][:-1][ok], d.bf[idx][late] - 1])
+                late = first & (p.ts > d.ts_min + 1.5 * self.g.spacing) & (v > 0)
+                sel = np.concatenate([p.sid[:-1][ok], p.sid[late]])
+                b = np.concatenate([p.bf[:-1][ok], p.bf[late] - 1])
                 cnt = np.concatenate([inc[ok], v[late]])
-                parts.append((sel, b, cnt, d.table.get("xid", _blank(d.n_series))[d.sid[sel]]))
-        xids = d.table.get("xid", _blank(d.n_series))
+                parts.append((sel, b, cnt, xids[sel]))
         gpu_key = np.char.add(np.char.add(d.lab["hostname"].astype(str), "\x00"), d.lab["gpu"].astype(str))
         counted = np.zeros(d.n_series, bool)  # series of GPUs whose XIDs the count collector reports
         xc = np.isin(d.metric, list(D.XID_DCGM_COUNT))
         if xc.any():
             # XIDs within dcgm-exporter's sliding window: each rise is that many new XIDs (it sees repeats)
-            idx = self._samples(xc)
-            v, tl = d.val[idx], d.tl[idx]
-            same = tl[1:] == tl[:-1]
-            ok = same & (v[1:] > v[:-1])
-            sel = idx[:-1][ok]  # as for the last-XID gauge: in the step before the sample that shows it
-            parts.append((sel, d.bf[sel], (v[1:] - v[:-1])[ok], xids[d.sid[sel]]))
-            counted = np.isin(gpu_key, gpu_key[np.unique(d.sid[idx])])
-            first = np.concatenate(([True], ~same)) & (v > 0)
-            if first.any():
-                s = d.sid[idx[first]]
+            seen, already = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
+            for p in d.picks(xc):
+                v, tl = p.val, p.tl
+                same = tl[1:] == tl[:-1]
+                ok = same & (v[1:] > v[:-1])
+                sel = p.sid[:-1][ok]  # as for the last-XID gauge: in the step before the sample that shows it
+                parts.append((sel, p.bf[:-1][ok], (v[1:] - v[:-1])[ok], xids[sel]))
+                seen.append(np.unique(p.sid))
+                already.append(p.sid[np.concatenate(([True], ~same)) & (v > 0)])
+            counted = np.isin(gpu_key, gpu_key[np.concatenate(seen)])
+            s = np.concatenate(already)
+            if len(s):
                 self.notes.append(
                     "XIDs already in dcgm-exporter's count window at the first sample (time unknown, not counted "
                     "as events): " + ", ".join(sorted({f"{h}/{g} XID {x}" for h, g, x in zip(
@@ -773,29 +875,29 @@ class _State:
                 "XIDs come from dcgm-exporter's last-XID gauge: the same XID repeating is not seen; enable its XID "
                 f"count collector ({S.DCGM_XID_COUNT}) to count every XID"
             )
-        if dc.any():
-            idx = self._samples(dc)
-            v, tl = d.val[idx], d.tl[idx]
+        already_at: set[str] = set()
+        for p in d.picks(dc):
+            v, tl = p.val, p.tl
             same = tl[1:] == tl[:-1]
             ok = same & (v[1:] != v[:-1]) & (v[1:] > 0)
-            sel = idx[:-1][ok]
+            sel = p.sid[:-1][ok]
             codes = np.array([str(int(x)) for x in v[1:][ok]], dtype=object)
             first = np.concatenate(([True], ~same)) & (v > 0)
-            if first.any():
-                s = d.sid[idx[first]]
-                seen = sorted({f"{h}/{g} XID {int(x)}" for h, g, x in
-                               zip(d.lab["hostname"][s], d.lab["gpu"][s], v[first], strict=True)})
-                self.notes.append(
-                    "last XID already non-zero at the first sample (time unknown, not counted as an event): "
-                    + ", ".join(seen)
-                )
-            parts.append((sel, d.bf[sel], np.ones(len(sel)), codes))
+            s = p.sid[first]
+            already_at |= {f"{h}/{g} XID {int(x)}" for h, g, x in
+                           zip(d.lab["hostname"][s], d.lab["gpu"][s], v[first], strict=True)}
+            parts.append((sel, p.bf[:-1][ok], np.ones(len(sel)), codes))
+        if already_at:
+            self.notes.append(
+                "last XID already non-zero at the first sample (time unknown, not counted as an event): "
+                + ", ".join(sorted(already_at))
+            )
         rows = []
         for sel, b, cnt, xid in parts:
             inside = (b >= 0) & (b < T)
             if not inside.any():
                 continue
-            s = d.sid[sel[inside]]
+            s = sel[inside]
             rows.append(pd.DataFrame({
                 "timestamp": self.g.times[b[inside]], "hostname": d.lab["hostname"][s], "gpu": d.lab["gpu"][s],
                 "uuid": d.lab["uuid"][s], "xid": np.asarray(xid)[inside], "count": cnt[inside].astype(np.float64),

@@ -1,23 +1,25 @@
-"""What both readers share: the report, the metric filter and the long-frame builder.
+"""What both readers share: the report, the metric filter and the builder of the compact Samples.
 
-The builder keeps one row per distinct series (metric + labels) and, per sample, only
-the series id, timestamp and value as numpy arrays; label columns are materialised once
-at the end as categoricals (codes indexed by series id), so memory stays ~17 bytes per
-sample plus a few bytes per label column whatever the number of labels.
+The builder keeps one row per distinct series (metric + labels) and, per sample, only the series
+id, timestamp and value as numpy arrays, grouped by metric as they arrive; ``samples()`` turns them
+into analyzer.data.ingest.samples.Samples (no per-sample label column ever exists) and ``build()``
+into the long frame for those who want one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import ctypes
+import ctypes.util
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
+from analyzer.data.ingest.samples import FRAME_COLUMNS, Block, Samples, encode_times, narrow, sort_by_series
 from exporter import schema
 
-#: Fixed columns of the long frame; label columns follow.
-FRAME_COLUMNS: tuple[str, ...] = ("metric", "timestamp", "value")
 #: Labels that tell the members of a highly-available Prometheus pair apart (Prometheus Operator's
 #: ``prometheus_replica``, the Thanos/Cortex/Mimir conventions ``replica`` and ``__replica__``, Thanos
 #: Ruler's ``rule_replica``): both members scrape the same targets, so the series of one target from
@@ -157,13 +159,23 @@ def sentinel_mask(values: np.ndarray) -> np.ndarray:
 
 
 class FrameBuilder:
-    """Accumulates samples by series id and builds the long frame once at the end."""
+    """Accumulates samples by series id and builds the compact Samples once at the end.
+
+    Samples are buffered as they come and, every ``FLUSH`` samples, split by metric into pieces
+    (series id int32, timestamp as an index into the flush's distinct times, value as float32 where
+    exact), so holding them costs ~10 bytes a sample whatever the labels. ``samples()`` then makes
+    one block per metric: pieces joined, series numbered in first-appearance order, sorted by series
+    and time (only where they are not already), repeats deduplicated."""
+
+    #: Samples buffered before they are split by metric.
+    FLUSH = 1 << 18
 
     def __init__(self, report: IngestReport, sentinels: bool = True) -> None:
         """``sentinels=False`` reads raw: no DCGM sentinel and no valid-range check."""
         self.report = report
         self.sentinels = sentinels
         self._ids: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+        self._interned: dict[tuple, tuple] = {}
         self._metric: list[str] = []
         self._labels: list[tuple[tuple[str, str], ...]] = []
         self._dcgm: list[bool] = []
@@ -172,9 +184,17 @@ class FrameBuilder:
         self._lo: list[float] = []
         self._hi: list[float] = []
         self._range_arr = np.zeros((2, 0))
-        self._sids: list[np.ndarray] = []
-        self._ts: list[np.ndarray] = []
-        self._vals: list[np.ndarray] = []
+        #: Metric name -> its group (block); per series, its group.
+        self._groups: dict[str, int] = {}
+        self._group: list[int] = []
+        self._group_arr = np.zeros(0, dtype=np.int32)
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._pending_n = 0
+        #: Per group: its pieces in arrival order.
+        self._pieces: dict[int, list[_Piece]] = {}
+        #: Per series: arrival position of its first sample (-1: none yet), for the canonical order.
+        self._first = np.zeros(0, dtype=np.int64)
+        self._arrived = 0
 
     def series_id(self, metric: str, labels: Iterable[tuple[str, str]]) -> int:
         """Id of the series ``metric{labels}`` (label order and empty values don't matter; the HA
@@ -185,17 +205,24 @@ class FrameBuilder:
                 if k in REPLICA_LABELS and v != "":
                     self.report.replicas.setdefault(k, set()).add(v)
             labels = tuple((k, v) for k, v in labels if k not in REPLICA_LABELS)
-        key = (metric, tuple(sorted((k, v) for k, v in labels if v != "")))
+        pairs = tuple(self._shared((k, v)) for k, v in labels if v != "")
+        key = (metric, self._shared(tuple(sorted(pairs))))
         sid = self._ids.get(key)
         if sid is None:
             sid = self._ids[key] = len(self._metric)
             self._metric.append(metric)
-            self._labels.append(tuple((k, v) for k, v in labels if v != ""))
+            self._labels.append(self._shared(pairs))
             self._dcgm.append(is_dcgm_name(metric))
             lo, hi = schema.valid_range_of(metric) or (-np.inf, np.inf)
             self._lo.append(lo)
             self._hi.append(hi)
+            self._group.append(self._groups.setdefault(metric, len(self._groups)))
         return sid
+
+    def _shared(self, value: tuple) -> tuple:
+        """One object per distinct label pair or label set: a GPU's labels repeat in every metric's series,
+        so a fleet's series cost a few hundred bytes each, not a copy of every string and tuple."""
+        return self._interned.setdefault(value, value)
 
     def metric_of(self, sid: int) -> str:
         return self._metric[sid]
@@ -216,107 +243,215 @@ class FrameBuilder:
             with np.errstate(invalid="ignore"):
                 bad = (values < lo) | (values > hi) | np.isinf(values)
             self._drop(values, sids, bad, self.report.out_of_range)
-        self._append(sids, timestamps, values)
+        self._pending.append((np.asarray(sids, dtype=np.int32), np.asarray(timestamps, dtype=np.float64), values))
+        self._pending_n += len(values)
+        if self._pending_n >= self.FLUSH:
+            self._flush()
 
-    def _append(self, sids: np.ndarray, timestamps: np.ndarray, values: np.ndarray) -> None:
-        self._sids.append(np.asarray(sids, dtype=np.int64))
-        self._ts.append(np.asarray(timestamps, dtype=np.float64))
-        self._vals.append(values)
+    def mark(self) -> dict[int, int]:
+        """Where the samples added from now on start, for ``divide_times``."""
+        self._flush()
+        return {g: len(pieces) for g, pieces in self._pieces.items()}
+
+    def divide_times(self, since: dict[int, int], divisor: float) -> None:
+        """Divide the timestamps of the samples added since ``since`` (a ``mark``) by ``divisor``: a file's
+        timestamp unit is known only at its end (analyzer.data.ingest.openmetrics), its samples earlier."""
+        self._flush()
+        tables = {id(p.times): p.times for g, pieces in self._pieces.items() for p in pieces[since.get(g, 0):]}
+        for times in tables.values():  # a flush's pieces share its table of times: divided once
+            np.divide(times, divisor, out=times)
 
     def _drop(self, values: np.ndarray, sids: np.ndarray, mask: np.ndarray, counts: dict[str, int]) -> None:
         """Set ``values[mask]`` to NaN and count them per metric name in ``counts``."""
         if not mask.any():
             return
         values[mask] = np.nan
-        self._count(sids[mask], counts)
-
-    def _count(self, sids: np.ndarray, counts: dict[str, int]) -> None:
-        """Add one per sample of ``sids`` to its metric name's count."""
-        hit, n = np.unique(sids, return_counts=True)
+        hit, n = np.unique(sids[mask], return_counts=True)
         for sid, count in zip(hit.tolist(), n.tolist(), strict=True):
             name = self._metric[sid]
             counts[name] = counts.get(name, 0) + count
 
-    def _dedupe(self, sids: np.ndarray, ts: np.ndarray, vals: np.ndarray) -> np.ndarray | None:
-        """Samples to keep: a (series, time, value) given more than once (a target scraped twice, an HA
-        pair, a file read twice) is kept once and counted in ``report.duplicates``; repeats with different
-        values are conflicts (``_conflicts``: kept and averaged downstream, counted). None: keep all."""
-        if len(sids) < 2:
-            return None
-        # One int64 key per (series, millisecond): hashing it is O(n); only the rare repeats are looked at.
-        key = sids.astype(np.int64) * (1 << 42) + np.rint(ts * 1000.0).astype(np.int64) % (1 << 42)
-        dup = pd.Series(key).duplicated(keep=False).to_numpy()
-        if not dup.any():
-            return None
-        idx = np.flatnonzero(dup)
-        same = pd.DataFrame({"k": key[idx], "v": vals[idx]}).duplicated(keep="first").to_numpy().copy()
-        same &= ~np.isnan(vals[idx])  # unknown values (sentinels, out of range) stay as read: their raw values differed
-        keep = np.ones(len(sids), bool)
-        keep[idx[same]] = False
-        self._count(sids[idx[same]], self.report.duplicates)
-        c = idx[~same]  # conflicts can only be among the repeats still kept
-        self._conflicts(sids[c], ts[c], vals[c], key[c])
-        return keep
+    def _flush(self) -> None:
+        """Split the buffered samples by metric into compact pieces."""
+        if not self._pending:
+            return
+        sid, ts, val = (np.concatenate(c) for c in zip(*self._pending, strict=True))
+        self._pending, self._pending_n = [], 0
+        self._note_first(sid)
+        if len(self._group_arr) != len(self._group):
+            self._group_arr = np.array(self._group, dtype=np.int32)
+        g = self._group_arr[sid]
+        times, at = encode_times(ts, 1 << 16)
+        del ts
+        if (g == g[0]).all():
+            self._pieces.setdefault(int(g[0]), []).append(_Piece(sid, times, at, narrow(val)))
+            return
+        order = np.argsort(g, kind="stable")
+        g, sid, val = g[order], sid[order], val[order]
+        at, times = (at[order], times) if at is not None else (None, times[order])
+        starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
+        for a, b in zip(starts.tolist(), [*starts[1:].tolist(), len(g)], strict=True):
+            piece = _Piece(sid[a:b], times, at[a:b], narrow(val[a:b]).copy()) if at is not None else \
+                _Piece(sid[a:b], times[a:b], None, narrow(val[a:b]).copy())
+            self._pieces.setdefault(int(g[a]), []).append(piece)
 
-    def _conflicts(self, sids: np.ndarray, ts: np.ndarray, vals: np.ndarray, key: np.ndarray) -> None:
-        """Count (series, time) pairs given more than once with different values: never silently merged."""
-        dup = pd.Series(key).duplicated(keep=False).to_numpy()
-        if not dup.any():
-            return
-        rep = pd.DataFrame({"k": key[dup], "s": sids[dup], "t": ts[dup], "v": vals[dup]})
-        spread = rep.groupby("k").agg(s=("s", "first"), t=("t", "first"), lo=("v", "min"), hi=("v", "max"))
-        # NaN copies (a sentinel through an HA pair) are unknown, not a value to conflict with.
-        bad = spread[spread["lo"].notna() & (spread["lo"] != spread["hi"])]
-        if bad.empty:
-            return
-        for sid, n in bad["s"].value_counts().items():
-            name = self._metric[int(sid)]
-            self.report.conflicts[name] = self.report.conflicts.get(name, 0) + int(n)
-        if not self.report.conflict_example:
-            first = bad.iloc[0]
-            labels = ",".join(f'{k}="{v}"' for k, v in self._labels[int(first["s"])])
-            self.report.conflict_example = (f"{self._metric[int(first['s'])]}{{{labels}}} at {first['t']:.3f}: "
-                                            f"{first['lo']:g} vs {first['hi']:g}")
+    def _note_first(self, sid: np.ndarray) -> None:
+        if len(self._first) < len(self._metric):
+            self._first = np.concatenate([self._first, np.full(len(self._metric) - len(self._first), -1, np.int64)])
+        new = np.flatnonzero(self._first[sid] < 0)
+        if len(new):
+            u, i = np.unique(sid[new], return_index=True)
+            self._first[u] = self._arrived + new[i]
+        self._arrived += len(sid)
+
+    def samples(self) -> Samples:
+        """Everything added so far as Samples (and counted in the report); the builder starts empty again."""
+        self._flush()
+        self._note_first(np.zeros(0, dtype=np.int32))
+        used = np.flatnonzero(self._first >= 0)
+        by_arrival = used[np.argsort(self._first[used], kind="stable")]
+        group = self._group_arr[by_arrival] if len(used) else np.zeros(0, dtype=np.int32)
+        _, at = np.unique(group, return_index=True)
+        group_order = group[np.sort(at)]
+        rank = np.zeros(len(self._groups), dtype=np.int64)
+        rank[group_order] = np.arange(len(group_order))
+        canonical = by_arrival[np.argsort(rank[group], kind="stable")]
+        sizes = np.bincount(rank[group], minlength=len(group_order))
+        local_of = np.full(len(self._metric), -1, dtype=np.int32)
+        blocks, start, example = [], 0, None
+        for g, size in zip(group_order.tolist(), sizes.tolist(), strict=True):
+            ids = canonical[start:start + size]
+            metric = self._metric[int(ids[0])]
+            local_of[ids] = np.arange(size, dtype=np.int32)
+            sid, ts, val = _drain(self._pieces.pop(g))
+            local, ts, val = sort_by_series(local_of[sid], ts, val)
+            del sid
+            keep, found = self._dedupe(metric, ids, local, ts, val)
+            if keep is not None:
+                local, ts, val = local[keep], ts[keep], val[keep]
+            if found is not None and (example is None or found[0] < example[0]):
+                example = found
+            blocks.append(Block.make(metric, start, size, local, ts, val))
+            del local, ts, val
+            _return_freed_memory()  # the pieces just joined were freed in scattered holes
+            start += size
+        if example is not None and not self.report.conflict_example:
+            _key, sid, t, lo, hi = example
+            labels = ",".join(f'{k}="{v}"' for k, v in self._labels[sid])
+            self.report.conflict_example = f"{self._metric[sid]}{{{labels}}} at {t:.3f}: {lo:g} vs {hi:g}"
+        self.report.samples += sum(len(b) for b in blocks)
+        self.report.series += len(used)
+        self._first[:] = -1
+        self._arrived = 0
+        return Samples(self._series_table(used, canonical), tuple(blocks))
 
     def build(self) -> pd.DataFrame:
-        """The long frame: metric, timestamp, value, then one categorical column per label."""
-        sids = np.concatenate(self._sids) if self._sids else np.zeros(0, dtype=np.int64)
-        ts = np.concatenate(self._ts) if self._ts else np.zeros(0)
-        vals = np.concatenate(self._vals) if self._vals else np.zeros(0)
-        self._sids, self._ts, self._vals = [], [], []
-        keep = self._dedupe(sids, ts, vals)
-        if keep is not None:
-            sids, ts, vals = sids[keep], ts[keep], vals[keep]
-        used = np.unique(sids)
-        self.report.samples += len(sids)
-        self.report.series += len(used)
+        """The long frame: metric, timestamp, value, then one categorical column per label (Samples.frame)."""
+        return self.samples().frame()
 
+    def _series_table(self, used: np.ndarray, canonical: np.ndarray) -> pd.DataFrame:
+        """One row per series in canonical order: metric, then the labels in the order the series
+        (by id) first name them; a label called like a frame column is renamed ``exported_<name>``."""
         label_names: dict[str, None] = {}
-        used_labels: list[dict[str, str]] = [{} for _ in self._labels]
         for sid in used.tolist():
-            used_labels[sid] = dict(self._labels[sid])
-            for k in used_labels[sid]:
+            for k, _v in self._labels[sid]:
                 label_names.setdefault(k, None)
-        metric_names: list[str | None] = [None] * len(self._metric)
-        for sid in used.tolist():
-            metric_names[sid] = self._metric[sid]
-        columns: dict[str, object] = {
-            "metric": _categorical(metric_names, sids),
-            "timestamp": ts,
-            "value": vals,
-        }
+        per = [dict(self._labels[sid]) for sid in canonical.tolist()]
+        columns: dict[str, list] = {"metric": [self._metric[sid] for sid in canonical.tolist()]}
         for name in label_names:
-            per_series = [lab.get(name) for lab in used_labels]
             column = name
-            if column in columns:
+            if column in FRAME_COLUMNS:
                 column = "exported_" + name
                 self.report.warnings.append(f"label {name!r} collides with a frame column; renamed to {column!r}")
-            columns[column] = _categorical(per_series, sids)
-        return pd.DataFrame(columns)
+            columns[column] = [lab.get(name) for lab in per]
+        return pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in columns.items()})
+
+    def _dedupe(self, metric: str, ids: np.ndarray, local: np.ndarray, ts: np.ndarray,
+                val: np.ndarray) -> tuple[np.ndarray | None, tuple | None]:
+        """Samples of one metric (sorted by series, time) to keep: a (series, millisecond, value) given more
+        than once (a target scraped twice, an HA pair, a file read twice) is kept once and counted in
+        ``report.duplicates``; repeats with different values are conflicts: kept (averaged downstream) and
+        counted in ``report.conflicts``. Returns (keep mask or None: keep all, the first conflict as
+        (key, series id, time, low, high) or None)."""
+        if not _repeats(local, ts):
+            return None, None
+        ms = np.rint(ts * 1000.0).astype(np.int64)
+        start = np.concatenate(([True], (local[1:] != local[:-1]) | (ms[1:] != ms[:-1])))
+        run = np.cumsum(start) - 1
+        idx = np.flatnonzero(np.bincount(run)[run] > 1)
+        r, v = run[idx], val[idx].astype(np.float64)
+        same = pd.DataFrame({"r": r, "v": v}).duplicated(keep="first").to_numpy() & ~np.isnan(v)
+        keep = np.ones(len(local), dtype=bool)
+        keep[idx[same]] = False
+        if same.any():
+            self.report.duplicates[metric] = self.report.duplicates.get(metric, 0) + int(same.sum())
+        c = idx[~same]  # conflicts can only be among the repeats still kept
+        spread = pd.DataFrame({"r": run[c], "v": val[c].astype(np.float64)}).groupby("r")["v"].agg(["min", "max"])
+        # NaN copies (a sentinel through an HA pair) are unknown, not a value to conflict with.
+        bad = spread[spread["min"].notna() & (spread["min"] != spread["max"])]
+        if bad.empty:
+            return keep, None
+        self.report.conflicts[metric] = self.report.conflicts.get(metric, 0) + len(bad)
+        first_of_run = c[np.searchsorted(run[c], bad.index.to_numpy())]
+        sids = ids[local[first_of_run]].astype(np.int64)
+        keys = sids * (1 << 42) + ms[first_of_run] % (1 << 42)
+        k = int(np.argmin(keys))
+        return keep, (int(keys[k]), int(sids[k]), float(ts[first_of_run[k]]), float(bad["min"].iloc[k]),
+                      float(bad["max"].iloc[k]))
 
 
-def _categorical(per_series: list[str | None], sids: np.ndarray) -> pd.Categorical:
-    """Per-sample categorical from per-series values, without touching per-sample strings."""
-    series_cat = pd.Categorical(per_series)
-    codes = np.asarray(series_cat.codes)[sids] if len(per_series) else np.zeros(0, dtype=np.int8)
-    return pd.Categorical.from_codes(codes, categories=series_cat.categories)
+class _Piece(NamedTuple):
+    """Samples of one group from one flush: series ids, times (``times[at]``, or ``times`` where ``at``
+    is None), values."""
+
+    sid: np.ndarray
+    times: np.ndarray
+    at: np.ndarray | None
+    val: np.ndarray
+
+
+def _drain(pieces: list[_Piece]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Series ids, float64 times and values of the pieces, joined; each piece is released once copied
+    (the peak is one block, not two)."""
+    n = sum(len(p.sid) for p in pieces)
+    sid = np.empty(n, dtype=np.int32)
+    ts = np.empty(n, dtype=np.float64)
+    val = np.empty(n, dtype=np.result_type(*(p.val for p in pieces)))
+    pos = 0
+    pieces.reverse()
+    while pieces:
+        p = pieces.pop()
+        end = pos + len(p.sid)
+        sid[pos:end] = p.sid
+        ts[pos:end] = p.times[p.at] if p.at is not None else p.times
+        val[pos:end] = p.val
+        pos = end
+    return sid, ts, val
+
+
+def _glibc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_TRIM = _glibc_trim()
+
+
+def _return_freed_memory() -> None:
+    """Hand free heap pages back to the OS. A block is one array made from many small pieces: glibc can
+    reuse neither the pieces' holes for it nor give them back by itself, so without this the resident
+    memory after building is the pieces plus the blocks, twice the samples."""
+    if _TRIM is not None:
+        _TRIM(0)
+
+
+def _repeats(local: np.ndarray, ts: np.ndarray) -> bool:
+    """Whether two neighbours (sorted by series, time) share a series and a millisecond."""
+    for a in range(0, max(len(local) - 1, 0), 1 << 20):
+        b = min(a + (1 << 20) + 1, len(local))
+        ms = np.rint(ts[a:b] * 1000.0)
+        if ((local[a + 1:b] == local[a:b - 1]) & (ms[1:] == ms[:-1])).any():
+            return True
+    return False

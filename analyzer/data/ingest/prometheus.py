@@ -1,12 +1,19 @@
 """Read samples from a Prometheus-compatible HTTP API (Prometheus, Thanos, Mimir, VictoriaMetrics).
 
 Only the documented ``/api/v1`` endpoints every one of them serves are used
-(``query_range``, ``label/__name__/values``), sent as form-encoded POST where the API
-allows it so long selectors never hit URL length limits. Two things keep big fleets
-cheap: aggregation is pushed down into PromQL (``avg_over_time`` per step for gauges,
-``increase`` for counters) so the server returns one point per step instead of every
-scrape, and ranges are cut into chunks of at most ``max_points`` steps (Prometheus
-refuses more than 11,000 points per series and query).
+(``query_range``, ``series``, ``label/__name__/values``), sent as form-encoded POST where the
+API allows it so long selectors never hit URL length limits. What keeps big fleets cheap and
+inside the server's limits:
+
+- aggregation is pushed down into PromQL (``avg_over_time`` per step for gauges, ``increase``
+  for counters), so the server returns one point per step instead of every scrape;
+- each metric's query is planned (``analyzer.data.ingest.plan``): where one instant count shows
+  it may come near ``max_samples`` (the server's ``--query.max-samples``), its series per host
+  are looked up and it is cut by host and by time to stay under it, and every request stays
+  under 11,000 points per series; a request refused anyway ("too many samples") is halved and
+  retried, down to one host and one step;
+- requests run ``concurrency`` at a time, and their answers are decoded straight into numpy
+  (``analyzer.data.ingest.matrix``) and put together in one order whatever order they come in.
 
 Every user-supplied value that ends up in PromQL goes through ``promql_string`` and every
 label or metric name is validated, so a value such as ``a"}) or vector(1) #`` stays a
@@ -15,23 +22,41 @@ string literal.
 
 from __future__ import annotations
 
-import json
 import math
 import re
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass
-from typing import Any
+from itertools import islice
+from typing import Any, TypeVar
 
 import numpy as np
+import orjson
 import pandas as pd
 import requests
+from requests.adapters import HTTPAdapter
 
+from analyzer.data.ingest import matrix as mx
 from analyzer.data.ingest._common import FrameBuilder, IngestReport, MetricFilter
+from analyzer.data.ingest.plan import (
+    MAX_POINTS,
+    MAX_SAMPLES,
+    SHARD_LABELS,
+    Plan,
+    Shard,
+    chunk_windows,
+    cost,
+    halve_window,
+    steps_in,
+)
+from analyzer.data.ingest.plan import plan as plan_requests
+from analyzer.data.ingest.samples import Samples
 from exporter import schema
 
-#: Prometheus' limit on points per series in one range query.
-MAX_POINTS = 11_000
 _METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _OPS = ("=", "!=", "=~", "!~")
@@ -46,7 +71,26 @@ _RETRY_STATUS = frozenset({500, 502, 503, 504})
 MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 #: The most series one answer may hold (one query chunk).
 MAX_SERIES_PER_ANSWER = 200_000
+#: Points one planned request asks for at most, whatever the server allows: ~35 MB of JSON, so
+#: ``concurrency`` answers in flight stay small next to the data they bring.
+ANSWER_POINTS = 1_000_000
+#: Requests in flight at once by default.
+CONCURRENCY = 4
+#: Prometheus' default lookback: a raw selector at t sees the last sample in (t - 5m, t].
+LOOKBACK = 300.0
 _NARROW = "narrow the query: --matcher on a host/namespace, a shorter window or a coarser --step"
+#: VictoriaMetrics rounds a cacheable range of 50+ points to multiples of step, moving every point
+#: off the instant asked for (one ms before a row's end); ``nocache`` keeps them. Others ignore it.
+_EXACT_STEPS = {"nocache": "1"}
+#: A refusal that a smaller request avoids: Prometheus/Thanos/Mimir's "query processing would load
+#: too many samples" and "exceeded maximum resolution of 11,000 points", Mimir's "maximum number of
+#: series/samples", VictoriaMetrics' -search.maxSamplesPerQuery / maxPointsPerTimeseries /
+#: maxUniqueTimeseries, and this client's own answer-size caps (``_TOO_LARGE``).
+_TOO_BIG = re.compile(r"too many (?:samples|points)|maximum resolution|maximum number of (?:samples|series|points)"
+                      r"|max(?:SamplesPerQuery|PointsPerTimeseries|UniqueTimeseries)", re.IGNORECASE)
+_TOO_LARGE = "answer_too_large"
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 class PrometheusError(RuntimeError):
@@ -60,6 +104,11 @@ class PrometheusError(RuntimeError):
         self.status = status
         self.error_type = error_type
         self.error = error
+
+    @property
+    def too_big(self) -> bool:
+        """The request was refused for its size: a smaller one may pass."""
+        return self.error_type == _TOO_LARGE or (self.status in (400, 422) and bool(_TOO_BIG.search(self.error)))
 
 
 # PromQL building ---------------------------------------------------------------------------
@@ -181,51 +230,6 @@ def aggregate_query(
     return f"{function}({selector(metric, matchers)}[{duration(window)}])"
 
 
-def chunk_windows(start: float, end: float, step: float, max_points: int = MAX_POINTS) -> list[tuple[float, float]]:
-    """Split [start, end] into step-aligned windows of at most ``max_points`` points, no overlap."""
-    if step <= 0 or not math.isfinite(step):
-        raise ValueError(f"step must be positive, not {step!r}")
-    if end < start:
-        raise ValueError(f"end {end!r} is before start {start!r}")
-    if max_points < 1:
-        raise ValueError("max_points must be at least 1")
-    total = math.floor((end - start) / step + 1e-9) + 1
-    windows = []
-    for first in range(0, total, max_points):
-        last = min(first + max_points, total) - 1
-        windows.append((start + first * step, start + last * step))
-    return windows
-
-
-# Answers -------------------------------------------------------------------------------------
-def _list(value: Any, where: str, what: str) -> list:
-    """``value`` when it is a list (None is an empty one); else the answer is malformed."""
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise PrometheusError(f"{where}: malformed answer: {what} is a {type(value).__name__}, not a list")
-    return value
-
-
-def _matrix_series(item: Any, where: str) -> tuple[dict[str, str], np.ndarray, np.ndarray, int]:
-    """(labels, timestamps, values, 1 if it holds native histograms) of one matrix series."""
-    if not isinstance(item, dict):
-        raise PrometheusError(f"{where}: malformed answer: a series is a {type(item).__name__}, not an object")
-    labels = item.get("metric") or {}
-    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-        raise PrometheusError(f"{where}: malformed answer: 'metric' must map label names to strings")
-    values = _list(item.get("values"), where, "values")
-    try:
-        ts = np.array([p[0] for p in values], dtype=np.float64)
-        vs = np.array([float(p[1]) for p in values], dtype=np.float64)  # Prometheus sends values as strings
-        if any(len(p) != 2 for p in values) or not np.isfinite(ts).all():
-            raise ValueError("not [timestamp, value] pairs")
-    except (TypeError, ValueError, IndexError, KeyError) as exc:
-        raise PrometheusError(f"{where}: malformed answer: values must be [timestamp, \"value\"] pairs ({exc})") \
-            from None
-    return labels, ts, vs, int(bool(item.get("histograms")))
-
-
 # Client --------------------------------------------------------------------------------------
 @dataclass
 class RangeResult:
@@ -236,8 +240,21 @@ class RangeResult:
     skipped_histograms: int = 0
 
 
+@dataclass
+class Answer:
+    """One ``query_range`` answer: its matrix and the server's warnings (infos prefixed ``info:``)."""
+
+    matrix: mx.Matrix
+    warnings: list[str]
+
+
 class PrometheusClient:
-    """Thin, retrying client of the Prometheus HTTP API shared by Prometheus-compatible servers."""
+    """Thin, retrying client of the Prometheus HTTP API shared by Prometheus-compatible servers.
+
+    ``max_samples`` is the server's limit on samples one query may hold (``--query.max-samples``,
+    50 M by default; tell a lower one to skip the refused tries) and ``concurrency`` the requests
+    in flight at once. Safe to use from several threads.
+    """
 
     def __init__(
         self,
@@ -252,19 +269,31 @@ class PrometheusClient:
         backoff: float = 0.5,
         max_points: int = MAX_POINTS,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
+        max_samples: int = MAX_SAMPLES,
+        concurrency: int = CONCURRENCY,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"Prometheus URL must start with http:// or https://, not {url!r}")
         if bearer_token and basic_auth:
             raise ValueError("give either bearer_token or basic_auth, not both")
+        if int(max_samples) < 1 or int(concurrency) < 1:
+            raise ValueError(f"max_samples ({max_samples!r}) and concurrency ({concurrency!r}) must be at least 1")
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.retries = max(0, int(retries))
         self.backoff = backoff
         self.max_points = max_points
         self.max_response_bytes = max_response_bytes
+        self.max_samples = int(max_samples)
+        self.concurrency = int(concurrency)
+        #: HTTP requests sent, and requests refused for their size (then split and sent again).
         self.requests_made = 0
+        self.refusals = 0
+        self._lock = threading.Lock()
         self.session = requests.Session()
+        adapter = HTTPAdapter(pool_maxsize=max(10, self.concurrency))
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
         self.session.verify = verify
         self.session.headers["User-Agent"] = "truegpu-analyzer"
         if headers:
@@ -273,6 +302,11 @@ class PrometheusClient:
             self.session.headers["Authorization"] = f"Bearer {bearer_token}"
         if basic_auth:
             self.session.auth = basic_auth
+
+    @property
+    def budget(self) -> int:
+        """Samples one planned request may hold: the server's limit, or less to keep answers small."""
+        return min(self.max_samples, ANSWER_POINTS)
 
     def close(self) -> None:
         self.session.close()
@@ -283,12 +317,28 @@ class PrometheusClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def api(self, path: str, params: Mapping[str, Any] | Sequence[tuple[str, Any]], method: str = "POST") -> dict:
-        """Call ``/api/v1/<path>``; return the decoded ``{"status": "success", ...}`` body.
+    def imap(self, fn: Callable[[_T], _R], items: Iterable[_T]) -> Iterator[_R]:
+        """``fn(item)`` for each item, yielded in order while ``concurrency`` run at once; at most
+        2 x ``concurrency`` results wait ahead of the consumer, so answers do not pile up in memory."""
+        items = iter(items)
+        if self.concurrency == 1:
+            yield from map(fn, items)
+            return
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="prometheus") as pool:
+            ahead = deque(pool.submit(fn, item) for item in islice(items, 2 * self.concurrency))
+            try:
+                while ahead:
+                    result = ahead.popleft().result()
+                    ahead.extend(pool.submit(fn, item) for item in islice(items, 1))
+                    yield result
+            finally:
+                for future in ahead:
+                    future.cancel()
 
-        Connection errors, timeouts and 5xx answers are retried with exponential backoff;
-        everything else raises PrometheusError at once.
-        """
+    def _send(self, path: str, params: Mapping[str, Any] | Sequence[tuple[str, Any]], method: str
+              ) -> tuple[requests.Response, bytes]:
+        """The answer (not yet decoded) to ``/api/v1/<path>``: connection errors, timeouts and 5xx
+        answers are retried with exponential backoff, other answers returned as they are."""
         url = f"{self.url}/api/v1/{path}"
         last: str = ""
         t0 = time.monotonic()
@@ -299,7 +349,8 @@ class PrometheusClient:
                 if time.monotonic() - t0 + pause > 2 * self.timeout:
                     break  # a hung server: give up after about two timeouts, not retries x timeout
                 time.sleep(pause)
-            self.requests_made += 1
+            with self._lock:
+                self.requests_made += 1
             attempts += 1
             try:
                 if method == "GET":
@@ -317,9 +368,19 @@ class PrometheusClient:
             if resp.status_code in _RETRY_STATUS:
                 last = self._http_error_text(resp, content, url)
                 continue
-            return self._decode(resp, content, url)
+            return resp, content
         raise PrometheusError(
             f"{last} [gave up after {attempts} attempts in {time.monotonic() - t0:.0f} s]", url=url)
+
+    def api(self, path: str, params: Mapping[str, Any] | Sequence[tuple[str, Any]], method: str = "POST") -> dict:
+        """Call ``/api/v1/<path>``; return the decoded ``{"status": "success", ...}`` body.
+
+        Connection errors, timeouts and 5xx answers are retried with exponential backoff;
+        everything else raises PrometheusError at once.
+        """
+        resp, content = self._send(path, params, method)
+        url = f"{self.url}/api/v1/{path}"
+        return self._check(resp, self._loads(resp, content, url), url)
 
     def _read(self, resp: requests.Response, url: str) -> bytes:
         """The body, refused past MAX_RESPONSE_BYTES before it is all in memory."""
@@ -337,20 +398,21 @@ class PrometheusClient:
     def _too_large(self, url: str, size: int) -> PrometheusError:
         return PrometheusError(
             f"Prometheus {url} answered more than {self.max_response_bytes / 2**20:.0f} MiB "
-            f"({size / 2**20:.0f} MiB so far): {_NARROW}", url=url)
+            f"({size / 2**20:.0f} MiB so far): {_NARROW}", url=url, error_type=_TOO_LARGE)
 
     @staticmethod
     def _http_error_text(resp: requests.Response, content: bytes, url: str) -> str:
         try:
-            body = json.loads(content)
+            body = orjson.loads(content)
             detail = f"{body.get('errorType', '?')}: {body.get('error', '')}"
         except (ValueError, AttributeError):
             detail = content[:200].decode("utf-8", "replace").strip()
         return f"Prometheus {url} answered HTTP {resp.status_code}: {detail}"
 
-    def _decode(self, resp: requests.Response, content: bytes, url: str) -> dict:
+    @staticmethod
+    def _loads(resp: requests.Response, content: bytes, url: str) -> Any:
         try:
-            body = json.loads(content)
+            return orjson.loads(content)
         except ValueError:
             raise PrometheusError(
                 f"Prometheus {url} returned invalid JSON (HTTP {resp.status_code}, "
@@ -358,6 +420,10 @@ class PrometheusClient:
                 url=url,
                 status=resp.status_code,
             ) from None
+
+    @staticmethod
+    def _check(resp: requests.Response, body: Any, url: str) -> dict:
+        """``body`` when it is a success; else the error the server gave, as PrometheusError."""
         if not isinstance(body, dict) or body.get("status") != "success" or resp.status_code >= 400:
             error_type = body.get("errorType", "") if isinstance(body, dict) else ""
             error = body.get("error", "") if isinstance(body, dict) else ""
@@ -371,37 +437,106 @@ class PrometheusClient:
             )
         return body
 
+    def range_query(self, promql: str, start: float, end: float, step: float) -> Answer:
+        """One ``query_range`` request (no chunking, no splitting), decoded into numpy."""
+        resp, content = self._send("query_range", {"query": promql, "start": repr(start), "end": repr(end),
+                                                   "step": repr(float(step)), **_EXACT_STEPS}, "POST")  # fmt: skip
+        url = f"{self.url}/api/v1/query_range"
+        cut = mx.cut(content) if resp.status_code == 200 else None
+        try:
+            body = orjson.loads(cut.skeleton) if cut else self._loads(resp, content, url)
+        except ValueError:  # not the compact form after all: decode it whole
+            cut, body = None, self._loads(resp, content, url)
+        body = self._check(resp, body, url)
+        where = f"Prometheus {self.url}: answer to {promql!r} at {start:.0f}..{end:.0f}"
+        try:
+            warnings = [str(w) for w in mx.as_list(body.get("warnings"), "warnings")]
+            warnings += [f"info: {w}" for w in mx.as_list(body.get("infos"), "infos")]
+            matrix = mx.decode(content, cut, body)
+        except ValueError as exc:
+            raise PrometheusError(f"{where}: {exc}", url=self.url) from None
+        if len(matrix.labels) > MAX_SERIES_PER_ANSWER:
+            raise PrometheusError(
+                f"{where}: {len(matrix.labels):,} series, over the limit of {MAX_SERIES_PER_ANSWER:,}: {_NARROW}",
+                url=self.url, error_type=_TOO_LARGE)
+        return Answer(matrix, warnings)
+
+    def range_split(
+        self, build: Callable[[Shard], str], shard: Shard, start: float, end: float, step: float
+    ) -> list[Answer]:
+        """The answers to ``build(shard)`` over [start, end]; refused for its size, the request is halved
+        (``shard``'s hosts, else the window) and retried, down to one host and one step."""
+        promql = build(shard)
+        try:
+            return [self.range_query(promql, start, end, step)]
+        except PrometheusError as exc:
+            if not exc.too_big:
+                raise
+            with self._lock:
+                self.refusals += 1
+            halves = shard.halves()
+            parts = [(h, start, end) for h in halves] if halves else \
+                [(shard, *w) for w in halve_window(start, end, step) or ()]
+            if not parts:
+                raise PrometheusError(
+                    f"{exc} [{promql!r} from {start:.3f} to {end:.3f} is refused even at the smallest split "
+                    f"(one host, one step); requests were planned under max_samples={self.max_samples:,} and "
+                    f"{self.max_points:,} points a series: raise the server's limit or {_NARROW}]",
+                    url=exc.url, status=exc.status, error_type=exc.error_type, error=exc.error) from exc
+        return [a for s, ws, we in parts for a in self.range_split(build, s, ws, we, step)]
+
     def query_range(self, promql: str, start: float, end: float, step: float) -> RangeResult:
-        """Run ``promql`` over [start, end] every ``step`` seconds, chunked under ``max_points``."""
+        """Run ``promql`` over [start, end] every ``step`` seconds, in chunks of ``max_points`` steps
+        (halved further when refused for size)."""
+        windows = chunk_windows(start, end, step, self.max_points)
+        parts = self.imap(lambda w: self.range_split(lambda _shard: promql, Shard(), w[0], w[1], step), windows)
         merged: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], list[np.ndarray], list[np.ndarray]]] = {}
         warnings: list[str] = []
         histograms = 0
-        for w_start, w_end in chunk_windows(start, end, step, self.max_points):
-            body = self.api("query_range", {"query": promql, "start": repr(w_start), "end": repr(w_end),
-                                            "step": repr(float(step))})  # fmt: skip
-            where = f"Prometheus {self.url}: answer to {promql!r} at {w_start:.0f}..{w_end:.0f}"
-            warnings.extend(str(w) for w in _list(body.get("warnings"), where, "warnings"))
-            warnings.extend(f"info: {w}" for w in _list(body.get("infos"), where, "infos"))
-            data = body.get("data")
-            if not isinstance(data, dict) or data.get("resultType") != "matrix":
-                got = data.get("resultType") if isinstance(data, dict) else type(data).__name__
-                raise PrometheusError(f"{where}: expected a matrix from query_range, got {got!r}", url=self.url)
-            result = _list(data.get("result"), where, "data.result")
-            if len(result) > MAX_SERIES_PER_ANSWER:
-                raise PrometheusError(
-                    f"{where}: {len(result):,} series, over the limit of {MAX_SERIES_PER_ANSWER:,}: {_NARROW}",
-                    url=self.url)
-            for i, item in enumerate(result):
-                labels, ts, vs, histogram = _matrix_series(item, f"{where}: data.result[{i}]")
-                histograms += histogram
-                if not len(ts):
-                    continue
-                key = tuple(sorted(labels.items()))
-                entry = merged.setdefault(key, (labels, [], []))
-                entry[1].append(ts)
-                entry[2].append(vs)
+        for answer in (a for part in parts for a in part):
+            warnings += answer.warnings
+            m = answer.matrix
+            histograms += m.histograms
+            for labels, ts, vs in m.series():
+                if len(ts):
+                    entry = merged.setdefault(tuple(sorted(labels.items())), (labels, [], []))
+                    entry[1].append(ts)
+                    entry[2].append(vs)
         series = [(labels, np.concatenate(ts), np.concatenate(vs)) for labels, ts, vs in merged.values()]
         return RangeResult(series, warnings, histograms)
+
+    def series(self, match: Sequence[str], start: float, end: float) -> list[dict[str, str]]:
+        """Label sets of the series matching any of ``match`` in [start, end] (an index lookup: no samples)."""
+        params = [("match[]", m) for m in match] + [("start", repr(float(start))), ("end", repr(float(end)))]
+        body = self.api("series", params)
+        where = f"Prometheus {self.url}: answer to series {list(match)!r}"
+        try:
+            found = mx.as_list(body.get("data"), "data")
+        except ValueError as exc:
+            raise PrometheusError(f"{where}: {exc}", url=self.url) from None
+        if not all(isinstance(s, dict) and all(isinstance(v, str) for v in s.values()) for s in found):
+            raise PrometheusError(f"{where}: malformed answer: series must map label names to strings", url=self.url)
+        return found
+
+    def series_counts(
+        self, names: Sequence[str], matchers: Mapping[str, MatcherValue] | None, at: float
+    ) -> dict[str, int] | None:
+        """Series of each of ``names`` at ``at`` (one instant ``count by (__name__)``: it loads one sample
+        a series); None when the server refuses even that for its size."""
+        sel = selector(None, {**(matchers or {}), "__name__": Matcher("=~", "|".join(map(_regex_escape, names)))})
+        try:
+            body = self.api("query", {"query": f"count by (__name__) ({sel})", "time": repr(float(at))})
+        except PrometheusError as exc:
+            if exc.too_big:
+                return None
+            raise
+        try:
+            data = body.get("data")
+            return {item["metric"]["__name__"]: int(float(item["value"][1]))
+                    for item in mx.as_list(data.get("result") if isinstance(data, dict) else data, "data.result")}
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            raise PrometheusError(f"Prometheus {self.url}: answer to {sel!r} counted by name: malformed answer "
+                                  f"({type(exc).__name__}: {exc})", url=self.url) from None
 
     def metric_names(
         self, match: Sequence[str] = (), start: float | None = None, end: float | None = None
@@ -413,7 +548,10 @@ class PrometheusClient:
         if end is not None:
             params.append(("end", repr(float(end))))
         body = self.api("label/__name__/values", params, method="GET")
-        names = _list(body.get("data"), f"Prometheus {self.url}: answer to label/__name__/values", "data")
+        try:
+            names = mx.as_list(body.get("data"), "data")
+        except ValueError as exc:
+            raise PrometheusError(f"Prometheus {self.url}: answer to label/__name__/values: {exc}") from None
         if not all(isinstance(n, str) for n in names):
             raise PrometheusError(f"Prometheus {self.url}: malformed answer: metric names must be strings")
         return names
@@ -441,6 +579,59 @@ class PrometheusClient:
         return [n for n in names if n in found]
 
 
+# Planned, parallel reading -------------------------------------------------------------------
+def _shard_matchers(matchers: Mapping[str, MatcherValue] | None, shard: Shard) -> dict[str, MatcherValue]:
+    """``matchers`` plus the one selecting ``shard``'s series (a regex over its hosts, or over the others')."""
+    out = dict(matchers or {})
+    if shard.label is not None and not (shard.rest and not shard.others):
+        names = shard.others if shard.rest else shard.hosts
+        out[shard.label] = Matcher("!~" if shard.rest else "=~", "|".join(_regex_escape(h) for h in names))
+    return out
+
+
+def _metric_names(client: PrometheusClient, metrics: Iterable[str] | MetricFilter, start: float, end: float
+                  ) -> list[str]:
+    """Exact names to query: a MetricFilter's prefixes resolved with ``metric_names`` (its names as given)."""
+    if not isinstance(metrics, MetricFilter):
+        return list(dict.fromkeys(metrics))
+    names = sorted(metrics.names)
+    if metrics.prefixes:
+        match = [selector(None, {"__name__": Matcher("=~", _regex_escape(p) + ".*")}) for p in metrics.prefixes]
+        found = client.metric_names(match, start, end)
+        names += sorted(n for n in found if metrics.matches(n) and n not in metrics.names)
+    return names
+
+
+def _cat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+    """One array of ``arrays`` back to back (no copy for one)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays) if arrays else np.zeros(0, dtype)
+
+
+def _add(builder: FrameBuilder, name: str, answers: list[Answer]) -> int:
+    """Add one metric's answers to ``builder`` in one canonical order (series by labels, then time),
+    so the frame is the same however the requests were split and in whatever order they came back.
+    Returns the series holding points."""
+    matrices = [a.matrix for a in answers]
+    labels = [lab for m in matrices for lab in m.labels]
+    counts = _cat([m.counts for m in matrices], np.int64)
+    ts = _cat([m.timestamps for m in matrices], np.float64)
+    values = _cat([m.values for m in matrices], np.float64)
+    firsts = np.cumsum(counts) - counts
+    keep = np.flatnonzero(counts).tolist()
+    keys = {i: tuple(sorted(labels[i].items())) for i in keep}
+    keep.sort(key=lambda i: (keys[i], ts[firsts[i]]))
+    sids = []
+    for i in keep:
+        lab = dict(labels[i])
+        sids.append(builder.series_id(lab.pop("__name__", name), lab.items()))
+    n = counts[keep]
+    idx = np.arange(int(n.sum())) + np.repeat(firsts[keep] - (np.cumsum(n) - n), n)
+    if len(idx) != len(ts) or (np.diff(idx) != 1).any():  # Prometheus sorts one answer's series alike
+        ts, values = ts[idx], values[idx]
+    builder.add(np.repeat(np.asarray(sids, dtype=np.int64), n), ts, values)
+    return len({keys[i] for i in keep})
+
+
 def query_prometheus(
     client: PrometheusClient,
     metrics: Iterable[str] | MetricFilter,
@@ -454,8 +645,10 @@ def query_prometheus(
     window: float | None = None,
     max_bad_examples: int = 20,
     sentinels: bool = True,
-) -> tuple[pd.DataFrame, IngestReport]:
-    """Fetch ``metrics`` over [start, end] every ``step`` seconds into the long frame.
+    plan: bool = True,
+    compact: bool = False,
+) -> tuple[pd.DataFrame | Samples, IngestReport]:
+    """Fetch ``metrics`` over [start, end] every ``step`` seconds into the long frame (``compact``: Samples).
 
     With ``aggregate`` (default) each metric is summarised per step on the server
     (``functions[metric]`` or ``default_function``, over ``window``: see ``aggregate_query``);
@@ -464,35 +657,57 @@ def query_prometheus(
     comes from ``__name__``. A MetricFilter's prefixes are resolved to names with
     ``metric_names`` first (its exact names are queried as given). Metrics that return
     nothing are listed in ``report.missing``; server warnings land in ``report.warnings``.
+    With ``plan`` (default) one instant ``count`` gives each metric's series; a metric that may
+    come near the client's budget (``max_samples``) has its series looked up and its query cut by
+    host and time under it (``analyzer.data.ingest.plan``); the others, and all without ``plan``,
+    are cut by time only (``max_points``). Either way a request refused for its size is halved and
+    retried. Requests run ``client.concurrency`` at a time; the frame does not depend on how they
+    were cut or in what order they came back.
     Note: DCGM sentinels are turned into NaN after the server aggregated, so an average
     that mixed a sentinel with real values is not caught; use ``aggregate=False`` or a
     ``last_over_time``/``max_over_time`` function for such fields.
     """
     report = IngestReport(max_examples=max_bad_examples)
     builder = FrameBuilder(report, sentinels=sentinels)
-    if isinstance(metrics, MetricFilter):
-        names = sorted(metrics.names)
-        if metrics.prefixes:
-            match = [selector(None, {"__name__": Matcher("=~", _regex_escape(p) + ".*")}) for p in metrics.prefixes]
-            found = client.metric_names(match, start, end)
-            names += sorted(n for n in found if metrics.matches(n) and n not in metrics.names)
-    else:
-        names = list(dict.fromkeys(metrics))
+    names = _metric_names(client, metrics, start, end)
     functions = dict(functions or {})
-    for name in names:
-        if aggregate:
-            promql = aggregate_query(name, step, matchers, functions.get(name), window)
-        else:
-            promql = selector(name, matchers)
-        report.queries[name] = promql
-        result = client.query_range(promql, start, end, step)
-        report.warnings.extend(f"{name}: {w}" for w in result.warnings)
-        if result.skipped_histograms:
-            report.warnings.append(f"{name}: {result.skipped_histograms} native-histogram series skipped")
-        if not result.series:
-            report.missing.append(name)
-        for labels, ts, vals in result.series:
-            metric = labels.pop("__name__", name)
-            sid = builder.series_id(metric, labels.items())
-            builder.add(np.full(len(ts), sid, dtype=np.int64), ts, vals)
-    return builder.build(), report
+
+    def build(name: str) -> Callable[[Shard], str]:
+        def promql(shard: Shard) -> str:
+            narrowed = _shard_matchers(matchers, shard)
+            if aggregate:
+                return aggregate_query(name, step, narrowed, functions.get(name), window)
+            return selector(name, narrowed)
+
+        return promql
+
+    builders = {name: build(name) for name in names}
+    reach = (window if window is not None else step) if aggregate else LOOKBACK
+    candidates = [label for label in SHARD_LABELS if label not in (matchers or {})]
+
+    whole = Plan((Shard(),), tuple(chunk_windows(start, end, step, client.max_points)))
+    counts = client.series_counts(names, matchers, end) if plan and names else None
+    steps = min(steps_in(start, end, step), client.max_points)
+
+    def planned(name: str) -> Plan:
+        # small by the count (twice it: series that ended before ``end`` are not counted): no lookup
+        if not plan or (counts is not None and cost(2 * counts.get(name, 0), steps) <= client.budget):
+            return whole
+        found = client.series([selector(name, matchers)], start - reach, end)
+        return plan_requests(found, start, end, step, client.budget, max_points=client.max_points,
+                             max_series=MAX_SERIES_PER_ANSWER, candidates=candidates)  # fmt: skip
+
+    plans = list(client.imap(planned, names))
+    units = [(name, shard, w) for name, p in zip(names, plans, strict=True) for shard, w in p.requests]
+    fetch = client.imap(lambda u: client.range_split(builders[u[0]], u[1], u[2][0], u[2][1], step), units)
+    with closing(fetch) as answers:  # on an error, requests not sent yet are cancelled
+        for name, p in zip(names, plans, strict=True):  # each metric added as soon as its answers are in
+            report.queries[name] = builders[name](Shard())
+            got = [a for _ in p.requests for a in next(answers)]
+            report.warnings.extend(f"{name}: {w}" for w in dict.fromkeys(w for a in got for w in a.warnings))
+            histograms = sum(a.matrix.histograms for a in got)
+            if histograms:
+                report.warnings.append(f"{name}: {histograms} native-histogram series skipped")
+            if not _add(builder, name, got):
+                report.missing.append(name)
+    return (builder.samples() if compact else builder.build()), report

@@ -74,7 +74,7 @@ def _by_series(frame, label="gpu"):
 def test_raw_query_range_chunked(prom_url):
     client = PrometheusClient(prom_url, max_points=7)
     frame, report = query_prometheus(client, [UTIL.name], T0, END, STEP, aggregate=False)
-    assert client.requests_made == 6  # ceil(40 / 7) chunks, one series each
+    assert client.requests_made == 7  # the series count, then ceil(40 / 7) chunks, one series each
     assert report.queries == {UTIL.name: UTIL.name}
     assert (report.samples, report.series) == (2 * N, 2)
     assert set(frame["metric"]) == {UTIL.name}
@@ -145,9 +145,11 @@ def test_discovery_and_missing_metrics(prom_url):
 def test_point_limit_needs_chunking(prom_url):
     unchunked = PrometheusClient(prom_url, max_points=10**6)
     with pytest.raises(PrometheusError) as err:
-        unchunked.query_range(UTIL.name, T0, T0 + 11_001, 1.0)
-    assert err.value.status == 400 and err.value.error_type == "bad_data"
+        unchunked.range_query(UTIL.name, T0, T0 + 11_001, 1.0)
+    assert err.value.status == 400 and err.value.error_type == "bad_data" and err.value.too_big
     assert "11,000" in str(err.value) and prom_url in str(err.value)
+    assert len(unchunked.query_range(UTIL.name, T0, T0 + 11_001, 1.0).series) == 2  # refused, then halved
+    assert (unchunked.requests_made, unchunked.refusals) == (4, 1)
     client = PrometheusClient(prom_url)
     result = client.query_range(UTIL.name, T0, T0 + 11_001, 1.0)
     assert client.requests_made == 2 and len(result.series) == 2
@@ -236,7 +238,7 @@ def test_http_500_error_json_after_retries(fake):
 def test_retry_then_success_and_warnings_surface(fake):
     server = fake((503, b"overloaded"), (200, _matrix([[1, "1.5"], [2, "NaN"]], warnings=["partial response"])))
     client = PrometheusClient(server.url, retries=2, backoff=0)
-    frame, report = query_prometheus(client, ["m"], 1, 2, 1, aggregate=False)
+    frame, report = query_prometheus(client, ["m"], 1, 2, 1, aggregate=False, plan=False)
     assert len(server.requests) == 2
     assert frame["timestamp"].tolist() == [1.0, 2.0] and frame["value"].iloc[0] == 1.5
     assert np.isnan(frame["value"].iloc[1])
@@ -247,7 +249,8 @@ def test_retry_then_success_and_warnings_surface(fake):
 
 def test_an_answer_cut_short_is_retried_and_names_the_server(fake):
     server = fake((_CUT, _matrix([[1, "1"]])), (200, _matrix([[1, "2"]])))
-    frame, _ = query_prometheus(PrometheusClient(server.url, retries=2, backoff=0), ["m"], 1, 1, 1, aggregate=False)
+    client = PrometheusClient(server.url, retries=2, backoff=0)
+    frame, _ = query_prometheus(client, ["m"], 1, 1, 1, aggregate=False, plan=False)
     assert len(server.requests) == 2 and frame["value"].tolist() == [2.0]
     dead = fake((_CUT, _matrix([[1, "1"]])))
     with pytest.raises(PrometheusError, match="cannot reach Prometheus at " + dead.url) as err:
@@ -256,11 +259,11 @@ def test_an_answer_cut_short_is_retried_and_names_the_server(fake):
 
 
 def test_client_errors_are_not_retried(fake):
-    server = fake((422, {"status": "error", "errorType": "execution", "error": "too many samples"}))
+    server = fake((422, {"status": "error", "errorType": "execution", "error": "expanding series: boom"}))
     client = PrometheusClient(server.url, retries=3, backoff=0)
-    with pytest.raises(PrometheusError, match="HTTP 422: execution: too many samples") as err:
+    with pytest.raises(PrometheusError, match="HTTP 422: execution: expanding series: boom") as err:
         client.query_range("m", 0, 10, 1)
-    assert len(server.requests) == 1 and err.value.error == "too many samples"
+    assert len(server.requests) == 1 and err.value.error == "expanding series: boom"
 
 
 def test_bad_json_is_a_clear_error(fake):

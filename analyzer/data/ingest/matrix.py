@@ -1,0 +1,160 @@
+"""Decode a ``query_range`` answer (a JSON matrix) straight into numpy arrays.
+
+An answer is almost all points, ``[1700000000,"0.5"]`` pairs, which a general JSON decoder
+turns into a list, a number and a string each before numpy sees them (~1 µs a point, the
+biggest single cost of reading Prometheus). Prometheus, Thanos, Mimir and VictoriaMetrics
+all write the matrix compactly, so the points of every series are cut out of the bytes and
+parsed in one pass by pandas' C reader (correctly rounded float64, ~0.2 µs a point), and
+orjson decodes what is left: labels, status, warnings. An answer that does not look exactly
+like that (whitespace, a malformed pair) is decoded the general way, which also words the
+errors; both ways give the same arrays.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+#: The key that opens a series' points in a compact answer. It cannot occur inside a JSON
+#: string (a quote there is escaped), so every match opens one series' points.
+_VALUES = re.compile(rb'"values":\[')
+
+
+@dataclass
+class Matrix:
+    """The series of one answer: labels per series, their points back to back."""
+
+    labels: list[dict[str, str]]
+    #: Points per series (series i owns the slice after the sum of counts[:i]).
+    counts: np.ndarray
+    timestamps: np.ndarray
+    values: np.ndarray
+    #: Series holding native histograms (not read).
+    histograms: int = 0
+
+    def series(self) -> Iterator[tuple[dict[str, str], np.ndarray, np.ndarray]]:
+        """(labels, timestamps, values) of each series, in order (views, not copies)."""
+        ends = np.cumsum(self.counts).tolist()
+        for labels, n, end in zip(self.labels, self.counts.tolist(), ends, strict=True):
+            yield labels, self.timestamps[end - n:end], self.values[end - n:end]
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A compact answer split in two: the JSON with every ``values`` emptied, and the points' spans."""
+
+    skeleton: bytes
+    spans: list[tuple[int, int]]
+
+
+def as_list(value: Any, what: str) -> list:
+    """``value`` when it is a list (None is an empty one); ValueError naming ``what`` otherwise."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"malformed answer: {what} is a {type(value).__name__}, not a list")
+    return value
+
+
+def cut(content: bytes) -> Cut | None:
+    """Split a compact answer into skeleton and point spans; None when it has no points to cut."""
+    spans, parts, pos = [], [], 0
+    for match in _VALUES.finditer(content):
+        start = match.end()
+        if content[start:start + 1] == b"]":
+            spans.append((start, start))
+            continue
+        end = content.find(b"]]", start)
+        if end < 0:
+            return None
+        parts.append(content[pos:start])
+        spans.append((start, end + 1))
+        pos = end + 1
+    if not parts:
+        return None
+    parts.append(content[pos:])
+    return Cut(b"".join(parts), spans)
+
+
+def decode(content: bytes, cut_: Cut | None, body: Any) -> Matrix:
+    """The matrix of an answer whose JSON (``cut_.skeleton`` when cut, else ``content``) decoded to
+    ``body``, a successful ``query_range`` answer; ValueError("malformed answer: ...") otherwise."""
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, dict) or data.get("resultType") != "matrix":
+        got = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"expected a matrix from query_range, got {got!r}")
+    result = as_list(data.get("result"), "data.result")
+    if cut_ is not None:
+        fast = _fast(content, cut_, result)
+        if fast is not None:
+            return fast
+        try:
+            whole = orjson.loads(content)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"malformed answer: invalid JSON ({exc})") from None
+        return decode(content, None, whole)
+    return _general(result)
+
+
+def _labels(item: Any, i: int) -> dict[str, str]:
+    if not isinstance(item, dict):
+        raise ValueError(f"malformed answer: data.result[{i}] is a {type(item).__name__}, not an object")
+    labels = item.get("metric") or {}
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise ValueError(f"malformed answer: data.result[{i}]: 'metric' must map label names to strings")
+    return labels
+
+
+def _fast(content: bytes, cut_: Cut, result: list) -> Matrix | None:
+    """The points parsed in one pass, or None when the answer is not exactly the compact form."""
+    if len(result) != len(cut_.spans) or not all(isinstance(it, dict) and it.get("values") == [] for it in result):
+        return None
+    labels = [_labels(item, i) for i, item in enumerate(result)]
+    counts = np.fromiter((content.count(b"[", s, e) for s, e in cut_.spans), np.int64, len(cut_.spans))
+    total = int(counts.sum())
+    # ",t,"v"],t,"v"]...": one line per point ending at its "]", each exactly two commas (checked
+    # below with the count: no line can have fewer without another having more, which fails to parse).
+    view = memoryview(content)  # slices without copies
+    text = b",".join([b"", *(view[s:e] for s, e in cut_.spans if e > s)]).translate(None, b"[")
+    if text.count(b",") != 2 * total:
+        return None
+    try:
+        frame = pd.read_csv(io.BytesIO(text), header=None, names=["_", "t", "v"], usecols=["t", "v"], index_col=False,
+                            lineterminator="]", dtype=np.float64, keep_default_na=False, na_values=["NaN"],
+                            engine="c")  # fmt: skip
+    except ValueError:  # a pair that is not [number, "number"]: the general way says which
+        return None
+    ts, vs = frame["t"].to_numpy(), frame["v"].to_numpy()
+    if len(ts) != total or not np.isfinite(ts).all():
+        return None
+    return Matrix(labels, counts, ts, vs, sum(bool(it.get("histograms")) for it in result))
+
+
+def _general(result: list) -> Matrix:
+    """Series by series from decoded JSON, with an error naming the series at fault."""
+    labels, ts_parts, vs_parts, histograms = [], [], [], 0
+    for i, item in enumerate(result):
+        labels.append(_labels(item, i))
+        values = as_list(item.get("values"), f"data.result[{i}].values")
+        try:
+            ts = np.array([p[0] for p in values], dtype=np.float64)
+            vs = np.array([float(p[1]) for p in values], dtype=np.float64)  # values are sent as strings
+            if any(len(p) != 2 for p in values) or not np.isfinite(ts).all():
+                raise ValueError("not [timestamp, value] pairs")
+        except (TypeError, ValueError, IndexError, KeyError) as exc:
+            raise ValueError(f"malformed answer: data.result[{i}]: values must be [timestamp, \"value\"] pairs "
+                             f"({exc})") from None
+        ts_parts.append(ts)
+        vs_parts.append(vs)
+        histograms += bool(item.get("histograms"))
+    counts = np.array([len(t) for t in ts_parts], dtype=np.int64)
+    if not ts_parts:
+        return Matrix(labels, counts, np.zeros(0), np.zeros(0), histograms)
+    return Matrix(labels, counts, np.concatenate(ts_parts), np.concatenate(vs_parts), histograms)
