@@ -93,6 +93,21 @@ def category_codes(s: pd.Series) -> np.ndarray:
     return pd.factorize(s, use_na_sentinel=True)[0].astype(np.int64)
 
 
+def _label_key(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(class, number, text) sort keys of label values: "" first, then numbers by value, then other text."""
+    text = np.asarray(values, dtype=object).astype(str)
+    number = pd.to_numeric(pd.Series(text), errors="coerce").to_numpy(dtype=np.float64)
+    numeric = ~np.isnan(number)
+    return np.where(numeric, 0, np.where(text == "", -1, 1)), np.where(numeric, number, 0.0), text
+
+
+def device_order(hostname: np.ndarray, gpu: np.ndarray, gpu_instance: np.ndarray) -> np.ndarray:
+    """Indices sorting devices the way frame rows are: by host, then gpu and gpu_instance numerically
+    (GPU 10 after GPU 9), text after numbers, "" (a whole GPU) first."""
+    keys = [k for col in (gpu_instance, gpu) for k in reversed(_label_key(col))]
+    return np.lexsort((*keys, np.asarray(hostname, dtype=object).astype(str)))
+
+
 def gpu_share(mig_profile: str) -> float:
     """Fraction of a physical GPU a device is: 1 for a whole GPU, N/7 for an Ng MIG profile."""
     m = _MIG_SLICES.match(mig_profile or "")

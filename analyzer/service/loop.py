@@ -1,7 +1,8 @@
 """The analyzer service: a loop that re-analyzes the last ``window`` of telemetry every ``interval``.
 
-Each run loads ``[now - window, now)`` from a Prometheus-compatible API, scores it and runs
-the detectors (:mod:`analyzer.pipeline`); a complete run is swapped in as one immutable
+Each run loads ``[now - window, now)`` from a Prometheus-compatible API (``truegpu serve`` keeps
+the window between runs and reads only the new steps: :mod:`analyzer.data.window`), scores it and
+runs the detectors (:mod:`analyzer.pipeline`); a complete run is swapped in as one immutable
 :class:`Analysis`, so readers (/metrics, and the HTTP API of :mod:`analyzer.service.app`)
 always see one consistent result set. No FastAPI here: the loop runs without the web app.
 A failed run (Prometheus down, slow, or returning nothing) is logged with the URL and

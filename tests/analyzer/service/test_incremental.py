@@ -1,0 +1,140 @@
+"""`serve`'s incremental window (analyzer.data.window) gives, at every tick, what a full reload gives.
+
+A real Prometheus holds 95 minutes of a 16-GPU fleet with faults and the telemetry mess of real
+fleets; the service replays ticks on a virtual clock with its loader behind a WindowLoader, and after
+every good tick its Fleet is compared with a full load of the same window (frame, XID events,
+topology, missing signals, dialect) and its findings with the findings of that full load. The window
+slides over: a GPU fallen off the bus at 12 min (its series end: the window start passes it), a node's
+4-minute scrape gap at 15 min while its training job runs on (allocations held over the gap, then the
+window start inside the gap), a node that first reports at 40 min (GPUs appearing mid-window), a
+scrape gap at 52 min of a node with a GPU that had an XID at 35 min (its counter's first sample after
+the gap must not read as a new XID), an exporter restart (counters from 0), pods recreated under new
+names, a thermal straggler, repeated samples and an HA pair. Prometheus is unreachable for three ticks
+(the next tick reads the missed steps only) and then for longer than the window (a full load).
+
+Documented normalisations: allocation categories are compared as the values rows use (a full load
+also lists values seen only after its last row), XID events in sorted order, finding ids left out
+(the service carries ids across runs). Not compared: notes (their counts are per load).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import pandas as pd
+import pytest
+from pandas.testing import assert_frame_equal
+
+from analyzer.data.frame import Fleet
+from analyzer.data.load import load_prometheus
+from analyzer.data.window import OVERLAP, WindowLoader
+from analyzer.pipeline import analyze
+from analyzer.service import AnalyzerService
+from exporter.simulator import Cluster
+from exporter.simulator.history import Mess, write_history
+from exporter.simulator.scenario import parse_scenario
+from tests.conftest import free_port
+from tests.realprom import backfilled_prometheus
+
+STEP = 60.0
+WINDOW = 1800.0
+MINUTE = 60.0
+SCENARIO = {
+    "name": "incremental-serve", "seed": 31, "duration": "95m",
+    "topology": {"sites": ["dc1"], "racks_per_site": 2, "nodes_per_rack": 2, "gpus_per_node": 4, "model": "H100"},
+    "workloads": [
+        {"name": "train-m", "kind": "training", "namespace": "llm", "nodes": 2},
+        {"name": "embed-m", "kind": "memory_bound", "namespace": "batch", "gpus": 4},
+        {"name": "nb-dave", "kind": "idle_allocated", "namespace": "notebooks", "gpus": 2, "start": "10m"},
+    ],
+    "faults": [
+        {"kind": "thermal_straggler", "target": {"job": "train-m", "rank": 6}, "start": "20m", "end": "70m",
+         "slowdown": 0.2},
+        {"kind": "xid", "code": 94, "target": {"job": "embed-m", "rank": 1}, "start": "35m"},
+        {"kind": "xid", "code": 79, "target": {"job": "embed-m", "rank": 3}, "start": "12m"},
+    ],
+    "mess": {
+        "node_gaps": [{"host": "dc1-r1-n01", "start": "15m", "duration": "4m"},
+                      {"host": "dc1-r2-n01", "start": "52m", "duration": "4m"},
+                      {"host": "dc1-r2-n02", "start": "0m", "duration": "40m"}],
+        "exporter_restarts": [{"host": "dc1-r1-n02", "at": "55m"}],
+        "repeat_every": 7, "replicas": ["prom-a", "prom-b"],
+    },
+}  # fmt: skip
+#: Pods recreated under new names (the simulator's pod names for this seed).
+POD_RESTARTS = (("embed-m-pdts6", 42 * MINUTE), ("nb-dave-sk2g5", 50 * MINUTE))
+
+
+@pytest.fixture(scope="module", params=["truegpu", "dcgm"])
+def prom(request, tmp_path_factory, promtool, prometheus_bin):
+    scenario = parse_scenario(SCENARIO)
+    cluster = Cluster(scenario)
+    tmp = tmp_path_factory.mktemp(f"incremental-{request.param}")
+    path = tmp / "history.om"
+    write_history(path, cluster, cluster.start, cluster.start + cluster.duration, 15.0, dialect=request.param,
+                  mess=Mess(**scenario.mess, pod_restarts=POD_RESTARTS))
+    with backfilled_prometheus(tmp, [path], promtool, prometheus_bin) as url:
+        yield url, cluster.start
+
+
+def _frame(fleet: Fleet) -> pd.DataFrame:
+    out = fleet.frame.copy()
+    for c in out.columns:
+        if isinstance(out[c].dtype, pd.CategoricalDtype):
+            out[c] = out[c].cat.remove_unused_categories()
+    return out
+
+
+def _events(fleet: Fleet) -> pd.DataFrame:
+    return fleet.events.sort_values(list(fleet.events.columns)).reset_index(drop=True)
+
+
+def _findings(findings) -> list[str]:
+    return [json.dumps({k: v for k, v in asdict(f).items() if k != "id"}, sort_keys=True, default=str)
+            for f in findings]
+
+
+def assert_same(kept: Fleet, full: Fleet) -> None:
+    assert (kept.start, kept.end, kept.step, kept.dialect) == (full.start, full.end, full.step, full.dialect)
+    assert_frame_equal(_frame(kept), _frame(full), check_exact=True)
+    assert_frame_equal(_events(kept), _events(full), check_exact=True)
+    assert_frame_equal(kept.topology, full.topology)
+    assert kept.missing == full.missing
+
+
+def test_incremental_window_equals_a_full_reload_at_every_tick(prom) -> None:
+    url, t0 = prom
+    target = [url]
+    calls: list[tuple[float, float]] = []
+
+    def load(start: float, end: float) -> Fleet:
+        calls.append((start, end))
+        return load_prometheus(target[0], start, end, STEP, timeout=10, retries=0)
+
+    window = WindowLoader(load)
+    now = [0.0]
+    service = AnalyzerService(window, url=url, interval=STEP, window=WINDOW, step=STEP, clock=lambda: now[0])
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there: Prometheus is down
+    down = {36, 37, 38, 63}  # minutes whose tick fails; after 63 the clock jumps past a whole window
+    ends = [*range(30, 64), 95]
+    good = 0
+    for minute in ends:
+        now[0] = t0 + minute * MINUTE + 7.0
+        target[0] = dead if minute in down else url
+        assert service.run_once() is (minute not in down), service.health_json()["last_error"]
+        if minute in down:
+            continue
+        good += 1
+        analysis = service.snapshot().analysis
+        assert analysis is not None and analysis.end == t0 + minute * MINUTE
+        full = load_prometheus(url, analysis.start, analysis.end, STEP)
+        assert_same(analysis.fleet, full)
+        assert _findings(analysis.findings) == _findings(analyze(full).findings), f"tick at {minute} min"
+    # The first tick and the one after the outage longer than the window loaded the whole window; every
+    # other tick read its new step and the OVERLAP before it, or from a GPU's last row before a gap.
+    assert window.full_loads == 2 and window.incremental_loads == good - 2
+    assert window.last_reason == "the window no longer overlaps the kept one"
+    whole = [c for c in calls if c[1] - c[0] >= WINDOW]
+    assert len(whole) == 2, whole
+    assert sum(1 for s, e in calls if e - s == (OVERLAP + 1) * STEP) >= good - 8
