@@ -27,12 +27,12 @@ demo: install
 	$(VENV)/bin/truegpu demo
 
 # Real parts the tests start (Debian packages): Prometheus, promtool, Alertmanager, amtool,
-# a PostgreSQL server (cost rollups), Chromium (the service's HTML page in a browser) and
-# systemd-analyze (the exporter's unit file).
-DEBIAN_TEST_PACKAGES := prometheus prometheus-alertmanager postgresql chromium systemd
+# VictoriaMetrics (a second Prometheus-compatible engine), a PostgreSQL server (cost rollups),
+# Chromium (the service's HTML page in a browser) and systemd-analyze (the exporter's unit file).
+DEBIAN_TEST_PACKAGES := prometheus prometheus-alertmanager victoria-metrics postgresql chromium systemd
 system-deps:
 	@missing=; \
-	for b in prometheus promtool amtool chromium systemd-analyze; do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
+	for b in prometheus promtool amtool victoria-metrics chromium systemd-analyze; do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
 	command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null || missing="$$missing alertmanager"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
@@ -55,6 +55,10 @@ bench: install
 	$(PY) bench/bench_exporter.py
 	$(PY) bench/bench_sources.py
 	$(PY) bench/bench_ingest.py
+	$(PY) bench/bench_e2e.py
+	$(PY) bench/bench_prometheus.py
+	$(PY) bench/bench_shard.py --gpus 2000
+	$(PY) bench/bench_serve.py
 	$(PY) bench/bench_analyze.py
 	$(PY) bench/bench_report.py
 	$(PY) bench/healthy_false_rate.py --replay-seeds 2

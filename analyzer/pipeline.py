@@ -18,6 +18,7 @@ from typing import Any
 from analyzer.analysis.partition import attach
 from analyzer.analysis.scores import Scores, compute_scores
 from analyzer.data.frame import Fleet
+from analyzer.data.shard import ShardFleet
 from analyzer.detectors import make_detector, run_detectors
 from analyzer.findings import Finding, assign_ids
 from analyzer.site import SiteConfig, default_site
@@ -58,8 +59,12 @@ def detector_settings(site: SiteConfig | None, overrides: Settings | None = None
 def detect(fleet: Fleet, kinds: Sequence[str] | None = None, site: SiteConfig | None = None,
            overrides: Settings | None = None) -> list[Finding]:
     """Findings of ``kinds`` (every registered detector by default) with the site's settings, each
-    with its stable id (analyzer.findings: the same data gives the same ids)."""
-    findings = run_detectors(fleet, kinds, detector_settings(site, overrides))
+    with its stable id (analyzer.findings: the same data gives the same ids). A shard's fleet is judged
+    with its read-only context and keeps the findings it owns (analyzer.data.shard)."""
+    shard = fleet if isinstance(fleet, ShardFleet) else None
+    findings = run_detectors(shard.whole if shard else fleet, kinds, detector_settings(site, overrides))
+    if shard:
+        findings = [f for f in findings if shard.owns(f)]
     assign_ids(findings)
     return findings
 

@@ -43,6 +43,13 @@ def _matcher(text: str) -> tuple[str, str]:
     return name.strip(), value
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{text!r} must be a whole number of at least 1")
+    return value
+
+
 def add_prometheus_arguments(prom: argparse._ArgumentGroup) -> None:
     """Connection options for a Prometheus-compatible API (analyze and serve share them)."""
     prom.add_argument("--matcher", action="append", type=_arg(_matcher), default=[], metavar="LABEL=VALUE",
@@ -55,6 +62,11 @@ def add_prometheus_arguments(prom: argparse._ArgumentGroup) -> None:
     prom.add_argument("--ca-file", type=Path, help="CA bundle for TLS verification")
     prom.add_argument("--insecure-skip-verify", action="store_true", help="do not verify TLS certificates")
     prom.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP request (default 30)")
+    prom.add_argument("--max-samples", type=_arg(_positive_int), default=None, metavar="N",
+                      help="the server's limit on samples per query (Prometheus --query.max-samples, default "
+                           "50000000): queries are split by host and time to stay under it")
+    prom.add_argument("--concurrency", type=_arg(_positive_int), default=None, metavar="N",
+                      help="HTTP requests in flight at once (default 4)")
 
 
 _FILES_DEFAULTS = ("; files: the data's first sample", "; files: the end of the step holding the last sample")
@@ -73,6 +85,19 @@ def add_site_argument(group: argparse._ArgumentGroup | argparse.ArgumentParser) 
     """--site FILE: the site config (analyzer.site: thresholds, detector settings, workload classes...)."""
     group.add_argument("--site", type=Path, metavar="FILE",
                        help="site config YAML (thresholds, detector settings, workload classes; default: built-in)")
+
+
+def _shard(text: str) -> Any:
+    from analyzer.data.shard import Shard  # only when given: the exporter shares this console script
+
+    return Shard.parse(text)
+
+
+def add_shard_argument(group: argparse._ArgumentGroup) -> None:
+    """--shard I/N: analyze one shard of N (analyzer.data.shard; README "Sharding")."""
+    group.add_argument("--shard", type=_arg(_shard), metavar="I/N",
+                       help="analyze shard I of N (0-based; I may be a StatefulSet pod name ending in its "
+                       "ordinal): whole workloads and hosts per shard, N shards add up to the unsharded result")
 
 
 def resolve_range(start: float | None, end: float | None, window: float | None,
@@ -106,6 +131,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="comma-separated finding kinds to run (default: all)")
     out.add_argument("--job-label", help="label naming the job (e.g. hpc_job); default: derived from the pod")
     add_site_argument(out)
+    add_shard_argument(out)
     out.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run_analyze)
 
@@ -181,6 +207,9 @@ def _error(command: str, message: str) -> int:
 
 def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"timeout": args.timeout}
+    for option in ("max_samples", "concurrency"):
+        if getattr(args, option) is not None:
+            kwargs[option] = getattr(args, option)
     if args.bearer_token_file:
         kwargs["bearer_token"] = args.bearer_token_file.read_text().strip()
     if args.basic_auth_user:
@@ -204,18 +233,25 @@ def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def _load(args: argparse.Namespace, progress: _Progress) -> Fleet:
     from analyzer.data.load import load_files, load_prometheus
+    from analyzer.data.shard import load_shard, shard_fleet
 
     if bool(args.input) == bool(args.prometheus):
         raise ValueError("give either --input FILE (repeatable) or --prometheus URL")
+    shard = getattr(args, "shard", None)  # `report` shares this loader and reads the whole fleet
     if args.input:
         missing = [str(p) for p in args.input if not p.is_file()]
         if missing:
             raise ValueError(f"input file not found: {', '.join(missing)}")
         progress(f"reading {len(args.input)} file(s)")
-        return load_files(args.input, step=args.step, job_label=args.job_label, start=args.start, end=args.end)
+        fleet = load_files(args.input, step=args.step, job_label=args.job_label, start=args.start, end=args.end)
+        return shard_fleet(fleet, shard) if shard else fleet
     start, end = resolve_range(args.start, args.end, None, 3600.0)
     step = args.step or DEFAULT_STEP
-    progress(f"querying {args.prometheus} from {iso(start)} to {iso(end)} every {step:g}s")
+    progress(f"querying {args.prometheus} from {iso(start)} to {iso(end)} every {step:g}s"
+             + (f", shard {shard}" if shard else ""))
+    if shard:
+        return load_shard(args.prometheus, start, end, step, shard, matchers=dict(args.matcher) or None,
+                          job_label=args.job_label, **_client_kwargs(args))
     return load_prometheus(args.prometheus, start, end, step, matchers=dict(args.matcher) or None,
                            job_label=args.job_label, **_client_kwargs(args))
 
@@ -371,6 +407,7 @@ def _write_report(out_dir: Path, fleet: Fleet, scores: Any, findings: list[Findi
 def build_summary(fleet: Fleet, scores: Any, findings: list[Finding]) -> dict[str, Any]:
     """The JSON summary: fleet_summary's numbers plus what was analyzed and what is unknown."""
     from analyzer.analysis.scores import fleet_summary
+    from analyzer.data.shard import ShardFleet
 
     summary = fleet_summary(scores)
     frame = fleet.frame
@@ -382,6 +419,8 @@ def build_summary(fleet: Fleet, scores: Any, findings: list[Finding]) -> dict[st
         gpus=fleet.gpu_count(), nodes=int(frame["hostname"].nunique()),
         findings_by_kind=by_kind, missing=dict(fleet.missing), input_notes=list(fleet.notes),
     )
+    if isinstance(fleet, ShardFleet):  # its owned rows' numbers: the shards' GPU-hours add up
+        summary["shard"] = dict(fleet.about)
     return summary
 
 

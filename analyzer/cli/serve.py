@@ -25,6 +25,7 @@ from analyzer.cli.analyze import (
     _client_kwargs,
     add_prometheus_arguments,
     add_range_arguments,
+    add_shard_argument,
     add_site_argument,
 )
 from analyzer.data.budget import check_window
@@ -66,6 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="comma-separated finding kinds to run (default: all)")
     loop.add_argument("--job-label", help="label naming the job (e.g. hpc_job); default: derived from the pod")
     add_site_argument(loop)
+    add_shard_argument(loop)
     loop.add_argument("--stale-after", type=_arg(parse_positive_duration), default=None,
                       help="/healthz reports stale when the last good analysis is older (default 2 x interval + 60s)")
     api = p.add_argument_group("API and authentication")
@@ -189,8 +191,14 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
         now = time.time()
         check_window(*(fixed or (now - args.window, now)), args.step)  # refuse at start, not at the first tick
         client_kwargs = _client_kwargs(args)
-        loader = prometheus_loader(args.prometheus, args.step, matchers=dict(args.matcher) or None,
-                                   job_label=args.job_label, **client_kwargs)
+        if args.shard:  # one replica of N: its workloads and hosts (analyzer.data.shard)
+            from analyzer.data.shard import shard_loader
+
+            loader = shard_loader(args.prometheus, args.step, args.shard, matchers=dict(args.matcher) or None,
+                                  job_label=args.job_label, **client_kwargs)
+        else:
+            loader = prometheus_loader(args.prometheus, args.step, matchers=dict(args.matcher) or None,
+                                       job_label=args.job_label, **client_kwargs)
         if args.kinds:
             from analyzer.detectors import load_detectors
 
@@ -199,8 +207,13 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
                 raise ValueError(f"unknown kind(s) {', '.join(unknown)}; known: {', '.join(sorted(load_detectors()))}")
         site = load_site(args.site)
         web = load_web_config(args.web_config_file)
-        settings, rollup = api_settings(args, loader, site)
-        service = AnalyzerService(loader, url=args.prometheus, interval=args.interval, window=args.window,
+        settings, rollup = api_settings(args, loader, site)  # the rollups read whole days: the plain loader
+        ticks = loader
+        if fixed is None and not args.shard:  # each tick reads only its new steps; a shard's hosts follow the window
+            from analyzer.data.window import WindowLoader
+
+            ticks = WindowLoader(loader)
+        service = AnalyzerService(ticks, url=args.prometheus, interval=args.interval, window=args.window,
                                   step=args.step, kinds=args.kinds, stale_after=args.stale_after,
                                   on_result=rollup, fixed=fixed, site=site)
     except (ValueError, OSError) as exc:

@@ -1,9 +1,13 @@
-"""Copy the generated rules and dashboards into the kustomize tree: ``python deploy/kubernetes/generate.py``.
+"""Copy the generated rules and dashboards into the kustomize tree, and derive the sharded analyzer
+(``components/sharded-analyzer``: a StatefulSet of ``serve --shard``) from the base's Deployment:
+``python deploy/kubernetes/generate.py``.
 
 kustomize reads files only below a kustomization's own directory (``kubectl apply -k`` has no way
 round that), so the PrometheusRule objects and the dashboard ConfigMaps are written here from
-``alerts/generated/*.yaml`` and ``dashboards/generated/*.json`` and committed;
-tests/deploy/test_kubernetes.py fails when they drift (``--check`` only reports).
+``alerts/generated/*.yaml`` and ``dashboards/generated/*.json`` and committed. The sharded
+analyzer is the base's analyzer Deployment and PVC turned into a StatefulSet, so the two never
+differ but where sharding needs them to. tests/deploy/test_kubernetes.py fails when any of them
+drifts (``--check`` only reports).
 
 For a site config, render its rules and dashboards first, then point this at them::
 
@@ -34,6 +38,12 @@ DASHBOARD_DIR = HERE / "base" / "dashboards"
 SIDECAR_LABEL = {"grafana_dashboard": "1"}
 #: Prometheus Operator ruleSelector of kube-prometheus-stack (release name "kube-prometheus-stack").
 RULE_LABELS = {"app.kubernetes.io/name": "truegpu", "release": "kube-prometheus-stack"}
+ANALYZER = HERE / "base" / "analyzer"
+SHARDED = HERE / "components" / "sharded-analyzer"
+#: Replicas of the sharded analyzer: each runs `serve --shard <its pod name>/SHARDS` (one number for both).
+SHARDS = 4
+#: The headless Service naming each replica (<pod>.truegpu-analyzer-shards.<namespace>.svc: its API).
+SHARDS_SERVICE = "truegpu-analyzer-shards"
 
 
 def prometheus_rules(rules_dir: Path = RULES) -> str:
@@ -72,6 +82,67 @@ def dashboard_kustomization(names: list[str]) -> str:
     return banner + yaml_text(doc)
 
 
+def sharded_analyzer(shards: int = SHARDS) -> dict[Path, str]:
+    """components/sharded-analyzer: the base's analyzer Deployment as a StatefulSet of ``shards``
+    replicas, each ``serve --shard $(POD_NAME)/shards`` (its ordinal picks its shard) with its own
+    rollup volume (volumeClaimTemplates from the base's PVC); a headless Service names each replica."""
+    deployment = yaml.safe_load((ANALYZER / "deployment.yaml").read_text())
+    pvc = yaml.safe_load((ANALYZER / "pvc.yaml").read_text())
+    spec = deployment["spec"]
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    container["args"] = [*container["args"], f"--shard=$(POD_NAME)/{shards}"]
+    container["env"] = [*container.get("env", []),
+                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    claim = next(v for v in pod["volumes"] if v.get("persistentVolumeClaim", {}).get("claimName") ==
+                 pvc["metadata"]["name"])
+    pod["volumes"] = [v for v in pod["volumes"] if v is not claim]
+    statefulset = {
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": deployment["metadata"],
+        "spec": {"serviceName": SHARDS_SERVICE, "replicas": shards, "podManagementPolicy": "Parallel",
+                 "selector": spec["selector"], "template": spec["template"],
+                 "volumeClaimTemplates": [{"metadata": {"name": claim["name"], "labels": pvc["metadata"]["labels"]},
+                                           "spec": pvc["spec"]}]},
+    }
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": SHARDS_SERVICE, "labels": {"app.kubernetes.io/name": SHARDS_SERVICE,
+                                                        "app.kubernetes.io/component": "analyzer"}},
+        "spec": {"clusterIP": "None", "selector": spec["selector"]["matchLabels"],
+                 "ports": [{"name": "http", "port": 9836, "targetPort": "http", "protocol": "TCP"}]},
+    }
+    name = deployment["metadata"]["name"]
+    base = yaml.safe_load((HERE / "base" / "kustomization.yaml").read_text())
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component",
+        "transformers": ["namespace.yaml"], "resources": ["statefulset.yaml", "service.yaml"],
+        # the base's labels and image tags, which reach only the base's own objects, for the ones added here
+        **{k: base[k] for k in ("labels", "images")},
+        "patches": [{"patch": yaml_text({"$patch": "delete", "apiVersion": "apps/v1", "kind": "Deployment",
+                                         "metadata": {"name": name}})},
+                    {"patch": yaml_text({"$patch": "delete", "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                                         "metadata": {"name": pvc["metadata"]["name"]}})}],
+    }
+    namespace = {"apiVersion": "builtin", "kind": "NamespaceTransformer",
+                 "metadata": {"name": "truegpu-namespace", "namespace": "truegpu"}, "unsetOnly": True}
+    banner = ("# Generated by deploy/kubernetes/generate.py from base/analyzer/{deployment,pvc}.yaml; "
+              "do not edit by hand.\n")
+    about = (
+        f"# The analyzer sharded over {shards} replicas (README.md, \"Sharding\"): a StatefulSet whose pods run\n"
+        f"# `truegpu serve --shard $(POD_NAME)/{shards}` (the ordinal in the pod name picks the shard) against the\n"
+        "# same Prometheus, each with its own rollup volume; instead of the base's Deployment and PVC.\n"
+        "# Their /metrics (every pod scraped, through the Service truegpu-analyzer or the annotations) union to\n"
+        f"# the unsharded analyzer's; each replica's API answers for its shard at <pod>.{SHARDS_SERVICE}.\n"
+        "# Use it with the base alone: components that patch the analyzer Deployment do not reach this one.\n"
+    )
+    return {
+        SHARDED / "kustomization.yaml": about + banner + yaml_text(kustomization),
+        SHARDED / "statefulset.yaml": banner + yaml_text(statefulset),
+        SHARDED / "service.yaml": banner + yaml_text(service),
+        SHARDED / "namespace.yaml": banner + yaml_text(namespace),
+    }
+
+
 def rendered(rules_dir: Path = RULES, dashboards_dir: Path = DASHBOARDS) -> dict[Path, str]:
     """Every file this script owns -> its content."""
     sources = sorted(dashboards_dir.glob("*.json"))
@@ -80,7 +151,7 @@ def rendered(rules_dir: Path = RULES, dashboards_dir: Path = DASHBOARDS) -> dict
     out = {PROMETHEUS_RULE: prometheus_rules(rules_dir)}
     out |= {DASHBOARD_DIR / p.name: p.read_text() for p in sources}
     out[DASHBOARD_DIR / "kustomization.yaml"] = dashboard_kustomization([p.name for p in sources])
-    return out
+    return out | sharded_analyzer()
 
 
 def stale(files: dict[Path, str]) -> list[Path]:

@@ -1,0 +1,438 @@
+"""Sharding: N analyzer replicas over one Prometheus-compatible endpoint whose results union to
+exactly the unsharded analysis (``analyze --shard i/n``, ``serve --shard i/n``).
+
+The rule. A shard owns whole **hosts**, grouped into *units*: the connected components of hosts
+linked by sharing a workload at any time of the window. So every member of a workload is in one
+shard (stragglers, idle masking and topology compare a job's members), a GPU that moved between
+jobs keeps both jobs together, a host with GPUs of several jobs keeps them together (thermal,
+degraded_gpu and gpu_fault compare a GPU with its node), and a host that held no workload is a
+unit of its own ("unallocated GPUs split by host"). A unit's shard is a stable hash of its key
+(the smallest node name in it) modulo n: sha256, never Python's per-process ``hash()``, so every
+replica computes the same owner, and a unit keeps its shard while the window slides (its findings
+keep their ids in one replica).
+
+Why read-only context too. Some comparisons reach outside any unit, to the whole fleet of a GPU
+model: thermal's thermal resistance per model and its racks-versus-other-racks (and, without rack
+labels, nodes-versus-fleet) references, degraded_gpu's robust fits and medians per model, topology's
+healthy-training activity per model and "NVLink is used somewhere", and the straggler's per-model
+maximum SM clock where none is reported. A shard therefore also reads the families those
+references need (``CONTEXT_SIGNALS``, plus the info series) for every host it does not own, runs
+the detectors on owned + context, and keeps only the findings it owns: a finding naming a host
+(GPU, node or node-of-a-job findings) belongs to that host's shard; a job-level finding to its
+job's shard; a rack-level finding to the shard of the rack's smallest node; anything else to
+shard 0. Scores and the GPU-hour partition are computed on the owned rows only, so every GPU-hour
+is counted by exactly one shard. The context is the price of exactness: per shard about
+``context share + (1 - context share) / n`` of an unsharded read (the context families are about
+45 % of truegpu's series); detectors taking those fleet references from a small sample of hosts
+would shrink it to ~1/n.
+
+Discovery (Prometheus) is an index lookup, no samples: the host label values of every family the
+analysis reads, and the series (label sets) of the families that carry the GPU and its workload
+(memory used on every GPU and MIG instance, in both dialects; truegpu's allocation info). Workloads
+are named as normalize names them (``_workloads`` mirrors its precedence; after loading,
+``ShardFleet`` checks that no workload spans two shards and fails loudly if one does). Then two
+reads: the owned hosts with every family, and the other discovered hosts with the context
+families only, merged row-wise into one fleet on one grid.
+
+Merging the shards' outputs: findings and the job tables are disjoint (union); GPU-hours (every
+part of the partition, fleet and namespace, and the score tables' hours) add up, e.g.
+``sum without (instance, pod) (truegpu_analyzer_fleet_gpu_seconds)``; a fleet-level ratio is the
+shard's own (weighted by its hours).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.data import dialects as D
+from analyzer.data.frame import Fleet, device_order, empty_frame
+from analyzer.data.hosts import exporter_pods, map_exporter_pods, pod_info, query_pod_info
+from analyzer.data.ingest import PrometheusClient
+from analyzer.data.ingest.prometheus import Matcher, MatcherValue, selector
+from analyzer.data.load import load_prometheus
+from analyzer.findings import Finding
+from exporter import schema as S
+from exporter.attribution.jobs import KNOWN_JOB_LABELS, derive_job, sanitized_job_labels
+
+#: Signals of every GPU that the fleet-wide references read (see the module docstring), and why.
+CONTEXT_SIGNALS: dict[str, str] = {
+    "temp": "thermal: resistance per model, node/rack/fleet references; degraded_gpu: temperature ~ power fit",
+    "mem_temp": "thermal: HBM at its limit in a rack's nodes; degraded_gpu: HBM ~ die fit",
+    "power": "thermal: power-corrected temperature; degraded_gpu: power ~ activity fit per model",
+    "power_limit": "degraded_gpu: power limit against the model's median",
+    "thermal_throttle": "thermal: nodes of a rack at the limit; degraded_gpu: throttled windows left out",
+    "power_throttle": "degraded_gpu: power-capped windows left out",
+    "gpu_util": "degraded_gpu: activity of the fit; topology: healthy training and who communicates",
+    "gr_active": "the same, on MIG instances and where GPU util is missing",
+    "sm_active": "degraded_gpu: activity of the fit; topology: healthy-training activity per model",
+    "tensor_active": "degraded_gpu: activity of the fit; topology: its activity where SM is missing",
+    "dram_active": "degraded_gpu: power and HBM fits",
+    "sm_clock": "degraded_gpu: clock ratio vs the model's median; straggler: per-model max clock",
+    "sm_clock_max": "degraded_gpu: clock ratio vs the model's median",
+    "nvlink_bps": "topology: whether NVLink is used anywhere, and who communicates",
+}
+#: Families that name every GPU and MIG instance, and its workload, in both dialects (discovery).
+_CARRIERS: tuple[str, ...] = (
+    *sorted({n for n, srcs in D.SOURCES.items() if any(s.signal.name == "mem_used" for s in srcs)}),
+    S.GPU_ALLOCATION_INFO.name,
+)
+_HOST_LABELS = D.LABEL_ALIASES["hostname"]
+_JOB_LABELS = tuple(zip(KNOWN_JOB_LABELS * 2, sanitized_job_labels(), strict=True))
+_ORDINAL = re.compile(r"^(?:.+-)?(\d+)$")
+#: Prometheus evaluates a point this long before the end of its row (as analyzer.data.load).
+_EDGE = 0.001
+
+
+def context_names() -> frozenset[str]:
+    """Input names (both dialects, every spelling) feeding CONTEXT_SIGNALS, plus the info series."""
+    feeding = {n for n, srcs in D.SOURCES.items() if any(s.signal.name in CONTEXT_SIGNALS for s in srcs)}
+    return frozenset(feeding | {m.name for m in D.INFO_METRICS})
+
+
+# The rule ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count`` (0-based)."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """``I/N``; I may be a StatefulSet pod name ending in its ordinal (``truegpu-analyzer-2/4``)."""
+        head, sep, tail = str(text).rpartition("/")
+        m = _ORDINAL.match(head.strip())
+        if not sep or not m or not tail.strip().isdigit():
+            raise ValueError(f"--shard {text!r}: expected I/N, e.g. 0/4 or POD-NAME-2/4 (the pod's ordinal)")
+        index, count = int(m.group(1)), int(tail)
+        if count < 1 or not 0 <= index < count:
+            raise ValueError(f"--shard {text!r}: the shard index must be 0 to N-1 and N at least 1")
+        return cls(index, count)
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def shard_of(key: str, count: int) -> int:
+    """The shard of a unit key: sha256, the same in every process and on every machine."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % count
+
+
+def units(nodes: Iterable[str], workloads: Iterable[Iterable[str]]) -> dict[str, str]:
+    """node -> unit key (the smallest node of its unit): connected components of the nodes linked by
+    sharing a workload (each item of ``workloads`` is the nodes one workload touched)."""
+    parent = {n: n for n in nodes}
+
+    def root(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for group in workloads:
+        members = sorted(set(group))
+        for other in members[1:]:
+            a, b = root(members[0]), root(other)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    return {n: root(n) for n in parent}
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Which shard owns each node (``unit``: node -> unit key)."""
+
+    shard: Shard
+    unit: Mapping[str, str]
+
+    def owner(self, node: str) -> int:
+        return shard_of(self.unit.get(node, node), self.shard.count)
+
+    def owns(self, node: str) -> bool:
+        return node in self.unit and self.owner(node) == self.shard.index
+
+    @cached_property
+    def nodes(self) -> frozenset[str]:
+        """The nodes this shard owns."""
+        return frozenset(n for n in self.unit if self.owner(n) == self.shard.index)
+
+
+def ownership_from_fleet(fleet: Fleet, shard: Shard) -> Ownership:
+    """The rule applied to a loaded fleet (files: read whole, then filtered): workloads from its frame."""
+    pairs = _pairs(fleet.frame, "job", "hostname")
+    groups = pairs.groupby("job", sort=False)["hostname"].agg(list) if len(pairs) else []
+    return Ownership(shard, units(_values(fleet.frame, "hostname"), groups))
+
+
+# A shard's fleet -------------------------------------------------------------------------------
+@dataclass
+class ShardFleet(Fleet):
+    """The owned rows of a shard (what scores, the partition, /metrics and the API read) and, in
+    ``whole``, owned + read-only context (what the detectors read: analyzer.pipeline.detect keeps
+    the findings ``owns``)."""
+
+    whole: Fleet | None = None
+    ownership: Ownership | None = None
+    #: What a reader should know: shard, its nodes and GPUs, the nodes read as context.
+    about: dict[str, Any] = field(default_factory=dict)
+
+    def owns(self, f: Finding) -> bool:
+        own = self.ownership
+        if f.hostname is not None:
+            return own.owns(f.hostname)
+        if f.job is not None and f.job in self._job_node:
+            return own.owns(self._job_node[f.job])
+        if f.rack is not None and f.rack in self._rack_node:
+            return own.owns(self._rack_node[f.rack])
+        return own.shard.index == 0
+
+    @cached_property
+    def _job_node(self) -> dict[str, str]:
+        pairs = _pairs(self.whole.frame, "job", "hostname")
+        return pairs.groupby("job", sort=False)["hostname"].min().to_dict() if len(pairs) else {}
+
+    @cached_property
+    def _rack_node(self) -> dict[str, str]:
+        pairs = _pairs(self.whole.frame, "rack", "hostname")
+        pairs = pairs[(pairs["rack"] != "") & pairs["hostname"].isin(list(self.ownership.unit))]
+        return pairs.groupby("rack", sort=False)["hostname"].min().to_dict() if len(pairs) else {}
+
+    @classmethod
+    def of(cls, owned: Fleet, whole: Fleet, ownership: Ownership, about: dict[str, Any]) -> ShardFleet:
+        """The shard of ``whole`` whose owned rows are ``owned``; fails when a workload spans two shards."""
+        pairs = _pairs(whole.frame, "job", "hostname")
+        if len(pairs):
+            owners = pairs.assign(owner=[ownership.owner(h) for h in pairs["hostname"]])
+            split = owners.groupby("job")["owner"].nunique()
+            if (split > 1).any():
+                job = str(split.index[split > 1][0])
+                hosts = sorted(owners.loc[owners["job"] == job, "hostname"])
+                raise ValueError(f"sharding: workload {job!r} spans hosts of several shards ({', '.join(hosts[:5])}): "
+                                 "discovery did not link them, so the shards would not add up; please report it")
+        return cls(frame=owned.frame, step=whole.step, start=whole.start, end=whole.end, events=owned.events,
+                   topology=owned.topology, dialect=whole.dialect, missing=dict(whole.missing), notes=whole.notes,
+                   whole=whole, ownership=ownership, about=about)
+
+
+def shard_fleet(fleet: Fleet, shard: Shard) -> ShardFleet:
+    """Shard ``shard`` of a fleet read whole (files): the context is the whole fleet."""
+    own = ownership_from_fleet(fleet, shard)
+    f = fleet.frame
+    host = f["hostname"].astype(str).to_numpy() if len(f) else np.zeros(0, dtype=object)
+    mine = np.isin(host, list(own.nodes))
+    frame = f[mine].reset_index(drop=True)
+    for c in frame.columns:
+        if isinstance(frame[c].dtype, pd.CategoricalDtype):
+            frame[c] = frame[c].cat.remove_unused_categories()
+
+    def hosted(table: pd.DataFrame) -> pd.DataFrame:
+        return table[table["hostname"].astype(str).isin(list(own.nodes))].reset_index(drop=True)
+
+    owned = Fleet(frame=frame, step=fleet.step, start=fleet.start, end=fleet.end, events=hosted(fleet.events),
+                  topology=hosted(fleet.topology))
+    return ShardFleet.of(owned, fleet, own, _about(own, frame, context_nodes=len(set(host)) - len(own.nodes)))
+
+
+# Discovery (Prometheus) ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Discovery:
+    """What exists in a window: host label spellings in use, each node's raw host values, its unit."""
+
+    host_labels: tuple[str, ...]
+    raw: Mapping[str, tuple[str, ...]]
+    unit: Mapping[str, str]
+
+    def matchers(self, nodes: Iterable[str]) -> dict[str, MatcherValue]:
+        """Label matchers selecting the series of ``nodes`` (every host spelling in use: a series must
+        name one of them, or lack the spelling)."""
+        values = sorted({raw for n in nodes for raw in self.raw[n]})
+        blank = [""] if len(self.host_labels) > 1 else []
+        return {label: values + blank for label in self.host_labels}
+
+
+def discover(client: PrometheusClient, start: float, end: float, step: float, *,
+             matchers: Mapping[str, MatcherValue] | None = None, job_label: str | None = None) -> Discovery:
+    """Hosts and workloads of ``[start, end)`` from the index (label values and series; no samples)."""
+    matchers = dict(matchers or {})
+    lo, hi = start, end + step  # what the loads' points can reach
+    needed = selector(None, {**matchers, "__name__": Matcher("=~", "|".join(sorted(D.needed_names())))})
+    values: dict[str, list[str]] = {}
+    for label in _HOST_LABELS:
+        body = client.api(f"label/{label}/values", [("match[]", needed), ("start", repr(lo)), ("end", repr(hi))],
+                          method="GET")
+        found = [v for v in body.get("data") or [] if isinstance(v, str) and v]
+        if found:
+            values[label] = found
+    series = client.series([selector(n, matchers) for n in _CARRIERS], lo, hi)
+    hostless = [s for s in series if s.get(S.GPU) and not any(s.get(k) for k in _HOST_LABELS)]
+    if hostless:
+        raise ValueError(f"sharding needs a host label ({' or '.join(_HOST_LABELS)}) on every GPU series; "
+                         f"{len(hostless)} series lack it, e.g. {hostless[0]} (dcgm-exporter 1.x: relabel the "
+                         "instance into Hostname in Prometheus)")
+    raw_hosts = sorted({v for vs in values.values() for v in vs})
+    if not raw_hosts:
+        raise ValueError(f"no GPU telemetry at {client.url} between {start:.0f} and {end:.0f}"
+                         f"{' matching ' + str(matchers) if matchers else ''}: nothing to shard")
+    node = dict(zip(raw_hosts, _nodes(client, raw_hosts, lo, hi, step), strict=True))
+    raw: dict[str, list[str]] = {}
+    for r, n in node.items():
+        raw.setdefault(n, []).append(r)
+    groups: dict[str, set[str]] = {}
+    for s, names in zip(series, _workloads(series, job_label), strict=True):
+        host = next((s[k] for k in _HOST_LABELS if s.get(k)), None)
+        for name in names if host in node else ():
+            groups.setdefault(name, set()).add(node[host])
+    return Discovery(tuple(values), {n: tuple(v) for n, v in raw.items()}, units(raw, groups.values()))
+
+
+def _nodes(client: PrometheusClient, raw: list[str], lo: float, hi: float, step: float) -> list[str]:
+    """The node of each raw host value: dcgm-exporter pod names through kube_pod_info (as normalize)."""
+    pods = exporter_pods(raw)
+    if not pods:
+        return raw
+    long, _ = query_pod_info(client, pods, lo + step - _EDGE, hi - _EDGE, step)
+    mapped, _ = map_exporter_pods(np.asarray(raw, dtype=object), pod_info(long))
+    return [str(n) for n in mapped]
+
+
+def _workloads(series: list[dict[str, str]], job_label: str | None) -> list[set[str]]:
+    """Per series: the workload names normalize may give it. Mirrors analyzer.data.normalize's rule
+    (an explicit ``job_label``; allocation info's workload, else exported_job, else job; dcgm-exporter's
+    hpc_job; else derived from the pod with the first operator label) and gives a derived name both
+    with and without the namespace's other pods as siblings, so a subset of pods derives no name
+    discovery has not linked."""
+    def first(s: dict[str, str], names: Iterable[str]) -> str:
+        return next((s[k] for k in names if s.get(k)), "")
+
+    pods = [first(s, D.LABEL_ALIASES["pod"]) for s in series]
+    spaces = [first(s, D.LABEL_ALIASES["namespace"]) for s in series]
+    siblings: dict[str, set[str]] = {}
+    for ns, pod in zip(spaces, pods, strict=True):
+        if pod:
+            siblings.setdefault(ns, set()).add(pod)
+    out = []
+    for s, ns, pod in zip(series, spaces, pods, strict=True):
+        name = s.get("__name__", "")
+        explicit = s.get(job_label, "") if job_label else ""
+        own = first(s, (S.WORKLOAD, "exported_job", "job")) if name == S.GPU_ALLOCATION_INFO.name else ""
+        hpc = s.get(D.HPC_JOB_LABEL, "") if D.dialect_of(name) == "dcgm" else ""
+        given = explicit or own or hpc
+        if given or not pod:
+            out.append({given} - {""})
+            continue
+        label = next(((k, s[san]) for k, san in _JOB_LABELS if s.get(san)), None)
+        labels = dict([label]) if label else None
+        out.append({derive_job(pod, labels, siblings=siblings.get(ns, set())), derive_job(pod, labels)})
+    return out
+
+
+# Loading (Prometheus) ----------------------------------------------------------------------------
+def load_shard(url: str, start: float, end: float, step: float, shard: Shard, *,
+               matchers: Mapping[str, MatcherValue] | None = None, job_label: str | None = None,
+               **client_kwargs: Any) -> ShardFleet:
+    """Shard ``shard`` of ``[start, end)``: discovery, its hosts with every family, the other hosts'
+    context families, merged (load_prometheus does each read; ``client_kwargs`` go to it)."""
+    matchers = dict(matchers or {})
+    clash = sorted(set(matchers) & set(_HOST_LABELS))
+    if clash:
+        raise ValueError(f"--matcher on the host label ({', '.join(clash)}) and --shard exclude each other")
+    with PrometheusClient(url, **client_kwargs) as client:
+        found = discover(client, start, end, step, matchers=matchers, job_label=job_label)
+    own = Ownership(shard, found.unit)
+    others = sorted(set(found.unit) - own.nodes)
+
+    def load(nodes: Iterable[str], names: Iterable[str] | None = None) -> Fleet:
+        return load_prometheus(url, start, end, step, matchers={**matchers, **found.matchers(nodes)},
+                               job_label=job_label, names=names, **client_kwargs)
+
+    owned = load(sorted(own.nodes)) if own.nodes else None
+    context = load(others, context_names()) if others else None
+    if owned is None:  # an empty shard still serves (health, no findings) on the window's grid
+        owned = Fleet(frame=empty_frame(), step=float(step), start=float(start), end=context.end,
+                      dialect=context.dialect)
+    whole = merge(owned, context) if context is not None else owned
+    return ShardFleet.of(owned, whole, own, _about(own, owned.frame, context_nodes=len(others)))
+
+
+def shard_loader(url: str, step: float, shard: Shard, *, matchers: Mapping[str, MatcherValue] | None = None,
+                 job_label: str | None = None, **client_kwargs: Any) -> Callable[[float, float], ShardFleet]:
+    """``serve``'s loader (analyzer.service.loop.Loader) of one shard: ``load_shard`` of each window."""
+
+    def load(start: float, end: float) -> ShardFleet:
+        return load_shard(url, start, end, step, shard, matchers=matchers, job_label=job_label, **client_kwargs)
+
+    return load
+
+
+def merge(owned: Fleet, context: Fleet) -> Fleet:
+    """One fleet of two reads of one grid over disjoint hosts: rows in the frame's order (by device,
+    then time), categories the sorted union (as normalize makes them); notes and missing signals are
+    the owned read's (the context read lacks the other families by design)."""
+    if (owned.start, owned.end, owned.step) != (context.start, context.end, context.step) and len(owned.frame):
+        raise ValueError(f"sharding: the owned and context reads have different grids "
+                         f"({owned.start}..{owned.end}/{owned.step} vs {context.start}..{context.end}/{context.step})")
+    frame = _merged_frame(owned.frame, context.frame)
+    topology = pd.concat([owned.topology, context.topology], ignore_index=True)
+    topology = topology.iloc[np.argsort(topology["hostname"].astype(str).to_numpy(), kind="stable")]
+    events = pd.concat([e for e in (owned.events, context.events) if len(e)] or [owned.events], ignore_index=True)
+    present = {c for c in frame.columns if frame[c].notna().any()}
+    return Fleet(frame=frame, step=context.step, start=context.start, end=context.end, events=events,
+                 topology=topology.reset_index(drop=True),
+                 dialect=owned.dialect if owned.dialect == context.dialect or not len(owned.frame) else "mixed",
+                 missing={k: v for k, v in owned.missing.items() if k not in present}, notes=owned.notes)
+
+
+def _merged_frame(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    if not len(a):
+        return b
+    cols = list(dict.fromkeys([*a.columns, *b.columns]))
+    parts = [f.reindex(columns=cols) for f in (a, b)]
+    for c in cols:
+        sources = [f[c] for f in (a, b) if c in f.columns]
+        if any(isinstance(s.dtype, pd.CategoricalDtype) for s in sources):
+            cats = np.unique(np.concatenate([np.asarray(s.astype("category").cat.categories.astype(str), dtype=str)
+                                             for s in sources]))
+            for p, f in zip(parts, (a, b), strict=True):
+                p[c] = pd.Categorical(f[c] if c in f.columns else np.full(len(f), np.nan), categories=cats)
+    frame = pd.concat(parts, ignore_index=True)
+    # rows are device-major: order the devices (each a run of rows) and keep each run's time order
+    dev = [frame[c].astype(str).to_numpy() for c in ("hostname", "gpu", "gpu_instance")]
+    starts = np.flatnonzero(np.r_[True, (dev[0][1:] != dev[0][:-1]) | (dev[1][1:] != dev[1][:-1])
+                                  | (dev[2][1:] != dev[2][:-1])])
+    ends = np.r_[starts[1:], len(frame)]
+    order = device_order(*(d[starts] for d in dev))
+    rows = np.concatenate([np.arange(starts[i], ends[i]) for i in order])
+    return frame.iloc[rows].reset_index(drop=True)
+
+
+# Helpers -----------------------------------------------------------------------------------------
+def _values(frame: pd.DataFrame, col: str) -> list[str]:
+    if col not in frame.columns or not len(frame):
+        return []
+    return sorted(str(v) for v in frame[col].dropna().unique())
+
+
+def _pairs(frame: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
+    """Distinct (a, b) pairs of two columns where both are known, as strings."""
+    if a not in frame.columns or b not in frame.columns or not len(frame):
+        return pd.DataFrame({a: pd.Series(dtype=object), b: pd.Series(dtype=object)})
+    pairs = frame[[a, b]].dropna().drop_duplicates()
+    return pd.DataFrame({c: pairs[c].astype(str).to_numpy(dtype=object) for c in (a, b)})
+
+
+def _about(own: Ownership, frame: pd.DataFrame, context_nodes: int) -> dict[str, Any]:
+    gpus = int(frame.groupby(["hostname", "gpu"], observed=True).ngroups) if len(frame) else 0
+    return {"shard": str(own.shard), "index": own.shard.index, "count": own.shard.count,
+            "nodes": len(own.nodes), "gpus": gpus, "context_nodes": context_nodes}
+
+
+__all__ = ["CONTEXT_SIGNALS", "Discovery", "Ownership", "Shard", "ShardFleet", "context_names", "discover",
+           "load_shard", "merge", "ownership_from_fleet", "shard_fleet", "shard_loader", "shard_of", "units"]

@@ -1,0 +1,115 @@
+"""Benchmark: `analyze --shard i/n` from a REAL Prometheus against the unsharded run. Prints:
+
+    shard_backfill_seconds N        setup, excluded: simulate the history, promtool backfill, start the server
+    shard_gpus N
+    shard_n N                       shards
+    shard_seconds_max N             the slowest shard: discovery + its reads + analysis, wall time
+    shard_peak_rss_mb_max N         the largest shard's peak RSS (each shard in a fresh process)
+    shard_seconds_ratio N           shard_seconds_max / unsharded_seconds (1/n would be perfect scaling)
+    shard_peak_rss_ratio N          shard_peak_rss_mb_max / unsharded_peak_rss_mb
+    shard_union_exact 1|0           the shards' findings are exactly the unsharded ones (every field)
+    unsharded_seconds N             load_prometheus + analysis, wall time
+    unsharded_peak_rss_mb N
+
+    .venv/bin/python bench/bench_shard.py [--gpus 1000] [--shards 4] [--hours 1] [--step 15]
+
+The fleet is fixtures/shard/fleet.yaml (the sharding test's) rescaled to ``--gpus`` (5 racks of
+8-GPU nodes; a multiple of 40) at a 15 s scrape, analyzed at ``--step``. The runs go one after the
+other, each in a child process so its peak is its own; other work on the machine makes the seconds
+noisy. Per-shard numbers go to stderr. A shard reads its hosts whole and every other host's context
+families (analyzer.data.shard): its cost is about context + the rest / n, not 1 / n.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SCENARIO = ROOT / "fixtures" / "shard" / "fleet.yaml"
+GPUS_PER_NODE, RACKS, SCRAPE = 8, 5, 15.0
+
+
+def measure(url: str, start: float, end: float, step: float, shard: str, out: Path) -> None:
+    """The measured part (in the child): read and analyze one shard ("" = unsharded); numbers to ``out``."""
+    from analyzer.data.load import load_prometheus
+    from analyzer.data.shard import Shard, load_shard
+    from analyzer.pipeline import analyze
+    from bench.benchutil import status_mb
+
+    t0 = time.perf_counter()
+    if shard:
+        fleet = load_shard(url, start, end, step, Shard.parse(shard), timeout=600.0)
+    else:
+        fleet = load_prometheus(url, start, end, step, timeout=600.0)
+    result = analyze(fleet)
+    seconds = time.perf_counter() - t0
+    out.write_text(json.dumps({"seconds": seconds, "peak_mb": status_mb("VmHWM"), "gpus": fleet.gpu_count(),
+                               "findings": sorted(json.dumps(f.to_json(), sort_keys=True) for f in result.findings)}))
+
+
+def run(gpus: int, shards: int, hours: float, step: float) -> None:
+    from bench.benchutil import simulated_prometheus
+    from exporter.simulator import Cluster, load_scenario
+
+    nodes = gpus // GPUS_PER_NODE
+    if gpus % (GPUS_PER_NODE * RACKS):
+        raise SystemExit(f"--gpus {gpus}: give a multiple of {GPUS_PER_NODE * RACKS} ({RACKS} racks of 8-GPU nodes)")
+    sim = Cluster(load_scenario(str(SCENARIO), racks=RACKS, nodes_per_rack=nodes // RACKS,
+                                gpus_per_node=GPUS_PER_NODE, duration=f"{hours * 3600 + SCRAPE:g}s"))
+    start, end = sim.start, sim.start + hours * 3600
+    with tempfile.TemporaryDirectory(prefix="bench-shard-") as tmp:
+        t0 = time.perf_counter()
+        with simulated_prometheus(sim, start, end + SCRAPE, SCRAPE, Path(tmp)) as url:
+            print(f"shard_backfill_seconds {time.perf_counter() - t0:.1f}", flush=True)
+
+            def child(shard: str) -> dict:
+                out = Path(tmp) / f"run-{shard.replace('/', '-') or 'all'}.json"
+                subprocess.run([sys.executable, __file__, "--measure", url, repr(start), repr(end), repr(step),
+                                shard, str(out)], check=True)  # fmt: skip
+                return json.loads(out.read_text())
+
+            whole = child("")
+            parts = [child(f"{i}/{shards}") for i in range(shards)]
+    for i, p in enumerate(parts):
+        print(f"# shard {i}/{shards}: {p['gpus']} GPUs, {p['seconds']:.1f} s, peak {p['peak_mb']:.0f} MB, "
+              f"{len(p['findings'])} findings", file=sys.stderr)
+    exact = sorted(f for p in parts for f in p["findings"]) == whole["findings"]
+    worst_s, worst_mb = max(p["seconds"] for p in parts), max(p["peak_mb"] for p in parts)
+    print(f"shard_gpus {whole['gpus']}")
+    print(f"shard_n {shards}")
+    print(f"shard_seconds_max {worst_s:.2f}")
+    print(f"shard_peak_rss_mb_max {worst_mb:.0f}")
+    print(f"shard_seconds_ratio {worst_s / whole['seconds']:.3f}")
+    print(f"shard_peak_rss_ratio {worst_mb / whole['peak_mb']:.3f}")
+    print(f"shard_union_exact {int(exact)}")
+    print(f"unsharded_seconds {whole['seconds']:.2f}")
+    print(f"unsharded_peak_rss_mb {whole['peak_mb']:.0f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=1000, help="fleet size, a multiple of 40 (default 1000)")
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--hours", type=float, default=1.0)
+    ap.add_argument("--step", type=float, default=15.0, help="analysis step in seconds (default 15)")
+    ap.add_argument("--measure", nargs=6, metavar=("URL", "START", "END", "STEP", "SHARD", "OUT"),
+                    help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.measure:
+        url, start, end, step, shard, out = args.measure
+        measure(url, float(start), float(end), float(step), shard, Path(out))
+        return
+    run(args.gpus, args.shards, args.hours, args.step)
+
+
+if __name__ == "__main__":
+    main()
