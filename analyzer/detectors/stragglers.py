@@ -102,18 +102,32 @@ Quiet stragglers (issue 12), found from the peer relation itself at GPU level:
   ``spell_minutes``; the lost GPU-hours count the slow share only. A member slow less than
   half the time is intermittent: that finding replaces overlapping continuous ones.
 
+* **sequential evidence** (CUSUM): the 15-minute average reacts late, so the same clock-normalized lead
+  is also accumulated sample by sample, ``S = min(cap, max(0, S + (lead - 1 - cusum_k) x minutes))``, per
+  member of a job of >= ``silent_min_members`` while the gang is at work (reset to 0 where it is known
+  not to be: an inference service between bursts is no steady gang; held over unknown samples). The
+  busiest member whose ``S`` reaches ``cusum_h`` 0.35 lead-minutes is silent from the change point the
+  CUSUM estimates (where ``S`` last left 0) until ``S`` is back at 0; returns within ``cap / cusum_k``
+  (14 min, the time a full alarm takes to be forgotten; cap 2 ``cusum_h``) are the same problem (an
+  intermittent straggler's next spell: one episode). Why: ``cusum_k`` 0.05 is half the smallest
+  slowdown to find (a 10% gang slowdown leads by >= 11%: it gains >= 0.06 a minute and alarms within ~6
+  minutes, a 20% one within ~2), the classic choice for a shift of 0.1; ``cusum_h`` 0.35 sits above the
+  highest value healthy members reached over 11,400 at-work GPU-hours of 15 scenarios at up to 13 seeds
+  each, healthy, heterogeneous, messy and 24-hour fleets among them, in both dialects (0.30 raised 5
+  alarms there, 0.35 none), where drift (+-4% over 15-40 min) and per-sample noise (+-5%) add up at most
+  to a few minutes of a 10% lead.
+
 Early warning: a problem still open at the end of the data that has lasted
 ``suspect_after_s`` 180 s (3 samples at 60 s, the persistence rule's 3 of 5) but not yet
 ``min_duration_s`` is reported as a *suspected* straggler (confidence "low", evidence
 ``suspected``, severity "warning" when its slowdown >= ``suspect_slowdown`` 0.2, else "info"),
 only on strong evidence: a lower clock explaining the lead, a slowdown >= 0.2 (each minute
 of it costs a fifth of the whole job; the healthy spread is a few percent), or the silent path's
-clock-normalized lead where the episode stands now (its latest sample, not the episode's mean, which
-lags the ramp of a 15-minute average by minutes) >= ``suspect_silent_lead`` 0.1 (above the 7-8% a
-healthy member's drift peak reaches over a half window, below the >= 11% of a 10% straggler). It becomes the
+CUSUM in alarm where the episode stands now (its latest sample). It becomes the
 normal finding once it lasts ``min_duration_s`` and disappears if it ends before (withdrawn).
-Replayed every 5 minutes over the healthy scenarios (30-minute windows, as ``serve`` cuts
-them) none appears; thermal/power stragglers of 10-50% are suspected 2-3 minutes after onset.
+Replayed every minute over the healthy scenarios (30-minute windows, as ``serve`` cuts
+them) none appears; thermal/power stragglers of 10-50% are suspected 2-3 minutes after onset,
+silent ones of 10-12% within 4-10 minutes.
 
 Impact (upper bounds, stated as "~"): the job runs ``lead - 1`` slower (compute) or
 ``peer_util / util - 1`` (input): the member's extra time per step, not diluted by
@@ -182,9 +196,10 @@ class _Cells:
     ref_clk: np.ndarray
     clk: np.ndarray
     silent: np.ndarray
-    silent_lead: np.ndarray
+    settled: np.ndarray
     spell: np.ndarray
     spell_lead: np.ndarray
+    cusum: np.ndarray
 
 
 def _watts(value: float) -> str:
@@ -245,7 +260,8 @@ class Straggler:
     duty_min: float = 0.1
     suspect_after_s: float = 180.0
     suspect_slowdown: float = 0.2
-    suspect_silent_lead: float = 0.1
+    cusum_k: float = 0.05
+    cusum_h: float = 0.35
 
     # Per-cell conditions ---------------------------------------------------------------
     @staticmethod
@@ -262,7 +278,7 @@ class Straggler:
 
     def _cells(self, U: np.ndarray, TEN: np.ndarray, SM: np.ndarray, CLK: np.ndarray, CLKMAX: np.ndarray,
                NVL: np.ndarray, ref: Any, steps: int, top: Blocks | None = None, long_w: int = 1,
-               spell_n: int = 2) -> _Cells:
+               spell_n: int = 2, step_s: float = 60.0) -> _Cells:
         """Straggler conditions of every cell against its peers (``ref`` = PeerGroups.reference or
         the node-level equivalent; ``steps`` = the persistence window in samples; ``top``: the peer
         sets for the quiet paths, GPU level only)."""
@@ -306,40 +322,53 @@ class Straggler:
         # The quiet paths average over many samples: only those with the gang at work count (a start-up or a
         # pause next to the window would otherwise lend the long average a lead the member never had at work).
         at_work = peers_busy & progress
-        silent, silent_lead, spell, spell_lead = self._quiet(TEN, SM, use_t, clk_rel, throttled, gate, at_work, ref,
-                                                             top, long_w, spell_n)
+        # Reset the sequential evidence where the gang is known not to be at work (an inference service
+        # between bursts is no steady gang); hold it where nothing is known (a scrape gap).
+        idle = ~gate & ~np.isnan(U) & ~np.isnan(rU)
+        silent, settled, spell, spell_lead, cusum = self._quiet(TEN, SM, use_t, clk_rel, throttled, gate,
+                                                                    at_work, idle, ref, top, long_w, spell_n,
+                                                                    step_s)
         return _Cells(compute & known, starved & known, nvlink & known, nvl_rel, known, lead, clk_rel, U, rU, rK,
-                      CLK, silent, silent_lead, spell, spell_lead)
+                      CLK, silent, settled, spell, spell_lead, cusum)
 
     def _quiet(self, TEN: np.ndarray, SM: np.ndarray, use_t: np.ndarray, clk_rel: np.ndarray, throttled: np.ndarray,
-               gate: np.ndarray, at_work: np.ndarray, ref: Any, top: Blocks | None, long_w: int,
-               spell_n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(silent, its clock-normalized lead, spell, short lead): the quiet signatures, from the peer relation
-        itself.
+               gate: np.ndarray, at_work: np.ndarray, idle: np.ndarray, ref: Any, top: Blocks | None, long_w: int,
+               spell_n: int, step_s: float) -> tuple[np.ndarray, ...]:
+        """(silent, settled, spell, short lead, CUSUM): the quiet signatures, from the peer relation itself.
 
         silent: over ``silent_window_s`` the member is the busiest of its job by a clock-normalized lead
-        >= ``silent_lead`` (it computes longer at the same clock while its peers wait). spell: over two
-        samples it is the busiest by >= ``spell_lead`` at the same clock (or throttled with the clock
-        path's lead), for at least two samples in a row.
+        >= ``silent_lead`` (it computes longer at the same clock while its peers wait), or its CUSUM of that
+        lead (``_cusum``) passed ``cusum_h`` as the busiest of its job, from the change point it estimates on;
+        settled: the first (long-window) part alone, which a finding needs to be confirmed (the CUSUM suspects).
+        spell: over two samples it is the busiest by >= ``spell_lead`` at the same clock (or throttled with
+        the clock path's lead), for at least ``spell_n`` samples in a row.
         """
+        nan = np.full(gate.shape, np.nan)
         none = np.zeros_like(gate)
         if top is None:
-            return none, np.full(gate.shape, np.nan), none, np.full(gate.shape, np.nan)
+            return none, none, none, nan, nan
         # A lead its lower clock explains is the clock path's, or healthy chip-to-chip spread: divide it out.
         clk = np.where(at_work, np.where(np.isnan(clk_rel), 1.0, clk_rel), np.nan)
         TEN, SM = np.where(at_work, TEN, np.nan), np.where(at_work, SM, np.nan)
         lead_l, spread_l = self._lead(TEN, SM, use_t, ref, long_w, True)
         lead_s, _ = self._lead(TEN, SM, use_t, ref, 2)
+        lead_1, _ = self._lead(TEN, SM, use_t, ref, 1)
+        big = (top.sizes() >= self.silent_min_members)[:, None]
         with np.errstate(invalid="ignore"):
             norm_l = lead_l * rolling_mean(clk, long_w)
             norm_s = lead_s * rolling_mean(clk, 2)
             z = (norm_l - 1.0) / np.fmax(spread_l, self.mad_floor)  # NaN spread (a pair): the relative test decides
-            big = (top.sizes() >= self.silent_min_members)[:, None]
             silent = (gate & big & (norm_l >= 1.0 + self.silent_lead) & (norm_l >= block_max(top, norm_l))
                       & ~(z < self.silent_z))
             spell = gate & (lead_s >= block_max(top, lead_s)) & (
                 (norm_s >= 1.0 + self.spell_lead) | (throttled & (lead_s >= 1.0 + self.clock_lead_min)))
-        return silent, np.where(silent, norm_l, np.nan), _runs_at_least(spell, spell_n), lead_s
+            cusum = _cusum(np.where(gate & big, lead_1 * clk - 1.0 - self.cusum_k, np.nan) * (step_s / 60.0), idle,
+                           cap=2.0 * self.cusum_h)
+            alarm = (cusum >= self.cusum_h) & (cusum >= block_max(top, cusum))
+        # A lead back within the time the CUSUM takes to forget a full alarm (cap / k) is the same problem
+        # recurring (an intermittent straggler's next spell): one episode, not one per spell.
+        sequential = _fill_gaps(_alarm_runs(cusum, alarm), math.ceil(2.0 * self.cusum_h / self.cusum_k * 60.0 / step_s))
+        return silent | sequential, silent, _runs_at_least(spell, spell_n), lead_s, cusum
 
     def _tristate(self, cells: _Cells, steps: int) -> np.ndarray:
         cond = np.where(cells.known, (cells.compute | cells.input | cells.nvlink | cells.silent).astype(np.float64),
@@ -364,7 +393,7 @@ class Straggler:
         steps = max(1, round(self.window_s / fleet.step))
         gpu = self._cells(U, TEN, SM, CLK, CLKMAX, NVL, pg.reference, steps, pg.blocks,
                           max(1, round(self.silent_window_s / fleet.step)),
-                          max(2, round(self.spell_min_s / fleet.step)))
+                          max(2, round(self.spell_min_s / fleet.step)), fleet.step)
         gpu_cond = self._tristate(gpu, steps)
 
         # Node level: host medians of each group against the group's other hosts.
@@ -388,11 +417,11 @@ class Straggler:
     @staticmethod
     def _means(eps: Any, flat: Any, cells: _Cells, signal: Any) -> dict[str, np.ndarray]:
         """Per-episode means of the cells (``flat``: matrix -> the episodes' rows) and of the raw signals."""
-        m = {k: eps.mean(flat(getattr(cells, k))) for k in ("lead", "clk_rel", "clk", "util", "nvl_rel", "silent_lead")}
+        m = {k: eps.mean(flat(getattr(cells, k))) for k in ("lead", "clk_rel", "clk", "util", "nvl_rel")}
         m["ref_clk"], m["ref_util"] = eps.mean(flat(cells.ref_clk)), eps.mean(flat(cells.ref_util))
-        for k in ("input", "compute", "nvlink", "silent"):
+        for k in ("input", "compute", "nvlink", "silent", "settled"):
             m[k] = eps.mean(flat(getattr(cells, k).astype(np.float64)))
-        m["silent_lead_now"] = eps.last(flat(cells.silent_lead))
+        m["cusum_now"] = eps.last(flat(cells.cusum))
         for k in Straggler._SIGNALS:
             m[k] = eps.mean(signal(k))
         return m
@@ -406,7 +435,11 @@ class Straggler:
         """"confirmed" (lasted ``min_duration_s``), "suspected" (still open, shorter) or None (withdrawn:
         it ended short)."""
         evidence = float(getattr(ep, "evidence_s", ep.duration_s))
-        if ep.open and v is not None and v["silent"] >= 0.5 and max(v["compute"], v["input"], v["nvlink"]) < 0.5:
+        if v is not None and max(v["settled"], v["compute"], v["input"], v["nvlink"]) < 0.5:
+            # Only the CUSUM speaks: it suspects early, it never confirms (two strong spells are no pattern;
+            # the long window, or the intermittent path's spells, confirm).
+            evidence = 0.0
+        elif ep.open and v is not None and v["silent"] >= 0.5 and max(v["compute"], v["input"], v["nvlink"]) < 0.5:
             # Only the peer relation speaks, and its long average is cut short at the end of the data (half a
             # window: noisier, a healthy member's drift peak can pass for a lead): that part suggests, never confirms.
             evidence -= self.silent_window_s / 2
@@ -415,9 +448,9 @@ class Straggler:
         if not ep.open or v is None:
             return None
         # Early, only on strong evidence: a lower clock explaining the lead, a large slowdown, or the
-        # busiest member by the silent path's clock-normalized lead (the peer relation itself).
+        # busiest member by the CUSUM of its clock-normalized lead, in alarm now (the peer relation itself).
         clocked = v["compute"] >= 0.5 and v["clk_rel"] <= 1.0 - self.clock_drop
-        silent = v["silent"] >= 0.5 and v["silent_lead_now"] - 1.0 >= self.suspect_silent_lead
+        silent = v["silent"] >= 0.5 and v["cusum_now"] >= self.cusum_h
         return "suspected" if clocked or silent or self._slowdown(v) >= self.suspect_slowdown else None
 
     def _gpu_findings(self, fleet: Fleet, pg: PeerGroups, cells: _Cells, cond: np.ndarray) -> list[Finding]:
@@ -629,6 +662,45 @@ def _runs_at_least(mask: np.ndarray, n: int) -> np.ndarray:
     for k in range(n):  # a cell belongs to a full run starting at most n - 1 samples before it
         out[:, k:] |= full[:, :T - k]
     return out
+
+
+def _cusum(x: np.ndarray, reset: np.ndarray, cap: float) -> np.ndarray:
+    """One-sided CUSUM along time per slot row: ``S_t = min(cap, max(0, S_{t-1} + x_t))``; NaN ``x`` holds
+    ``S`` (nothing known), ``reset`` sets it to 0. The cap bounds how long it takes to fall back once the lead
+    is gone (cap / k minutes at no lead)."""
+    out = np.zeros(x.shape)
+    s = np.zeros(x.shape[0])
+    known = ~np.isnan(x)
+    inc = np.where(known, x, 0.0)
+    for t in range(x.shape[1]):  # a recursion: one vectorized step per sample over every slot
+        s = np.where(reset[:, t], 0.0, np.minimum(cap, np.maximum(0.0, s + inc[:, t])))
+        out[:, t] = s
+    return out
+
+
+def _alarm_runs(cusum: np.ndarray, alarm: np.ndarray) -> np.ndarray:
+    """The cells of every run of a positive CUSUM that holds an alarm: from the change point the CUSUM
+    estimates (where it last left zero) until it is back at zero."""
+    n, T = cusum.shape
+    # Runs numbered across the whole matrix (a new run after every zero and on every row), so they are
+    # contiguous in the flattened order: whether a run holds an alarm is one reduceat.
+    run = (np.cumsum(cusum <= 0.0, axis=1) + np.arange(n)[:, None] * (T + 1)).ravel()
+    first = np.flatnonzero(np.diff(run, prepend=-1))
+    if not run.size:
+        return np.zeros(cusum.shape, bool)
+    hit = np.maximum.reduceat(alarm.ravel(), first)
+    starts = np.zeros(run.size, np.int64)
+    starts[first] = 1
+    return hit[np.cumsum(starts) - 1].reshape(n, T) & (cusum > 0.0)
+
+
+def _fill_gaps(mask: np.ndarray, n: int) -> np.ndarray:
+    """``mask`` (slots x time) with its gaps of at most ``n`` samples between True cells filled."""
+    T = mask.shape[1]
+    t = np.arange(T)
+    before = np.maximum.accumulate(np.where(mask, t, -(n + 1)), axis=1)
+    after = np.minimum.accumulate(np.where(mask, t, T + n + 1)[:, ::-1], axis=1)[:, ::-1]
+    return mask | (after - before - 1 <= n)
 
 
 def _clock_max(fleet: Fleet) -> np.ndarray:
