@@ -55,7 +55,11 @@ warm is that GPU's finding, not a rack's (7 false critical rack findings over 20
 before). Without rack labels (dcgm-exporter data) nodes are compared with the fleet's.
 Several nodes of one rack found hot together become one rack finding. GPU-level findings
 inside a node or rack finding (same host/rack, overlapping in time) are folded into it and
-listed in its evidence: one cooling problem, one finding.
+listed in its evidence: one cooling problem, one finding. A node or rack finding starts where its
+excess left its usual level (within ``onset_c`` 1 C, the sensor's quantization, of the median over the
+half hour before its last trend window), not where it became urgent (``urgent_from`` in the evidence): a
+failing cooler ramps for 10-20 minutes before the ETA is under 30 minutes, and the operator needs to know
+when it began (onset error on rack-cooling 780-1200 s before, 120-180 s since).
 """
 
 from __future__ import annotations
@@ -343,6 +347,7 @@ class Thermal:
     max_gap_steps: int = 2
     max_unknown_steps: int = 2
     max_unknown_s: float = MAX_UNKNOWN_S
+    onset_c: float = 1.0
 
     # -- physics ---------------------------------------------------------------------------
     def _resistance(self, g: _Grid, temp: np.ndarray, power: np.ndarray, usable: np.ndarray) -> dict[str, float]:
@@ -521,7 +526,8 @@ class Thermal:
             out.append({
                 "level": level, "name": str(names[u]),
                 "rack": str(rack_of[u]) if rack_of is not None else str(names[u]),
-                "start": float(ep.start), "end": None if ep.open else float(ep.end),
+                "start": float(g.times[self._rise_start(excess[u], t0, fleet.step)]), "urgent_from": float(ep.start),
+                "end": None if ep.open else float(ep.end),
                 "excess_c": float(np.nanmean(excess[u, sl][on])), "excess_max_c": float(np.nanmax(excess[u, sl])),
                 "slope_onset": float(slope[u, t0]) if np.isfinite(slope[u, t0]) else None,
                 "temp_onset": float(hot[u, t0]) if np.isfinite(hot[u, t0]) else None,
@@ -530,6 +536,22 @@ class Thermal:
                 "members": members_of(u, sl) if members_of is not None else [str(names[u])],
             })
         return out
+
+    def _rise_start(self, excess: np.ndarray, t0: int, step: float) -> int:
+        """Where a group's excess left its usual level before it became urgent at ``t0``: the problem's start
+        (a cooling failure ramps for 10-20 minutes before the ETA to the slowdown point is under
+        ``eta_horizon_s``; the finding says when it began, not when it became urgent). The usual level is the
+        median excess over the two trend windows before the one ending at ``t0``; the start is the sample after
+        the last one (3-sample mean, for the 1 C sensor quantization) within ``onset_c`` of it. Without that
+        history (the data begins inside the ramp) ``t0`` stays the start."""
+        k = max(6, round(self.trend_window_s / step))
+        lo, hi = max(0, t0 - 3 * k), max(0, t0 - k)
+        smooth = pd.Series(excess[: t0 + 1]).rolling(3, center=True, min_periods=1).mean().to_numpy()
+        if hi - lo < k or np.isnan(smooth[lo:hi]).all():
+            return t0
+        usual = float(np.nanmedian(smooth[lo:hi]))
+        at_usual = np.flatnonzero(smooth[:t0] <= usual + self.onset_c)
+        return int(at_usual[-1]) + 1 if len(at_usual) else t0
 
     @staticmethod
     def _merge_nodes_into_racks(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -542,6 +564,7 @@ class Thermal:
                 nodes.append(n)
                 continue
             home["start"] = min(home["start"], n["start"])
+            home["urgent_from"] = min(home["urgent_from"], n["urgent_from"])
             home["end"] = None if home["end"] is None or n["end"] is None else max(home["end"], n["end"])
             home["members"] = sorted({*home["members"], n["name"]})
             home["limit_minutes"] = max(home["limit_minutes"], n["limit_minutes"])
@@ -566,6 +589,7 @@ class Thermal:
                 ends = [x["end"] for x in c]
                 out.append({
                     "level": "rack", "name": rack, "rack": rack, "start": min(x["start"] for x in c),
+                    "urgent_from": min(x["urgent_from"] for x in c),
                     "end": None if any(e is None for e in ends) else max(ends),
                     "excess_c": float(np.mean([x["excess_c"] for x in c])),
                     "excess_max_c": max(x["excess_max_c"] for x in c),
@@ -689,6 +713,7 @@ class Thermal:
             "temp_max_c": gr["temp_max"], "slope_c_per_min": slope,
             "eta_to_slowdown_min": eta if np.isfinite(eta) else None, "slowdown_c": self.slowdown_c,
             "throttled_minutes": gr["limit_minutes"], "nodes": members, "gpus_folded": gpus,
+            "urgent_from": gr["urgent_from"],
         }
         if gr["level"] == "rack":
             who = f"rack {gr['name']}: the GPUs of {len(members)} node{'s' if len(members) != 1 else ''}" if members \

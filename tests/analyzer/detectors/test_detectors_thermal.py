@@ -179,6 +179,9 @@ def test_a_rack_cooling_failure_is_one_rack_finding_with_the_gpus_folded_in() ->
     assert "above the other racks at the same power" in f.summary and "rising" in f.summary
     assert "check the rack's cooling" in f.summary
     assert f.start < T0 + 60 * STEP  # found while ramping, before throttling (minute ~70)
+    # It starts where the ramp left the rack's usual level (minute 30), not where it became urgent.
+    assert f.start == pytest.approx(T0 + 30 * STEP, abs=3 * STEP)
+    assert ev["urgent_from"] > f.start + 5 * STEP
 
 
 def test_two_hot_nodes_of_a_big_rack_are_one_rack_finding() -> None:
@@ -224,6 +227,7 @@ def test_quality_bar_truegpu(truegpu_results: list[dict]) -> None:
     assert found["thermal-straggler"] == 1 and found["rack-cooling"] == 3  # not met vacuously
     rack = next(r for r in truegpu_results if r["scenario"] == "rack-cooling")["kinds"][THERMAL]
     assert rack["findings"] == 1  # one rack finding for the three nodes' truth
+    assert all(abs(r["kinds"][THERMAL]["onset_max_s"] or 0.0) <= 300.0 for r in truegpu_results)  # issue 12
 
 
 def test_quality_bar_dcgm_all_counters() -> None:
