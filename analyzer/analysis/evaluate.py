@@ -306,19 +306,6 @@ def replay_cuts(start: float, end: float, step: float, interval: float) -> list[
     return cuts
 
 
-def fleet_slice(fleet: Fleet, start: float, end: float) -> Fleet:
-    """What the service's loader returns for ``[start, end)``: the rows and events in that range (the
-    frame's sort order kept); ``start`` may lie before the data, like a window over a young cluster."""
-    ts = fleet.frame["timestamp"].to_numpy()
-    frame = fleet.frame[(ts >= start) & (ts < end)].reset_index(drop=True)
-    events = fleet.events
-    if len(events):
-        et = events["timestamp"].to_numpy(dtype=np.float64)
-        events = events[(et >= start) & (et < end)].reset_index(drop=True)
-    return dataclasses.replace(fleet, frame=frame, events=events, start=float(start), end=float(end),
-                               notes=list(fleet.notes), missing=dict(fleet.missing))
-
-
 @dataclasses.dataclass
 class _Seen:
     """A finding id over the replay: its kind, whether it ever matched a truth, its first sighting and
@@ -343,7 +330,7 @@ def replay(
 ) -> dict[str, Any]:
     """Re-run the analysis over ``fleet`` the way ``serve`` would have, and time each detection.
 
-    Every cut (:func:`replay_cuts`) analyzes ``[cut - window, cut)`` (:func:`fleet_slice`), carries the
+    Every cut (:func:`replay_cuts`) analyzes ``[cut - window, cut)`` (``Fleet.between``), carries the
     ids of the last window's findings over like the service (:class:`analyzer.findings.IdMemory`) and
     matches the cut's findings to the truth (:func:`matches`, open ends at the cut). A truth's time to
     detect is the first cut holding a matching finding minus its onset (missed when none does). The
@@ -362,7 +349,7 @@ def replay(
     seen: dict[str, _Seen] = {}
     ids = IdMemory(window)
     for cut in cuts:
-        found = detect(fleet_slice(fleet, cut - window, cut), kinds, site, config)
+        found = detect(fleet.between(cut - window, cut), kinds, site, config)
         ids.carry(found, cut)
         for f in found:
             rec = seen.setdefault(f.id, _Seen(f.kind, cut, f, severity_max=f.severity))
@@ -553,6 +540,6 @@ def pooled(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], dict[s
     return acc
 
 
-__all__ = ["DEFAULT_KINDS", "evaluate", "evaluate_scenarios", "fleet_gpu_hours", "fleet_slice", "format_replay",
+__all__ = ["DEFAULT_KINDS", "evaluate", "evaluate_scenarios", "fleet_gpu_hours", "format_replay",
            "format_table", "matches", "named_scenario_fleet", "pooled", "pooled_replay", "replay", "replay_cuts",
            "replay_scenarios", "scenario_fleet", "scenario_runs", "ttd_quantile", "ttd_summary"]

@@ -143,9 +143,13 @@ def _straggler_share(fleet: Fleet, findings: Sequence[Finding], w: np.ndarray, a
         if f.hostname:
             peers &= ~_device_rows(fr, f)
         hours = float(w[peers].sum())
-        if hours > 0:
-            out[peers] += float(lost) / hours
-            claimed += float(lost)
+        # The share of the finding's span inside this window: a finding that began before a sub-window (a
+        # report over the last hour, a rollup piece) claims only that share of its lost GPU-hours here.
+        span = max(end - float(f.start), 1e-9)
+        inside = max(min(end, fleet.end) - max(float(f.start), fleet.start), 0.0) / span
+        if hours > 0 and inside > 0:
+            out[peers] += float(lost) * inside / hours
+            claimed += float(lost) * inside
     return out, claimed
 
 

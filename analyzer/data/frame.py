@@ -74,6 +74,20 @@ class Fleet:
     def has(self, signal: str) -> bool:
         return signal in self.frame.columns and bool(self.frame[signal].notna().any())
 
+    def between(self, start: float, end: float) -> Fleet:
+        """The rows and events in ``[start, end)`` (the frame's order kept), as a loader returns that window;
+        ``start`` may lie before the data, like a window over a young cluster."""
+        from dataclasses import replace
+
+        ts = self.frame["timestamp"].to_numpy()
+        frame = self.frame[(ts >= start) & (ts < end)].reset_index(drop=True)
+        events = self.events
+        if len(events):
+            et = events["timestamp"].to_numpy(dtype=np.float64)
+            events = events[(et >= start) & (et < end)].reset_index(drop=True)
+        return replace(self, frame=frame, events=events, start=float(start), end=float(end), notes=list(self.notes),
+                       missing=dict(self.missing))
+
     def gpu_count(self) -> int:
         """Physical GPUs: distinct (host, gpu index), not UUIDs (a page may lack or repeat them)."""
         fr = self.frame

@@ -84,8 +84,7 @@ def last(analysis: Analysis, seconds: float) -> Analysis:
     if fleet is None:
         return analysis
     start = max(float(fleet.start), float(fleet.end) - seconds)
-    frame = fleet.frame[fleet.frame["timestamp"] >= start] if "timestamp" in fleet.frame.columns else fleet.frame
-    sliced = replace(fleet, frame=frame.reset_index(drop=True), start=start)
+    sliced = fleet.between(start, fleet.end)
     scores = compute_scores(sliced)
     findings = tuple(f for f in analysis.findings if f.end is None or f.end > start)
     return replace(analysis, start=start, fleet=sliced, scores=scores, findings=findings)

@@ -188,11 +188,9 @@ def test_replay_cuts_follow_the_service_window_alignment() -> None:
     assert replay_cuts(T0, T0 + 300, 60, 90) == [T0 + 60, T0 + 180, T0 + 240]  # 90, 180, 270 aligned down
 
 
-def test_fleet_slice_is_what_the_loader_returns_for_the_window() -> None:
-    from analyzer.analysis.evaluate import fleet_slice
-
+def test_fleet_between_is_what_the_loader_returns_for_the_window() -> None:
     fleet = timeline([{"gpu": 0}], 10, 60.0)
-    cut = fleet_slice(fleet, T0 - 120, T0 + 180)
+    cut = fleet.between(T0 - 120, T0 + 180)
     assert (cut.start, cut.end) == (T0 - 120, T0 + 180)
     assert sorted(cut.frame["timestamp"]) == [T0, T0 + 60, T0 + 120]
 

@@ -107,6 +107,19 @@ def test_demo_waste_sits_where_the_ground_truth_puts_it(demo):
     assert _share(parts, hot, ("power_capped",)) == 0.0  # heat is recoverable, not site policy
 
 
+def test_a_sub_window_claims_only_its_share_of_a_stragglers_lost_hours(demo):
+    """A report over part of a straggler's span (the API's last hour, a rollup piece) gets the part of its lost
+    GPU-hours that falls inside, not all of them: the windows of a day add up to the day."""
+    _, fleet, _, findings, _, _ = demo
+    f = max((f for f in findings if f.kind == "straggler" and f.end is not None), key=lambda f: f.end - f.start)
+    whole = row_parts(fleet, compute_scores(fleet), [f])[2]
+    mid = (f.start + f.end) / 2
+    halves = [fleet.between(fleet.start, mid), fleet.between(mid, fleet.end)]
+    claimed = [row_parts(h, compute_scores(h), [f])[2] for h in halves]
+    assert whole == pytest.approx(f.evidence["lost_gpu_hours"]) and whole > 0
+    assert claimed == pytest.approx([whole / 2, whole / 2], rel=0.02)
+
+
 def test_masked_comes_only_from_what_the_idle_masking_detector_flags(demo):
     _, fleet, scores, findings, parts, _ = demo
     flagged = flagged_rows(fleet, findings, IDLE_MASKING)

@@ -342,10 +342,10 @@ def test_a_small_healthy_gang_drifting_apart_is_no_silent_straggler_in_replay() 
     """noisy-neighbours' 4-GPU train-a at seed +2: a healthy member at its drift peak leads the median of 4 by
     7-8% for over ten minutes (it was a confirmed "unexplained" straggler in 30-minute replay windows): the
     silent path needs >= silent_min_members, and an open episode of it confirms on settled evidence only."""
-    from analyzer.analysis.evaluate import fleet_slice, named_scenario_fleet, replay
+    from analyzer.analysis.evaluate import named_scenario_fleet, replay
 
     cluster, fleet = named_scenario_fleet("noisy-neighbours", "truegpu", 60.0, seed_offset=2)
-    part = fleet_slice(fleet, fleet.start + 8.5 * 3600, fleet.start + 10.5 * 3600)
+    part = fleet.between(fleet.start + 8.5 * 3600, fleet.start + 10.5 * 3600)
     res = replay(part, cluster.ground_truth(), [STRAGGLER], interval=60.0, window=1800.0)
     assert res["kinds"][STRAGGLER]["false_findings"] == []
     loose = replay(part, cluster.ground_truth(), [STRAGGLER], interval=60.0, window=1800.0,
