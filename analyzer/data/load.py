@@ -41,6 +41,11 @@ from exporter import schema as S
 _EDGE = 0.001
 
 
+class NoTelemetry(ValueError):
+    """The source answered but holds no GPU telemetry in the window asked (a window before the fleet existed,
+    an outage): what a caller reading a long range in pieces counts as unknown, unlike a wrong URL or matcher."""
+
+
 def metric_filter() -> MetricFilter:
     """The families normalize reads, in both dialects and both dcgm-exporter spellings, and
     kube_pod_info (it maps dcgm-exporter pod names in the host label to nodes: analyzer.data.hosts)."""
@@ -144,7 +149,7 @@ def load_prometheus(
         found = client.existing_metrics(sorted(wanted), matchers, start, end + step)
         telemetry = [n for n in found if n not in {m.name for m in D.INFO_METRICS}]
         if not telemetry:
-            raise ValueError(
+            raise NoTelemetry(
                 f"no GPU telemetry at {url} between {start:.0f} and {end:.0f}"
                 f"{' matching ' + str(dict(matchers)) if matchers else ''}: expected truegpu exporter metrics "
                 f"(e.g. {S.GPU_UTILIZATION.name}) or dcgm-exporter metrics (e.g. {S.GPU_UTILIZATION.dcgm[0].field})"

@@ -57,7 +57,7 @@ from analyzer.data.frame import Fleet, device_order, empty_frame
 from analyzer.data.hosts import exporter_pods, map_exporter_pods, pod_info, query_pod_info
 from analyzer.data.ingest import PrometheusClient
 from analyzer.data.ingest.prometheus import Matcher, MatcherValue, selector
-from analyzer.data.load import load_prometheus
+from analyzer.data.load import NoTelemetry, load_prometheus
 from analyzer.findings import Finding
 from exporter import schema as S
 from exporter.attribution.jobs import KNOWN_JOB_LABELS, derive_job, sanitized_job_labels
@@ -279,7 +279,7 @@ def discover(client: PrometheusClient, start: float, end: float, step: float, *,
                          "instance into Hostname in Prometheus)")
     raw_hosts = sorted({v for vs in values.values() for v in vs})
     if not raw_hosts:
-        raise ValueError(f"no GPU telemetry at {client.url} between {start:.0f} and {end:.0f}"
+        raise NoTelemetry(f"no GPU telemetry at {client.url} between {start:.0f} and {end:.0f}"
                          f"{' matching ' + str(matchers) if matchers else ''}: nothing to shard")
     node = dict(zip(raw_hosts, _nodes(client, raw_hosts, lo, hi, step), strict=True))
     raw: dict[str, list[str]] = {}
