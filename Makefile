@@ -61,6 +61,7 @@ bench: install
 	$(PY) bench/bench_serve.py
 	$(PY) bench/bench_analyze.py
 	$(PY) bench/bench_report.py
+	$(PY) bench/bench_rollups.py
 	$(PY) bench/healthy_false_rate.py --replay-seeds 2
 
 clean:

@@ -25,10 +25,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from exporter.simulator import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The child measures the analyzer found here (ROOT unless --code gave another tree).
@@ -37,18 +33,7 @@ for path in (ROOT, CODE):  # CODE ends up first
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-GPUS_PER_NODE = 8
 SCRAPE = 15.0
-
-
-def cluster(gpus: int, hours: float) -> Cluster:
-    """healthy-fleet with ``gpus`` GPUs (rounded to whole 8-GPU nodes), racks of at most 25 nodes."""
-    from exporter.simulator import Cluster, load_scenario
-
-    nodes = max(1, round(gpus / GPUS_PER_NODE))
-    racks = next(r for r in range(-(-nodes // 25), nodes + 1) if nodes % r == 0)
-    return Cluster(load_scenario("healthy-fleet", sites=1, racks=racks, nodes_per_rack=nodes // racks,
-                                 gpus_per_node=GPUS_PER_NODE, duration=f"{hours * 3600 + SCRAPE:g}s"))
 
 
 def measure(url: str, start: float, end: float, step: float, gpus: int) -> None:
@@ -71,9 +56,9 @@ def measure(url: str, start: float, end: float, step: float, gpus: int) -> None:
 
 
 def run(gpus: int, hours: float, step: float, codes: list[Path]) -> None:
-    from bench.benchutil import simulated_prometheus
+    from bench.benchutil import healthy_cluster, simulated_prometheus
 
-    sim = cluster(gpus, hours)
+    sim = healthy_cluster(gpus, hours * 3600 + SCRAPE)
     n = len(sim.gpus)
     start, end = sim.start, sim.start + hours * 3600
     with tempfile.TemporaryDirectory(prefix="bench-prometheus-") as tmp:

@@ -40,19 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-GPUS_PER_NODE = 8
 WINDOW = 1800.0
 STEP = 60.0
-
-
-def cluster(gpus: int, seconds: float):
-    """healthy-fleet with ``gpus`` GPUs (whole 8-GPU nodes), racks of at most 25 nodes."""
-    from exporter.simulator import Cluster, load_scenario
-
-    nodes = max(1, round(gpus / GPUS_PER_NODE))
-    racks = next(r for r in range(-(-nodes // 25), nodes + 1) if nodes % r == 0)
-    return Cluster(load_scenario("healthy-fleet", sites=1, racks=racks, nodes_per_rack=nodes // racks,
-                                 gpus_per_node=GPUS_PER_NODE, duration=f"{seconds:g}s"))
 
 
 def measure(url: str, start: float, interval: float, ticks: int, mode: str, gpus: int) -> None:
@@ -88,10 +77,10 @@ def measure(url: str, start: float, interval: float, ticks: int, mode: str, gpus
 
 
 def run(gpus: int, ticks: int, full_ticks: int, interval: float, scrape: float) -> None:
-    from bench.benchutil import simulated_prometheus
+    from bench.benchutil import healthy_cluster, simulated_prometheus
 
     history = WINDOW + max(ticks, full_ticks) * interval + STEP
-    sim = cluster(gpus, history + scrape)
+    sim = healthy_cluster(gpus, history + scrape)
     n = len(sim.gpus)
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         t0 = time.perf_counter()

@@ -9,8 +9,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+GPUS_PER_NODE = 8
 #: History is written and backfilled in pieces this long: a 10,000-GPU hour (~150 M samples) is never on disk at once.
 PIECE_S = 600.0
+
+
+def healthy_cluster(gpus: int, seconds: float) -> Any:
+    """healthy-fleet with ``gpus`` GPUs (whole 8-GPU nodes), racks of at most 25 nodes, lasting ``seconds``."""
+    from exporter.simulator import Cluster, load_scenario
+
+    nodes = max(1, round(gpus / GPUS_PER_NODE))
+    racks = next(r for r in range(-(-nodes // 25), nodes + 1) if nodes % r == 0)
+    return Cluster(load_scenario("healthy-fleet", sites=1, racks=racks, nodes_per_rack=nodes // racks,
+                                 gpus_per_node=GPUS_PER_NODE, duration=f"{seconds:g}s"))
 
 
 def status_mb(field: str) -> float:

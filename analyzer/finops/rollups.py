@@ -214,7 +214,7 @@ class RollupWriter:
         identity = [c for c in own.frame.columns if c in _IDENTITY]
         devices = own.frame.drop_duplicates(_DEVICE_KEY, keep="last")[identity].reset_index(drop=True)
         jobs = frozenset(own.frame["job"].dropna().astype(str)) if "job" in own.frame.columns else frozenset()
-        return _Piece(self._rows(own, findings), devices, jobs, own.frame.iloc[:0], own.step, own.dialect)
+        return _Piece(self._rows(own, findings), devices, jobs, own.frame.iloc[:0].copy(), own.step, own.dialect)
 
     def _rows(self, fleet: Fleet, findings: Sequence[Finding]) -> pd.DataFrame:
         """The rollup rows of ``fleet`` (every group-by), its rows classified with ``findings``."""
