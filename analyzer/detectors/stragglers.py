@@ -115,7 +115,8 @@ Quiet stragglers (issue 12), found from the peer relation itself at GPU level:
   highest value healthy members reached over 11,400 at-work GPU-hours of 15 scenarios at up to 13 seeds
   each, healthy, heterogeneous, messy and 24-hour fleets among them, in both dialects (0.30 raised 5
   alarms there, 0.35 none), where drift (+-4% over 15-40 min) and per-sample noise (+-5%) add up at most
-  to a few minutes of a 10% lead.
+  to a few minutes of a 10% lead; over the 20 never-used seeds (+1000..+1019) of every scenario one healthy
+  member reached 0.39 (an 8-GPU fine-tune of healthy-long: one warning in ~25,000 GPU-hours of it).
 
 Early warning: a problem still open at the end of the data that has lasted
 ``suspect_after_s`` 180 s (3 samples at 60 s, the persistence rule's 3 of 5) but not yet
