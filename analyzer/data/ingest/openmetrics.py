@@ -137,9 +137,12 @@ def _floats(tokens: list[bytes]) -> np.ndarray:
     negative_zero = b"-" in text and _INT_NEGATIVE_ZERO.search(text)  # memchr first: '-' is rare
     if len(text.translate(None, _DECIMAL_BYTES)) == len(tokens) + 1 and not negative_zero:
         try:
-            return np.array(orjson.loads(text), dtype=np.float64)
+            numbers = orjson.loads(text)
         except orjson.JSONDecodeError:
             pass
+        else:
+            if len(numbers) == len(tokens):  # one empty token reads as "[]": the per-token path says it is none
+                return np.array(numbers, dtype=np.float64)
     return np.array(tokens, dtype=np.float64)
 
 

@@ -141,6 +141,15 @@ def test_a_series_seen_with_a_timestamp_then_without_one(tmp_path):
     assert frame["timestamp"].tolist() == [T0, T0 + 60] and frame["value"].tolist() == [1.0, 2.0]
 
 
+def test_an_empty_field_is_a_bad_value_not_a_crash(tmp_path):
+    """Found by the fuzz test: two spaces before the value left one empty token, which the bulk number reader
+    read as the empty JSON list "[]" (no value at all), and the line's arrays no longer lined up (IndexError)."""
+    path = _write(tmp_path, f'm{{a="x"}} 2 {T0}000\n# TYPE m gauge\nm{{a="x"}}  NaN\n')
+    frame, report = read_openmetrics(path)
+    assert frame["value"].tolist() == [2.0]
+    assert [(b.line_number, b.reason) for b in report.bad_lines] == [(3, "bad value ''")]
+
+
 def test_bad_lines_reported_with_line_numbers_and_never_abort(tmp_path):
     good = f'{UTIL}{{gpu="0"}}'
     lines = [
