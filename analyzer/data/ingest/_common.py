@@ -12,7 +12,7 @@ import ctypes
 import ctypes.util
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -158,6 +158,27 @@ def sentinel_mask(values: np.ndarray) -> np.ndarray:
     return mask
 
 
+class _Grow:
+    """A numpy array appended to one value at a time (capacity doubled when full): per-series attributes
+    that vectorized code indexes by series id while new series keep arriving."""
+
+    def __init__(self, dtype: Any, fill: Any) -> None:
+        self._a = np.full(1024, fill, dtype=dtype)
+        self._fill = fill
+        self.n = 0
+
+    def append(self, value: Any) -> None:
+        if self.n == len(self._a):
+            self._a = np.concatenate([self._a, np.full(len(self._a), self._fill, dtype=self._a.dtype)])
+        self._a[self.n] = value
+        self.n += 1
+
+    @property
+    def array(self) -> np.ndarray:
+        """The values so far (a view: writes go to the attribute)."""
+        return self._a[: self.n]
+
+
 class FrameBuilder:
     """Accumulates samples by series id and builds the compact Samples once at the end.
 
@@ -178,22 +199,21 @@ class FrameBuilder:
         self._interned: dict[tuple, tuple] = {}
         self._metric: list[str] = []
         self._labels: list[tuple[tuple[str, str], ...]] = []
-        self._dcgm: list[bool] = []
-        self._dcgm_arr = np.zeros(0, dtype=bool)
-        #: Per series: the valid range of its values (the contract's; any finite value for others).
-        self._lo: list[float] = []
-        self._hi: list[float] = []
-        self._range_arr = np.zeros((2, 0))
-        #: Metric name -> its group (block); per series, its group.
+        #: Per series, indexed by id (arrays that grow with the series, never rebuilt from lists: a 10,000-GPU
+        #: file brings ~600 k series a few at a time): a dcgm-exporter name?, the valid range of its values (the
+        #: contract's; any finite value for others), its group (block), arrival of its first sample (-1: none
+        #: yet, for the canonical order).
+        self._dcgm = _Grow(bool, False)
+        self._lo = _Grow(np.float64, -np.inf)
+        self._hi = _Grow(np.float64, np.inf)
+        self._group = _Grow(np.int32, 0)
+        self._first = _Grow(np.int64, -1)
+        #: Metric name -> its group.
         self._groups: dict[str, int] = {}
-        self._group: list[int] = []
-        self._group_arr = np.zeros(0, dtype=np.int32)
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._pending_n = 0
         #: Per group: its pieces in arrival order.
         self._pieces: dict[int, list[_Piece]] = {}
-        #: Per series: arrival position of its first sample (-1: none yet), for the canonical order.
-        self._first = np.zeros(0, dtype=np.int64)
         self._arrived = 0
 
     def series_id(self, metric: str, labels: Iterable[tuple[str, str]]) -> int:
@@ -217,6 +237,7 @@ class FrameBuilder:
             self._lo.append(lo)
             self._hi.append(hi)
             self._group.append(self._groups.setdefault(metric, len(self._groups)))
+            self._first.append(-1)
         return sid
 
     def _shared(self, value: tuple) -> tuple:
@@ -234,12 +255,8 @@ class FrameBuilder:
             return
         values = np.array(values, dtype=np.float64)  # a copy: masked values are overwritten
         if self.sentinels:
-            if len(self._dcgm_arr) != len(self._dcgm):
-                self._dcgm_arr = np.array(self._dcgm, dtype=bool)
-            self._drop(values, sids, sentinel_mask(values) & self._dcgm_arr[sids], self.report.sentinels)
-            if self._range_arr.shape[1] != len(self._lo):
-                self._range_arr = np.array([self._lo, self._hi], dtype=np.float64)
-            lo, hi = self._range_arr[0][sids], self._range_arr[1][sids]
+            self._drop(values, sids, sentinel_mask(values) & self._dcgm.array[sids], self.report.sentinels)
+            lo, hi = self._lo.array[sids], self._hi.array[sids]
             with np.errstate(invalid="ignore"):
                 bad = (values < lo) | (values > hi) | np.isinf(values)
             self._drop(values, sids, bad, self.report.out_of_range)
@@ -278,9 +295,7 @@ class FrameBuilder:
         sid, ts, val = (np.concatenate(c) for c in zip(*self._pending, strict=True))
         self._pending, self._pending_n = [], 0
         self._note_first(sid)
-        if len(self._group_arr) != len(self._group):
-            self._group_arr = np.array(self._group, dtype=np.int32)
-        g = self._group_arr[sid]
+        g = self._group.array[sid]
         times, at = encode_times(ts, 1 << 16)
         del ts
         if (g == g[0]).all():
@@ -296,21 +311,20 @@ class FrameBuilder:
             self._pieces.setdefault(int(g[a]), []).append(piece)
 
     def _note_first(self, sid: np.ndarray) -> None:
-        if len(self._first) < len(self._metric):
-            self._first = np.concatenate([self._first, np.full(len(self._metric) - len(self._first), -1, np.int64)])
-        new = np.flatnonzero(self._first[sid] < 0)
+        first = self._first.array
+        new = np.flatnonzero(first[sid] < 0)
         if len(new):
             u, i = np.unique(sid[new], return_index=True)
-            self._first[u] = self._arrived + new[i]
+            first[u] = self._arrived + new[i]
         self._arrived += len(sid)
 
     def samples(self) -> Samples:
         """Everything added so far as Samples (and counted in the report); the builder starts empty again."""
         self._flush()
-        self._note_first(np.zeros(0, dtype=np.int32))
-        used = np.flatnonzero(self._first >= 0)
-        by_arrival = used[np.argsort(self._first[used], kind="stable")]
-        group = self._group_arr[by_arrival] if len(used) else np.zeros(0, dtype=np.int32)
+        first = self._first.array
+        used = np.flatnonzero(first >= 0)
+        by_arrival = used[np.argsort(first[used], kind="stable")]
+        group = self._group.array[by_arrival] if len(used) else np.zeros(0, dtype=np.int32)
         _, at = np.unique(group, return_index=True)
         group_order = group[np.sort(at)]
         rank = np.zeros(len(self._groups), dtype=np.int64)
@@ -341,7 +355,7 @@ class FrameBuilder:
             self.report.conflict_example = f"{self._metric[sid]}{{{labels}}} at {t:.3f}: {lo:g} vs {hi:g}"
         self.report.samples += sum(len(b) for b in blocks)
         self.report.series += len(used)
-        self._first[:] = -1
+        self._first.array[:] = -1
         self._arrived = 0
         return Samples(self._series_table(used, canonical), tuple(blocks))
 
