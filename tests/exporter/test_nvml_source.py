@@ -538,6 +538,32 @@ def test_fake_pynvml_matches_the_real_binding() -> None:
         fake.module.nvmlDeviceGetNumFans(fake.module.nvmlDeviceGetHandleByIndex(0))
 
 
+def test_fake_answers_as_a_real_h200_did() -> None:
+    """What nvidia-ml-py answered on a real H200 (SXM in a VM, driver 580.159.04, MIG capable but off, no NVLink
+    peers, no NUMA affinity, no fan) for calls the source makes, and the fake must answer alike."""
+    gpu = h100_sxm(0)
+    gpu.numa_node, gpu.fan_pct = None, None
+    fake = FakeNvml([gpu])
+    nv = fake.module
+    nv.nvmlInit()
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(real.NVMLError_NotFound):  # MIG off: no instance at any index
+        nv.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+    with pytest.raises(real.NVMLError_InvalidArgument):  # a whole GPU's handle has no GPU instance
+        nv.nvmlDeviceGetGpuInstanceId(h)
+    with pytest.raises(real.NVMLError_InvalidArgument):
+        nv.nvmlDeviceGetHandleByIndex(7)
+    with pytest.raises(real.NVMLError_NotSupported):
+        nv.nvmlDeviceGetNumaNodeId(h)
+    with pytest.raises(real.NVMLError_NotSupported):
+        nv.nvmlDeviceGetFanSpeed(h)
+    assert nv.nvmlDeviceGetMigMode(h) == [real.NVML_DEVICE_MIG_DISABLE, real.NVML_DEVICE_MIG_DISABLE]
+    assert nv.nvmlDeviceIsMigDeviceHandle(h) == 0
+    # memory v2: "used" leaves out the driver's reservation that v1 counts as used
+    v1, v2 = nv.nvmlDeviceGetMemoryInfo(h), nv.nvmlDeviceGetMemoryInfo(h, real.nvmlMemory_v2)
+    assert v1.used == v2.used + v2.reserved and v1.total == v2.total
+
+
 def test_nvlink_errors_summed_over_links_from_fields_or_per_link_calls(node) -> None:
     fake, source, _ = node
     for gpu in fake.gpus[:2]:

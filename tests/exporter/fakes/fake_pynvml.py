@@ -585,8 +585,10 @@ class FakeNvml:
     def nvmlDeviceGetMigDeviceHandleByIndex(self, device: object, index: int) -> object:
         index_gpu = self._gpu_index(device)
         gpu = self._dev(device, "nvmlDeviceGetMigDeviceHandleByIndex")
-        if not gpu.mig:
+        if not gpu.mig_capable:
             raise _error(real.NVML_ERROR_INVALID_ARGUMENT)
+        if not gpu.mig:  # MIG-capable, MIG off: NotFound, as a real H200 (driver 580.159.04) answers
+            raise _error(real.NVML_ERROR_NOT_FOUND)
         if not 0 <= index < 7:
             raise _error(real.NVML_ERROR_INVALID_ARGUMENT)
         if index >= len(gpu.mig):
