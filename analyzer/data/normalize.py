@@ -53,6 +53,12 @@ from exporter import schema as S
 from exporter.attribution.jobs import KNOWN_JOB_LABELS, derive_job, sanitized_job_labels
 
 _EPS = 1e-9
+#: A counter that goes down by less than this share of its value was rounded, not reset. VictoriaMetrics
+#: stores values as decimals of ~15 significant digits with a scale chosen per block, so a flat counter
+#: (a killed GPU's NVLink bytes, ~5e14) can read back a last digit lower across two blocks: once, in the
+#: VictoriaMetrics test under the full suite's load, that read as a restart from 0 (a 7.7 TB/s spike the
+#: Prometheus copy of the same history did not have). A real restart starts again from 0: a drop of ~100%.
+COUNTER_ROUNDING = 1e-9
 _NEEDED = D.needed_names()
 #: Step used when the input has one sample time only (a scraped snapshot).
 SNAPSHOT_STEP = 60.0
@@ -552,9 +558,11 @@ class _State:
             dt = p.ts[1:] - p.ts[:-1]
             inc = values[1:] - values[:-1]
             same = tl[1:] == tl[:-1]
-            reset = same & (inc < 0)
+            down = same & (inc < 0)
+            rounded = down & (-inc <= COUNTER_ROUNDING * np.abs(values[:-1]))
+            reset = down & ~rounded
             self.resets += int(reset.sum())
-            inc = np.where(reset, values[1:], inc)
+            inc = np.where(reset, values[1:], np.where(rounded, 0.0, inc))
             ok = same & (dt > 0) & (dt <= max_gap)
             b = p.bf[:-1][ok]
             inside = (b >= 0) & (b < T)

@@ -272,6 +272,19 @@ def test_counter_reset_is_a_restart_not_a_negative_rate():
     assert dcgm.frame["pcie_replay_rate"].tolist()[:4] == pytest.approx([1.0, 0.5, 1.0, 0.0])
 
 
+def test_a_counter_rounded_down_in_its_last_digit_is_flat_not_restarted():
+    """A flat NVLink byte counter near 4.6e14 that reads back a last digit lower (VictoriaMetrics keeps ~15
+    significant digits per block; seen once as a 7.7 TB/s spike in its test) is flat, not a restart from 0."""
+    nvl = S.NVLINK_BYTES.name
+    big = 4.6e14
+    fleet = normalize(long_frame((nvl, {**GPU0, "direction": "tx"}, times(4), [big, big, big - 0.5, big - 0.5])))
+    assert fleet.frame["nvlink_bps"].tolist()[:3] == pytest.approx([0.0, 0.0, 0.0])
+    assert not any("counter resets" in n for n in fleet.notes)
+    restarted = normalize(long_frame((nvl, {**GPU0, "direction": "tx"}, times(3), [big, big, 6e9])))
+    assert restarted.frame["nvlink_bps"].tolist()[1] == pytest.approx(6e9 / STEP)  # a real restart, from 0
+    assert any("1 counter resets" in n for n in restarted.notes)
+
+
 def test_resampling_means_gauges_and_rates_counters_over_the_step():
     ts = times(8, 15.0)  # 15 s samples, 60 s step
     fleet = normalize(long_frame(
