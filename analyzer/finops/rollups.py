@@ -107,8 +107,8 @@ class RollupWriter:
         self.pending: list[float] = []
         self.failures: dict[float, int] = {}
         self.writes = 0
-        #: Rollup rows of final pieces (their context after them complete), by piece start.
-        self.final: dict[float, pd.DataFrame] = {}
+        #: Final pieces (their context after them complete), by piece start.
+        self.final: dict[float, _Piece] = {}
 
     def __call__(self, analysis: Analysis) -> None:
         end = float(analysis.end)
@@ -157,7 +157,7 @@ class RollupWriter:
         pieces: list[tuple[float, float, _Piece | None]] = []
         for a in np.arange(start, end, PIECE_S):
             a, b = float(a), min(float(a) + PIECE_S, end)
-            piece = self.final.get(a) or self._piece(a, b, end)
+            piece = self.final[a] if a in self.final else self._piece(a, b, end)
             if piece is not None and b - a >= PIECE_S and b + CONTEXT_S <= end:
                 self.final[a] = piece
             pieces.append((a, b, piece))
