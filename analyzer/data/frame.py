@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -77,8 +77,6 @@ class Fleet:
     def between(self, start: float, end: float) -> Fleet:
         """The rows and events in ``[start, end)`` (the frame's order kept), as a loader returns that window;
         ``start`` may lie before the data, like a window over a young cluster."""
-        from dataclasses import replace
-
         ts = self.frame["timestamp"].to_numpy()
         frame = self.frame[(ts >= start) & (ts < end)].reset_index(drop=True)
         events = self.events
