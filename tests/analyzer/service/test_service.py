@@ -318,9 +318,9 @@ def test_serve_cli_unreachable_prometheus_stays_up_and_stops_on_sigterm(tmp_path
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(errors) < 2:
             assert proc.poll() is None, log.read_text()
-            try:
-                health = requests.get(f"{url}/healthz", timeout=2)
+            try:  # /metrics first: /healthz read after it has seen at least the runs it counts (one snapshot)
                 text = requests.get(f"{url}/metrics", timeout=2).text
+                health = requests.get(f"{url}/healthz", timeout=2)
             except requests.RequestException:
                 time.sleep(0.2)
                 continue
