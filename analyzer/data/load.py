@@ -27,6 +27,7 @@ from analyzer.data.frame import Fleet
 from analyzer.data.hosts import exporter_pods, host_values, query_pod_info
 from analyzer.data.ingest import (
     IngestReport,
+    LabelSets,
     MetricFilter,
     PrometheusClient,
     Samples,
@@ -128,6 +129,7 @@ def load_prometheus(
     matchers: Mapping[str, MatcherValue] | None = None,
     job_label: str | None = None,
     names: Iterable[str] | None = None,
+    labelsets: LabelSets | None = None,
     **client_kwargs: Any,
 ) -> Fleet:
     """Query a Prometheus-compatible API for ``[start, end)`` every ``step`` s and normalize.
@@ -136,7 +138,8 @@ def load_prometheus(
     aggregation pushed down. Where the host label holds dcgm-exporter pod names, their
     kube_pod_info is fetched too (without ``matchers``: they name GPU series' labels) so
     normalize can map them to nodes. ``matchers`` narrow every selector (e.g. ``{"Hostname": [...]}``),
-    ``names`` the input names read (default: every one normalize reads);
+    ``names`` the input names read (default: every one normalize reads); ``labelsets`` kept by a caller that
+    reads the same series again and again (serve's ticks);
     ``client_kwargs`` go to PrometheusClient (timeout, bearer_token, basic_auth, and max_samples /
     concurrency: each metric's query is split by host and time under the server's limit, see
     ``query_prometheus``).
@@ -144,6 +147,8 @@ def load_prometheus(
     """
     start, end, step = float(start), float(end), float(step)
     check_window(start, end, step)  # before any query
+    if labelsets is not None:
+        labelsets.turn()
     with PrometheusClient(url, **client_kwargs) as client:
         wanted = D.needed_names() if names is None else D.needed_names() & set(names)
         found = client.existing_metrics(sorted(wanted), matchers, start, end + step)
@@ -160,14 +165,14 @@ def load_prometheus(
         if rest:
             samples, report = query_prometheus(
                 client, rest, start + step - _EDGE, end + step - _EDGE, step, matchers,
-                functions={n: _function(n) for n in rest}, window=step, compact=True,
+                functions={n: _function(n) for n in rest}, window=step, compact=True, labelsets=labelsets,
             )  # fmt: skip
             parts.append(samples)
             reports.append(report)
         if rates:
             samples, report = query_prometheus(
                 client, rates, start + step, end, step, matchers, functions={n: "avg_over_time" for n in rates},
-                compact=True,
+                compact=True, labelsets=labelsets,
             )  # fmt: skip
             parts.append(samples)
             reports.append(report)

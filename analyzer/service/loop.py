@@ -376,12 +376,17 @@ def prometheus_loader(
     job_label: str | None = None,
     **client_kwargs: Any,
 ) -> Loader:
-    """A Loader over ``load_prometheus`` with fixed step, matchers and client settings."""
+    """A Loader over ``load_prometheus`` with fixed step, matchers and client settings; the series' label sets
+    are kept from one load to the next (a tick reads the series the last one did)."""
+    kept: dict[str, Any] = {}
 
     def load(start: float, end: float) -> Fleet:
+        from analyzer.data.ingest import LabelSets
         from analyzer.data.load import load_prometheus
 
-        return load_prometheus(url, start, end, step, matchers=matchers, job_label=job_label, **client_kwargs)
+        labelsets = kept.setdefault("labelsets", LabelSets())
+        return load_prometheus(url, start, end, step, matchers=matchers, job_label=job_label, labelsets=labelsets,
+                               **client_kwargs)  # fmt: skip
 
     return load
 

@@ -13,6 +13,7 @@ from analyzer.data.ingest._common import (
     FRAME_COLUMNS,
     BadLine,
     IngestReport,
+    LabelSets,
     MetricFilter,
     metric_filter,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "FRAME_COLUMNS",
     "BadLine",
     "IngestReport",
+    "LabelSets",
     "MetricFilter",
     "PrometheusClient",
     "PrometheusError",

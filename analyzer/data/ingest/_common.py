@@ -173,10 +173,80 @@ class _Grow:
         self._a[self.n] = value
         self.n += 1
 
+    def extend(self, values: np.ndarray) -> None:
+        need = self.n + len(values)
+        if need > len(self._a):
+            grown = np.full(max(need, 2 * len(self._a)), self._fill, dtype=self._a.dtype)
+            grown[: self.n] = self._a[: self.n]
+            self._a = grown
+        self._a[self.n:need] = values
+        self.n = need
+
     @property
     def array(self) -> np.ndarray:
         """The values so far (a view: writes go to the attribute)."""
         return self._a[: self.n]
+
+
+class _Canon(NamedTuple):
+    """A raw label set as a series knows it: ``name`` from ``__name__`` (None: the metric asked for), its pairs
+    (given order, no empty value, no replica label), the same sorted (its identity), the replica pairs dropped;
+    ``raw`` the label set itself, as LabelSets keeps it."""
+
+    raw: tuple[tuple[str, str], ...]
+    name: str | None
+    pairs: tuple[tuple[str, str], ...]
+    key: tuple[tuple[str, str], ...]
+    replicas: tuple[tuple[str, str], ...]
+
+
+class LabelSets:
+    """Raw label sets (tuples of pairs) to their canonical form, and each metric's series, kept from one read to
+    the next: `serve` reads the same series every tick, and working each out again was most of a tick. Two
+    generations: a label set that neither the current nor the previous read (``turn``) named is forgotten, so
+    churned pods don't pile up. Equal pairs and label sets are one object, so a fleet's series cost a few
+    hundred bytes each, not a copy of every string and tuple (a GPU's labels repeat in every metric's series).
+    ``remember=False`` (one read, whose reader already knows its series: a file): nothing is kept but that."""
+
+    def __init__(self, remember: bool = True) -> None:
+        self.remember = remember
+        self._now: dict[tuple, _Canon] = {}
+        self._before: dict[tuple, _Canon] = {}
+        self._interned: dict[tuple, tuple] = {}
+        #: Metric name -> its series in the current read, and in the one before it.
+        self.series: dict[str, int] = {}
+        self.series_before: dict[str, int] = {}
+
+    def turn(self) -> None:
+        """A new read begins: what the one before last named and the last did not is forgotten."""
+        self._before, self._now = self._now, {}
+        self._interned = {}
+        self.series_before, self.series = self.series, {}
+
+    def get(self, raw: tuple[tuple[str, str], ...]) -> _Canon:
+        c = self._now.get(raw)
+        if c is None:
+            c = self._before.get(raw) or self._canonical(raw)
+            if self.remember:
+                self._now[c.raw] = c
+        return c
+
+    def _canonical(self, raw: tuple[tuple[str, str], ...]) -> _Canon:
+        name, replicas, pairs = None, [], []
+        shared = self._interned.setdefault
+        for k, v in raw:
+            if k == "__name__":
+                name = v
+            elif k in REPLICA_LABELS:
+                if v != "":
+                    replicas.append((k, v))
+            elif v != "":
+                pairs.append(shared((k, v), (k, v)))
+        kept = tuple(pairs)
+        key = tuple(sorted(kept))
+        if self.remember:  # the label set is kept as the key that finds it: its pairs shared
+            raw = tuple(shared(p, p) for p in raw)
+        return _Canon(raw, name, shared(kept, kept), shared(key, key), tuple(sorted(replicas)))
 
 
 class FrameBuilder:
@@ -191,14 +261,19 @@ class FrameBuilder:
     #: Samples buffered before they are split by metric.
     FLUSH = 1 << 18
 
-    def __init__(self, report: IngestReport, sentinels: bool = True) -> None:
-        """``sentinels=False`` reads raw: no DCGM sentinel and no valid-range check."""
+    def __init__(self, report: IngestReport, sentinels: bool = True, labelsets: LabelSets | None = None) -> None:
+        """``sentinels=False`` reads raw: no DCGM sentinel and no valid-range check; ``labelsets`` kept from
+        earlier reads of the same series (by default, one for this read that keeps nothing)."""
         self.report = report
         self.sentinels = sentinels
+        self.labelsets = labelsets if labelsets is not None else LabelSets(remember=False)
         self._ids: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
-        self._interned: dict[tuple, tuple] = {}
+        #: Metric name -> (dcgm-exporter name?, valid low, valid high, group).
+        self._attrs: dict[str, tuple[float, float, float, int]] = {}
         self._metric: list[str] = []
-        self._labels: list[tuple[tuple[str, str], ...]] = []
+        #: The distinct label sets (pairs in given order), and per series the index of its own.
+        self._labelsets: dict[tuple[tuple[str, str], ...], int] = {}
+        self._lsid = _Grow(np.int32, -1)
         #: Per series, indexed by id (arrays that grow with the series, never rebuilt from lists: a 10,000-GPU
         #: file brings ~600 k series a few at a time): a dcgm-exporter name?, the valid range of its values (the
         #: contract's; any finite value for others), its group (block), arrival of its first sample (-1: none
@@ -218,32 +293,48 @@ class FrameBuilder:
 
     def series_id(self, metric: str, labels: Iterable[tuple[str, str]]) -> int:
         """Id of the series ``metric{labels}`` (label order and empty values don't matter; the HA
-        replica labels of REPLICA_LABELS are dropped, so the replicas' copies are one series)."""
-        labels = tuple(labels)
-        if any(k in REPLICA_LABELS for k, _ in labels):
-            for k, v in labels:
-                if k in REPLICA_LABELS and v != "":
-                    self.report.replicas.setdefault(k, set()).add(v)
-            labels = tuple((k, v) for k, v in labels if k not in REPLICA_LABELS)
-        pairs = tuple(self._shared((k, v)) for k, v in labels if v != "")
-        key = (metric, self._shared(tuple(sorted(pairs))))
-        sid = self._ids.get(key)
-        if sid is None:
-            sid = self._ids[key] = len(self._metric)
-            self._metric.append(metric)
-            self._labels.append(self._shared(pairs))
-            self._dcgm.append(is_dcgm_name(metric))
-            lo, hi = schema.valid_range_of(metric) or (-np.inf, np.inf)
-            self._lo.append(lo)
-            self._hi.append(hi)
-            self._group.append(self._groups.setdefault(metric, len(self._groups)))
-            self._first.append(-1)
-        return sid
+        replica labels of REPLICA_LABELS are dropped, so the replicas' copies are one series; a label
+        ``__name__`` names the metric instead)."""
+        return self.series_ids(metric, [self.labelsets.get(tuple(labels))])[0]
 
-    def _shared(self, value: tuple) -> tuple:
-        """One object per distinct label pair or label set: a GPU's labels repeat in every metric's series,
-        so a fleet's series cost a few hundred bytes each, not a copy of every string and tuple."""
-        return self._interned.setdefault(value, value)
+    def series_ids(self, metric: str, canons: Iterable[_Canon]) -> list[int]:
+        """``series_id`` of each label set (as ``labelsets.get`` gives it), in bulk: a read of Prometheus names
+        ~60 series a GPU, and their per-series attributes are set once per metric, not once per series."""
+        out: list[int] = []
+        ids, sets, names, new, lsid = self._ids, self._labelsets, self._metric, [], []
+        for c in canons:
+            name = c.name or metric
+            key = (name, c.key)
+            sid = ids.get(key)
+            if sid is None:
+                sid = ids[key] = len(names)
+                names.append(name)
+                new.append(name)
+                lsid.append(sets.setdefault(c.pairs, len(sets)))
+            if c.replicas:
+                for k, v in c.replicas:
+                    self.report.replicas.setdefault(k, set()).add(v)
+            out.append(sid)
+        if new:
+            one = set(new)
+            attrs = np.array([self._attributes(n) for n in (one if len(one) == 1 else new)], dtype=np.float64)
+            attrs = np.broadcast_to(attrs, (len(new), 4))
+            self._dcgm.extend(attrs[:, 0].astype(bool))
+            self._lo.extend(attrs[:, 1])
+            self._hi.extend(attrs[:, 2])
+            self._group.extend(attrs[:, 3].astype(np.int32))
+            self._first.extend(np.full(len(new), -1))
+            self._lsid.extend(np.asarray(lsid, dtype=np.int32))
+        return out
+
+    def _attributes(self, metric: str) -> tuple[float, float, float, int]:
+        """A metric's per-series attributes: dcgm-exporter name?, valid range, group."""
+        found = self._attrs.get(metric)
+        if found is None:
+            lo, hi = schema.valid_range_of(metric) or (-np.inf, np.inf)
+            group = self._groups.setdefault(metric, len(self._groups))
+            found = self._attrs[metric] = (float(is_dcgm_name(metric)), lo, hi, group)
+        return found
 
     def metric_of(self, sid: int) -> str:
         return self._metric[sid]
@@ -351,7 +442,7 @@ class FrameBuilder:
             start += size
         if example is not None and not self.report.conflict_example:
             _key, sid, t, lo, hi = example
-            labels = ",".join(f'{k}="{v}"' for k, v in self._labels[sid])
+            labels = ",".join(f'{k}="{v}"' for k, v in list(self._labelsets)[self._lsid.array[sid]])
             self.report.conflict_example = f"{self._metric[sid]}{{{labels}}} at {t:.3f}: {lo:g} vs {hi:g}"
         self.report.samples += sum(len(b) for b in blocks)
         self.report.series += len(used)
@@ -366,18 +457,28 @@ class FrameBuilder:
     def _series_table(self, used: np.ndarray, canonical: np.ndarray) -> pd.DataFrame:
         """One row per series in canonical order: metric, then the labels in the order the series
         (by id) first name them; a label called like a frame column is renamed ``exported_<name>``."""
+        sets = list(self._labelsets)
+        lsid = self._lsid.array
+        named, first = np.unique(lsid[used], return_index=True)
         label_names: dict[str, None] = {}
-        for sid in used.tolist():
-            for k, _v in self._labels[sid]:
+        for i in lsid[used[np.sort(first)]].tolist():  # label sets in the order the series (by id) first name them
+            for k, _v in sets[i]:
                 label_names.setdefault(k, None)
-        per = [dict(self._labels[sid]) for sid in canonical.tolist()]
-        columns: dict[str, list] = {"metric": [self._metric[sid] for sid in canonical.tolist()]}
+        values = {name: np.full(len(sets), None, dtype=object) for name in label_names}
+        for i in named.tolist():
+            for k, v in sets[i]:
+                values[k][i] = v
+        metric_of_group = np.empty(len(self._groups), dtype=object)
+        for metric, g in self._groups.items():
+            metric_of_group[g] = metric
+        columns: dict[str, np.ndarray] = {"metric": metric_of_group[self._group.array[canonical]]}
+        of_series = lsid[canonical]
         for name in label_names:
             column = name
             if column in FRAME_COLUMNS:
                 column = "exported_" + name
                 self.report.warnings.append(f"label {name!r} collides with a frame column; renamed to {column!r}")
-            columns[column] = [lab.get(name) for lab in per]
+            columns[column] = values[name][of_series]
         return pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in columns.items()})
 
     def _dedupe(self, metric: str, ids: np.ndarray, local: np.ndarray, ts: np.ndarray,

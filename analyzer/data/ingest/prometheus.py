@@ -41,7 +41,7 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from analyzer.data.ingest import matrix as mx
-from analyzer.data.ingest._common import FrameBuilder, IngestReport, MetricFilter
+from analyzer.data.ingest._common import FrameBuilder, IngestReport, LabelSets, MetricFilter
 from analyzer.data.ingest.plan import (
     MAX_POINTS,
     MAX_SAMPLES,
@@ -618,18 +618,19 @@ def _add(builder: FrameBuilder, name: str, answers: list[Answer]) -> int:
     values = _cat([m.values for m in matrices], np.float64)
     firsts = np.cumsum(counts) - counts
     keep = np.flatnonzero(counts).tolist()
-    keys = {i: tuple(sorted(labels[i].items())) for i in keep}
-    keep.sort(key=lambda i: (keys[i], ts[firsts[i]]))
-    sids = []
-    for i in keep:
-        lab = dict(labels[i])
-        sids.append(builder.series_id(lab.pop("__name__", name), lab.items()))
+    first_ts = ts[firsts[keep]].tolist()
+    get = builder.labelsets.get
+    canons = [get(tuple(labels[i].items())) for i in keep]
+    order = sorted(zip([(c.name or name, c.key, c.replicas) for c in canons], first_ts, range(len(keep)), strict=True))
+    sids = builder.series_ids(name, [canons[j] for _, _, j in order])
+    keep = [keep[j] for _, _, j in order]
     n = counts[keep]
     idx = np.arange(int(n.sum())) + np.repeat(firsts[keep] - (np.cumsum(n) - n), n)
     if len(idx) != len(ts) or (np.diff(idx) != 1).any():  # Prometheus sorts one answer's series alike
         ts, values = ts[idx], values[idx]
     builder.add(np.repeat(np.asarray(sids, dtype=np.int64), n), ts, values)
-    return len({keys[i] for i in keep})
+    found = builder.labelsets.series[name] = len(set(sids))
+    return found
 
 
 def query_prometheus(
@@ -647,6 +648,7 @@ def query_prometheus(
     sentinels: bool = True,
     plan: bool = True,
     compact: bool = False,
+    labelsets: LabelSets | None = None,
 ) -> tuple[pd.DataFrame | Samples, IngestReport]:
     """Fetch ``metrics`` over [start, end] every ``step`` seconds into the long frame (``compact``: Samples).
 
@@ -657,18 +659,19 @@ def query_prometheus(
     comes from ``__name__``. A MetricFilter's prefixes are resolved to names with
     ``metric_names`` first (its exact names are queried as given). Metrics that return
     nothing are listed in ``report.missing``; server warnings land in ``report.warnings``.
-    With ``plan`` (default) one instant ``count`` gives each metric's series; a metric that may
-    come near the client's budget (``max_samples``) has its series looked up and its query cut by
-    host and time under it (``analyzer.data.ingest.plan``); the others, and all without ``plan``,
-    are cut by time only (``max_points``). Either way a request refused for its size is halved and
-    retried. Requests run ``client.concurrency`` at a time; the frame does not depend on how they
-    were cut or in what order they came back.
+    With ``plan`` (default) one instant ``count`` (or the last read of ``labelsets``) gives each
+    metric's series; a metric that may come near the client's budget (``max_samples``) has its
+    series looked up and its query cut by host and time under it (``analyzer.data.ingest.plan``);
+    the others, and all without ``plan``, are cut by time only (``max_points``). Either way a
+    request refused for its size is halved and retried. Requests run ``client.concurrency`` at a
+    time; the frame does not depend on how they were cut or in what order they came back.
+    ``labelsets``: the series as earlier reads knew them (serve's ticks read the same ones).
     Note: DCGM sentinels are turned into NaN after the server aggregated, so an average
     that mixed a sentinel with real values is not caught; use ``aggregate=False`` or a
     ``last_over_time``/``max_over_time`` function for such fields.
     """
     report = IngestReport(max_examples=max_bad_examples)
-    builder = FrameBuilder(report, sentinels=sentinels)
+    builder = FrameBuilder(report, sentinels=sentinels, labelsets=labelsets)
     names = _metric_names(client, metrics, start, end)
     functions = dict(functions or {})
 
@@ -686,7 +689,13 @@ def query_prometheus(
     candidates = [label for label in SHARD_LABELS if label not in (matchers or {})]
 
     whole = Plan((Shard(),), tuple(chunk_windows(start, end, step, client.max_points)))
-    counts = client.series_counts(names, matchers, end) if plan and names else None
+    counts = None
+    if plan and names:  # each metric's series as the last read of them found them, else asked for (a metric that
+        # had no points may still have series that cost the server samples)
+        known = labelsets.series_before if labelsets is not None else {}
+        counts = {n: known[n] for n in names if known.get(n)}
+        if len(counts) < len(names):
+            counts = client.series_counts(names, matchers, end)
     steps = min(steps_in(start, end, step), client.max_points)
 
     def planned(name: str) -> Plan:
