@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
+from analyzer.data.ingest.matrix import labels_of
 from analyzer.data.ingest.samples import FRAME_COLUMNS, Block, Samples, encode_times, narrow, sort_by_series
 from exporter import schema
 
@@ -223,12 +224,15 @@ class LabelSets:
         self._interned = {}
         self.series_before, self.series = self.series, {}
 
-    def get(self, raw: tuple[tuple[str, str], ...]) -> _Canon:
+    def get(self, raw: tuple[tuple[str, str], ...] | bytes) -> _Canon:
+        """The canonical form of a label set: pairs, or an answer's JSON object of them (kept as it is)."""
         c = self._now.get(raw)
         if c is None:
-            c = self._before.get(raw) or self._canonical(raw)
+            c = self._before.get(raw)
+            if c is None:
+                c = self._canonical(tuple(labels_of(raw, "a series").items()) if isinstance(raw, bytes) else raw)
             if self.remember:
-                self._now[c.raw] = c
+                self._now[raw if isinstance(raw, bytes) else c.raw] = c
         return c
 
     def _canonical(self, raw: tuple[tuple[str, str], ...]) -> _Canon:

@@ -16,6 +16,7 @@ import io
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -25,19 +26,28 @@ import pandas as pd
 #: The key that opens a series' points in a compact answer. It cannot occur inside a JSON
 #: string (a quote there is escaped), so every match opens one series' points.
 _VALUES = re.compile(rb'"values":\[')
+_METRIC = b'{"metric":'
 
 
 @dataclass
 class Matrix:
     """The series of one answer: labels per series, their points back to back."""
 
-    labels: list[dict[str, str]]
+    #: Per series, its labels: decoded, or (the fast way) the answer's JSON object of them, decoded when
+    #: asked (``labels``) or looked up as it is (analyzer.data.ingest._common.LabelSets: a series read again
+    #: has the same bytes, and decoding ~600 k label objects was most of the decoding).
+    raw_labels: list[dict[str, str]] | list[bytes]
     #: Points per series (series i owns the slice after the sum of counts[:i]).
     counts: np.ndarray
     timestamps: np.ndarray
     values: np.ndarray
     #: Series holding native histograms (not read).
     histograms: int = 0
+
+    @cached_property
+    def labels(self) -> list[dict[str, str]]:
+        return [labels_of(k, f"data.result[{i}]") if isinstance(k, bytes) else k
+                for i, k in enumerate(self.raw_labels)]  # fmt: skip
 
     def series(self) -> Iterator[tuple[dict[str, str], np.ndarray, np.ndarray]]:
         """(labels, timestamps, values) of each series, in order (views, not copies)."""
@@ -48,10 +58,23 @@ class Matrix:
 
 @dataclass(frozen=True)
 class Cut:
-    """A compact answer split in two: the JSON with every ``values`` emptied, and the points' spans."""
+    """A compact answer split: the JSON with every series replaced by 0, the points' spans and the series'
+    label objects (JSON bytes)."""
 
     skeleton: bytes
     spans: list[tuple[int, int]]
+    metrics: list[bytes]
+
+
+def labels_of(raw: bytes, where: str) -> dict[str, str]:
+    """The labels in one series' JSON object; ValueError naming ``where`` when it is not names to strings."""
+    try:
+        labels = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        labels = None
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise ValueError(f"malformed answer: {where}: 'metric' must map label names to strings ({raw[:200]!r})")
+    return labels
 
 
 def as_list(value: Any, what: str) -> list:
@@ -64,23 +87,35 @@ def as_list(value: Any, what: str) -> list:
 
 
 def cut(content: bytes) -> Cut | None:
-    """Split a compact answer into skeleton and point spans; None when it has no points to cut."""
-    spans, parts, pos = [], [], 0
+    """Split a compact answer (every series exactly ``{"metric":{...},"values":[...]}``) into skeleton, point
+    spans and label objects; None when it is not one (the general way then reads it)."""
+    spans, metrics, parts, pos = [], [], [], 0
     for match in _VALUES.finditer(content):
-        start = match.end()
-        if content[start:start + 1] == b"]":
-            spans.append((start, start))
-            continue
-        end = content.find(b"]]", start)
-        if end < 0:
+        at, start = match.start(), match.end()
+        # a quote inside a JSON string is escaped, so neither key can be found inside a label value
+        opened = content.rfind(_METRIC, pos, at)
+        if opened < 0 or content[opened - 1:opened] not in (b"[", b",") or content[at - 2:at] != b"},":
             return None
-        parts.append(content[pos:start])
-        spans.append((start, end + 1))
-        pos = end + 1
-    if not parts:
+        if content[start:start + 1] == b"]":
+            end = start
+        else:
+            end = content.find(b"]]", start)
+            if end < 0:
+                return None
+            end += 1
+        if content[end + 1:end + 2] != b"}":
+            return None
+        labels = content[opened + len(_METRIC):at - 1]
+        if b'},"' in labels:  # another key between the labels and the points (or a value ending so): the general way
+            return None
+        parts += (content[pos:opened], b"0")
+        spans.append((start, end))
+        metrics.append(labels)
+        pos = end + 2
+    if not spans:
         return None
     parts.append(content[pos:])
-    return Cut(b"".join(parts), spans)
+    return Cut(b"".join(parts), spans, metrics)
 
 
 def decode(content: bytes, cut_: Cut | None, body: Any) -> Matrix:
@@ -114,9 +149,8 @@ def _labels(item: Any, i: int) -> dict[str, str]:
 
 def _fast(content: bytes, cut_: Cut, result: list) -> Matrix | None:
     """The points parsed in one pass, or None when the answer is not exactly the compact form."""
-    if len(result) != len(cut_.spans) or not all(isinstance(it, dict) and it.get("values") == [] for it in result):
+    if len(result) != len(cut_.spans) or result.count(0) != len(result):
         return None
-    labels = [_labels(item, i) for i, item in enumerate(result)]
     counts = np.fromiter((content.count(b"[", s, e) for s, e in cut_.spans), np.int64, len(cut_.spans))
     total = int(counts.sum())
     # ",t,"v"],t,"v"]...": one line per point ending at its "]", each exactly two commas (checked
@@ -125,6 +159,8 @@ def _fast(content: bytes, cut_: Cut, result: list) -> Matrix | None:
     text = b",".join([b"", *(view[s:e] for s, e in cut_.spans if e > s)]).translate(None, b"[")
     if text.count(b",") != 2 * total:
         return None
+    if not total:
+        return Matrix(cut_.metrics, counts, np.zeros(0), np.zeros(0))
     try:
         frame = pd.read_csv(io.BytesIO(text), header=None, names=["_", "t", "v"], usecols=["t", "v"], index_col=False,
                             lineterminator="]", dtype=np.float64, keep_default_na=False, na_values=["NaN"],
@@ -134,7 +170,7 @@ def _fast(content: bytes, cut_: Cut, result: list) -> Matrix | None:
     ts, vs = frame["t"].to_numpy(), frame["v"].to_numpy()
     if len(ts) != total or not np.isfinite(ts).all():
         return None
-    return Matrix(labels, counts, ts, vs, sum(bool(it.get("histograms")) for it in result))
+    return Matrix(cut_.metrics, counts, ts, vs)
 
 
 def _general(result: list) -> Matrix:

@@ -455,9 +455,9 @@ class PrometheusClient:
             matrix = mx.decode(content, cut, body)
         except ValueError as exc:
             raise PrometheusError(f"{where}: {exc}", url=self.url) from None
-        if len(matrix.labels) > MAX_SERIES_PER_ANSWER:
+        if len(matrix.counts) > MAX_SERIES_PER_ANSWER:
             raise PrometheusError(
-                f"{where}: {len(matrix.labels):,} series, over the limit of {MAX_SERIES_PER_ANSWER:,}: {_NARROW}",
+                f"{where}: {len(matrix.counts):,} series, over the limit of {MAX_SERIES_PER_ANSWER:,}: {_NARROW}",
                 url=self.url, error_type=_TOO_LARGE)
         return Answer(matrix, warnings)
 
@@ -612,7 +612,7 @@ def _add(builder: FrameBuilder, name: str, answers: list[Answer]) -> int:
     so the frame is the same however the requests were split and in whatever order they came back.
     Returns the series holding points."""
     matrices = [a.matrix for a in answers]
-    labels = [lab for m in matrices for lab in m.labels]
+    labels = [lab for m in matrices for lab in m.raw_labels]
     counts = _cat([m.counts for m in matrices], np.int64)
     ts = _cat([m.timestamps for m in matrices], np.float64)
     values = _cat([m.values for m in matrices], np.float64)
@@ -620,7 +620,7 @@ def _add(builder: FrameBuilder, name: str, answers: list[Answer]) -> int:
     keep = np.flatnonzero(counts).tolist()
     first_ts = ts[firsts[keep]].tolist()
     get = builder.labelsets.get
-    canons = [get(tuple(labels[i].items())) for i in keep]
+    canons = [get(lab if isinstance(lab, bytes) else tuple(lab.items())) for lab in (labels[i] for i in keep)]
     order = sorted(zip([(c.name or name, c.key, c.replicas) for c in canons], first_ts, range(len(keep)), strict=True))
     sids = builder.series_ids(name, [canons[j] for _, _, j in order])
     keep = [keep[j] for _, _, j in order]
@@ -717,6 +717,11 @@ def query_prometheus(
             histograms = sum(a.matrix.histograms for a in got)
             if histograms:
                 report.warnings.append(f"{name}: {histograms} native-histogram series skipped")
-            if not _add(builder, name, got):
+            try:
+                added = _add(builder, name, got)
+            except ValueError as exc:  # a series' labels, decoded only now
+                raise PrometheusError(f"Prometheus {client.url}: answer to {report.queries[name]!r}: {exc}",
+                                      url=client.url) from None
+            if not added:
                 report.missing.append(name)
     return (builder.samples() if compact else builder.build()), report

@@ -13,6 +13,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
+import orjson
 import pytest
 
 from analyzer.data.ingest import MetricFilter, PrometheusClient, PrometheusError, query_prometheus, selector
@@ -245,6 +246,17 @@ def test_retry_then_success_and_warnings_surface(fake):
     assert report.warnings == ["m: partial response"]
     path, _headers, body = server.requests[1]
     assert path == "/api/v1/query_range" and "query=m" in body and "step=1.0" in body
+
+
+@pytest.mark.parametrize("compact", [True, False])  # labels decoded when read / with the rest of the answer
+def test_labels_that_are_not_strings_name_the_answer(fake, compact):
+    body = _matrix([[1, "1"]])
+    body["data"]["result"][0]["metric"]["gpu"] = 0
+    server = fake((200, orjson.dumps(body) if compact else body))
+    with pytest.raises(PrometheusError) as err:
+        query_prometheus(PrometheusClient(server.url), ["m"], 1, 1, 1, aggregate=False, plan=False)
+    assert server.url in str(err.value) and "answer to 'm'" in str(err.value)
+    assert "'metric' must map label names to strings" in str(err.value)
 
 
 def test_an_answer_cut_short_is_retried_and_names_the_server(fake):

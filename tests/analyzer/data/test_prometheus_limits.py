@@ -276,6 +276,27 @@ def test_fast_decoder_falls_back_on_anything_unusual(values):
         np.testing.assert_array_equal(fast.timestamps, general.timestamps)
 
 
+@pytest.mark.parametrize("series", [
+    {"values": [[1, "1"]], "metric": {"gpu": "0"}},  # points first
+    {"metric": {"gpu": "0"}, "extra": {"a": "b"}, "values": [[1, "1"]]},  # another key in between
+    {"metric": {"gpu": "0"}, "values": [[1, "1"]], "histograms": []},  # another key after
+    {"metric": {"gpu": "x},"}, "values": [[1, "1"]]},  # a label value that ends like another key's start
+])  # fmt: skip
+def test_series_not_exactly_labels_then_points_take_the_general_way(series):
+    content = orjson.dumps({"status": "success", "data": {"resultType": "matrix", "result": [series]}})
+    assert mx.cut(content) is None
+    fast, general = _both_ways(content)
+    assert fast.labels == general.labels == [series["metric"]] and fast.values.tolist() == [1.0]
+
+
+def test_labels_are_decoded_when_asked_with_the_general_way_s_error():
+    fast, general = _both_ways(_answer([({"gpu": "0"}, [[1, "1"]]), ({"gpu": 1}, [[1, "2"]])]))
+    assert general == "malformed answer: data.result[1]: 'metric' must map label names to strings"
+    assert fast.values.tolist() == [1.0, 2.0] and fast.raw_labels == [b'{"gpu":"0"}', b'{"gpu":1}']
+    with pytest.raises(ValueError, match=r"^malformed answer: data.result\[1\]: 'metric' must map label names"):
+        _ = fast.labels
+
+
 def test_pretty_printed_answers_take_the_general_way():
     content = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
         {"metric": {"gpu": "0"}, "values": [[1, "0.5"], [2, "NaN"]]}]}}, indent=2).encode()  # fmt: skip
