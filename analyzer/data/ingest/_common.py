@@ -192,9 +192,9 @@ class _Grow:
 class _Canon(NamedTuple):
     """A raw label set as a series knows it: ``name`` from ``__name__`` (None: the metric asked for), its pairs
     (given order, no empty value, no replica label), the same sorted (its identity), the replica pairs dropped;
-    ``raw`` the label set itself, as LabelSets keeps it."""
+    ``raw`` the label set itself, as LabelSets keeps it (pairs, or an answer's JSON object of them)."""
 
-    raw: tuple[tuple[str, str], ...]
+    raw: tuple[tuple[str, str], ...] | bytes
     name: str | None
     pairs: tuple[tuple[str, str], ...]
     key: tuple[tuple[str, str], ...]
@@ -202,17 +202,18 @@ class _Canon(NamedTuple):
 
 
 class LabelSets:
-    """Raw label sets (tuples of pairs) to their canonical form, and each metric's series, kept from one read to
-    the next: `serve` reads the same series every tick, and working each out again was most of a tick. Two
-    generations: a label set that neither the current nor the previous read (``turn``) named is forgotten, so
-    churned pods don't pile up. Equal pairs and label sets are one object, so a fleet's series cost a few
-    hundred bytes each, not a copy of every string and tuple (a GPU's labels repeat in every metric's series).
+    """Raw label sets (pairs, or an answer's JSON bytes) to their canonical form, and each metric's series, kept
+    from one read to the next: `serve` reads the same series every tick, and working each out again was most of
+    a tick. Two generations: a label set that neither the current nor the previous read (``turn``) named is
+    forgotten, so churned pods don't pile up. Equal pairs and label sets are one object, so a fleet's series
+    cost a few hundred bytes each, not a copy of every string and tuple (a GPU's labels repeat in every
+    metric's series).
     ``remember=False`` (one read, whose reader already knows its series: a file): nothing is kept but that."""
 
     def __init__(self, remember: bool = True) -> None:
         self.remember = remember
-        self._now: dict[tuple, _Canon] = {}
-        self._before: dict[tuple, _Canon] = {}
+        self._now: dict[tuple | bytes, _Canon] = {}
+        self._before: dict[tuple | bytes, _Canon] = {}
         self._interned: dict[tuple, tuple] = {}
         #: Metric name -> its series in the current read, and in the one before it.
         self.series: dict[str, int] = {}
@@ -228,17 +229,15 @@ class LabelSets:
         """The canonical form of a label set: pairs, or an answer's JSON object of them (kept as it is)."""
         c = self._now.get(raw)
         if c is None:
-            c = self._before.get(raw)
-            if c is None:
-                c = self._canonical(tuple(labels_of(raw, "a series").items()) if isinstance(raw, bytes) else raw)
+            c = self._before.get(raw) or self._canonical(raw)
             if self.remember:
-                self._now[raw if isinstance(raw, bytes) else c.raw] = c
+                self._now[c.raw] = c  # the key kept the first time, not this read's equal copy
         return c
 
-    def _canonical(self, raw: tuple[tuple[str, str], ...]) -> _Canon:
+    def _canonical(self, raw: tuple[tuple[str, str], ...] | bytes) -> _Canon:
         name, replicas, pairs = None, [], []
         shared = self._interned.setdefault
-        for k, v in raw:
+        for k, v in labels_of(raw, "a series").items() if isinstance(raw, bytes) else raw:
             if k == "__name__":
                 name = v
             elif k in REPLICA_LABELS:
@@ -248,7 +247,7 @@ class LabelSets:
                 pairs.append(shared((k, v), (k, v)))
         kept = tuple(pairs)
         key = tuple(sorted(kept))
-        if self.remember:  # the label set is kept as the key that finds it: its pairs shared
+        if self.remember and not isinstance(raw, bytes):  # kept as the key that finds it: its pairs shared
             raw = tuple(shared(p, p) for p in raw)
         return _Canon(raw, name, shared(kept, kept), shared(key, key), tuple(sorted(replicas)))
 
