@@ -50,8 +50,9 @@ def measure(url: str, start: float, interval: float, ticks: int, mode: str, gpus
     from analyzer.service import AnalyzerService, prometheus_loader
     from bench.benchutil import status_mb
 
-    plain = prometheus_loader(url, STEP, timeout=600.0)
-    loader = WindowLoader(plain) if mode == "incremental" else plain
+    incremental = mode == "incremental"  # as serve runs: its ticks' loader keeps the series' label sets
+    plain = prometheus_loader(url, STEP, timeout=600.0, remember=incremental)
+    loader = WindowLoader(plain) if incremental else plain
     now = [0.0]
     service = AnalyzerService(loader, url=url, interval=interval, window=WINDOW, step=STEP, clock=lambda: now[0])
     seconds, rss = [], []
@@ -65,12 +66,12 @@ def measure(url: str, start: float, interval: float, ticks: int, mode: str, gpus
             raise SystemExit(f"tick {i} failed: {service.health_json()['last_error']}")
     fleet = service.snapshot().analysis.fleet
     assert fleet is not None and fleet.gpu_count() == gpus, (fleet and fleet.gpu_count(), gpus)
-    name = "serve" if mode == "incremental" else "serve_full_reload"
+    name = "serve" if incremental else "serve_full_reload"
     print(f"{name}_tick_seconds_p50 {np.median(seconds):.2f}")
     print(f"{name}_tick_seconds_max {max(seconds):.2f}")
     print(f"{name}_rss_mb_first {rss[0]:.0f}")
     print(f"{name}_rss_mb_last {rss[-1]:.0f}")
-    if mode == "incremental":
+    if incremental:
         print(f"serve_full_loads {loader.full_loads}")
     print(f"# {mode}: {ticks} ticks, RSS min/max {min(rss):.0f}/{max(rss):.0f} MB, peak {status_mb('VmHWM'):.0f} MB",
           file=sys.stderr)

@@ -190,15 +190,13 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
             fixed = (args.start, args.end)
         now = time.time()
         check_window(*(fixed or (now - args.window, now)), args.step)  # refuse at start, not at the first tick
-        client_kwargs = _client_kwargs(args)
+        reading = {"matchers": dict(args.matcher) or None, "job_label": args.job_label, **_client_kwargs(args)}
         if args.shard:  # one replica of N: its workloads and hosts (analyzer.data.shard)
             from analyzer.data.shard import shard_loader
 
-            loader = shard_loader(args.prometheus, args.step, args.shard, matchers=dict(args.matcher) or None,
-                                  job_label=args.job_label, **client_kwargs)
+            loader = shard_loader(args.prometheus, args.step, args.shard, **reading)
         else:
-            loader = prometheus_loader(args.prometheus, args.step, matchers=dict(args.matcher) or None,
-                                       job_label=args.job_label, **client_kwargs)
+            loader = prometheus_loader(args.prometheus, args.step, **reading)
         if args.kinds:
             from analyzer.detectors import load_detectors
 
@@ -212,7 +210,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
         if fixed is None and not args.shard:  # each tick reads only its new steps; a shard's hosts follow the window
             from analyzer.data.window import WindowLoader
 
-            ticks = WindowLoader(loader)
+            ticks = WindowLoader(prometheus_loader(args.prometheus, args.step, remember=True, **reading))
         service = AnalyzerService(ticks, url=args.prometheus, interval=args.interval, window=args.window,
                                   step=args.step, kinds=args.kinds, stale_after=args.stale_after,
                                   on_result=rollup, fixed=fixed, site=site)

@@ -374,17 +374,19 @@ def prometheus_loader(
     *,
     matchers: Mapping[str, Any] | None = None,
     job_label: str | None = None,
+    remember: bool = False,
     **client_kwargs: Any,
 ) -> Loader:
-    """A Loader over ``load_prometheus`` with fixed step, matchers and client settings; the series' label sets
-    are kept from one load to the next (a tick reads the series the last one did)."""
+    """A Loader over ``load_prometheus`` with fixed step, matchers and client settings. ``remember``: the
+    series' label sets are kept from one load to the next, for the loader of serve's ticks alone (each reads
+    the series the last one did; a loader also reading other windows, the rollups' days, would push them out)."""
     kept: dict[str, Any] = {}
 
     def load(start: float, end: float) -> Fleet:
         from analyzer.data.ingest import LabelSets
         from analyzer.data.load import load_prometheus
 
-        labelsets = kept.setdefault("labelsets", LabelSets())
+        labelsets = kept.setdefault("labelsets", LabelSets()) if remember else None
         return load_prometheus(url, start, end, step, matchers=matchers, job_label=job_label, labelsets=labelsets,
                                **client_kwargs)  # fmt: skip
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -160,27 +160,24 @@ def sentinel_mask(values: np.ndarray) -> np.ndarray:
 
 
 class _Grow:
-    """A numpy array appended to one value at a time (capacity doubled when full): per-series attributes
-    that vectorized code indexes by series id while new series keep arriving."""
+    """A numpy array extended as values arrive (capacity doubled when full): per-series attributes that
+    vectorized code indexes by series id while new series keep arriving."""
 
     def __init__(self, dtype: Any, fill: Any) -> None:
         self._a = np.full(1024, fill, dtype=dtype)
         self._fill = fill
         self.n = 0
 
-    def append(self, value: Any) -> None:
-        if self.n == len(self._a):
-            self._a = np.concatenate([self._a, np.full(len(self._a), self._fill, dtype=self._a.dtype)])
-        self._a[self.n] = value
-        self.n += 1
-
-    def extend(self, values: np.ndarray) -> None:
+    def extend(self, values: Sequence[Any]) -> None:
         need = self.n + len(values)
         if need > len(self._a):
             grown = np.full(max(need, 2 * len(self._a)), self._fill, dtype=self._a.dtype)
             grown[: self.n] = self._a[: self.n]
             self._a = grown
-        self._a[self.n:need] = values
+        if len(values) == 1:  # a file's series come one at a time: an item is set 4x faster than a slice
+            self._a[self.n] = values[0]
+        else:
+            self._a[self.n:need] = values
         self.n = need
 
     @property
@@ -244,7 +241,8 @@ class LabelSets:
                 if v != "":
                     replicas.append((k, v))
             elif v != "":
-                pairs.append(shared((k, v), (k, v)))
+                pair = (k, v)
+                pairs.append(shared(pair, pair))
         kept = tuple(pairs)
         key = tuple(sorted(kept))
         if self.remember and not isinstance(raw, bytes):  # kept as the key that finds it: its pairs shared
@@ -271,23 +269,20 @@ class FrameBuilder:
         self.sentinels = sentinels
         self.labelsets = labelsets if labelsets is not None else LabelSets(remember=False)
         self._ids: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
-        #: Metric name -> (dcgm-exporter name?, valid low, valid high, group).
-        self._attrs: dict[str, tuple[float, float, float, int]] = {}
-        self._metric: list[str] = []
         #: The distinct label sets (pairs in given order), and per series the index of its own.
         self._labelsets: dict[tuple[tuple[str, str], ...], int] = {}
         self._lsid = _Grow(np.int32, -1)
         #: Per series, indexed by id (arrays that grow with the series, never rebuilt from lists: a 10,000-GPU
-        #: file brings ~600 k series a few at a time): a dcgm-exporter name?, the valid range of its values (the
-        #: contract's; any finite value for others), its group (block), arrival of its first sample (-1: none
-        #: yet, for the canonical order).
-        self._dcgm = _Grow(bool, False)
-        self._lo = _Grow(np.float64, -np.inf)
-        self._hi = _Grow(np.float64, np.inf)
+        #: file brings ~600 k series a few at a time): its group (block, one per metric), arrival of its first
+        #: sample (-1: none yet, for the canonical order).
         self._group = _Grow(np.int32, 0)
         self._first = _Grow(np.int64, -1)
-        #: Metric name -> its group.
+        #: Metric name -> its group; per group, its name, a dcgm-exporter name? and the valid range of its values
+        #: (the contract's; any finite value for others).
         self._groups: dict[str, int] = {}
+        self._names: list[str] = []
+        self._dcgm = np.zeros(0, dtype=bool)
+        self._range = np.zeros((2, 0))
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._pending_n = 0
         #: Per group: its pieces in arrival order.
@@ -301,17 +296,16 @@ class FrameBuilder:
         return self.series_ids(metric, [self.labelsets.get(tuple(labels))])[0]
 
     def series_ids(self, metric: str, canons: Iterable[_Canon]) -> list[int]:
-        """``series_id`` of each label set (as ``labelsets.get`` gives it), in bulk: a read of Prometheus names
-        ~60 series a GPU, and their per-series attributes are set once per metric, not once per series."""
+        """``series_id`` of each label set (as ``labelsets.get`` gives it), a whole answer at once: a read of
+        Prometheus names ~60 series a GPU, and the arrays per series grow once per answer."""
         out: list[int] = []
-        ids, sets, names, new, lsid = self._ids, self._labelsets, self._metric, [], []
+        ids, sets, base, new, lsid = self._ids, self._labelsets, self._group.n, [], []
         for c in canons:
             name = c.name or metric
             key = (name, c.key)
             sid = ids.get(key)
             if sid is None:
-                sid = ids[key] = len(names)
-                names.append(name)
+                sid = ids[key] = base + len(new)
                 new.append(name)
                 lsid.append(sets.setdefault(c.pairs, len(sets)))
             if c.replicas:
@@ -319,28 +313,22 @@ class FrameBuilder:
                     self.report.replicas.setdefault(k, set()).add(v)
             out.append(sid)
         if new:
-            one = set(new)
-            attrs = np.array([self._attributes(n) for n in (one if len(one) == 1 else new)], dtype=np.float64)
-            attrs = np.broadcast_to(attrs, (len(new), 4))
-            self._dcgm.extend(attrs[:, 0].astype(bool))
-            self._lo.extend(attrs[:, 1])
-            self._hi.extend(attrs[:, 2])
-            self._group.extend(attrs[:, 3].astype(np.int32))
-            self._first.extend(np.full(len(new), -1))
-            self._lsid.extend(np.asarray(lsid, dtype=np.int32))
+            self._group.extend([self._group_of(name) for name in new])
+            self._first.extend([-1] * len(new))
+            self._lsid.extend(lsid)
         return out
 
-    def _attributes(self, metric: str) -> tuple[float, float, float, int]:
-        """A metric's per-series attributes: dcgm-exporter name?, valid range, group."""
-        found = self._attrs.get(metric)
-        if found is None:
-            lo, hi = schema.valid_range_of(metric) or (-np.inf, np.inf)
-            group = self._groups.setdefault(metric, len(self._groups))
-            found = self._attrs[metric] = (float(is_dcgm_name(metric)), lo, hi, group)
-        return found
+    def _group_of(self, metric: str) -> int:
+        group = self._groups.get(metric)
+        if group is None:
+            group = self._groups[metric] = len(self._groups)
+            self._names.append(metric)
+            self._dcgm = np.append(self._dcgm, is_dcgm_name(metric))
+            self._range = np.column_stack([self._range, schema.valid_range_of(metric) or (-np.inf, np.inf)])
+        return group
 
     def metric_of(self, sid: int) -> str:
-        return self._metric[sid]
+        return self._names[self._group.array[sid]]
 
     def add(self, sids: np.ndarray, timestamps: np.ndarray, values: np.ndarray) -> None:
         """Append samples (arrays of equal length). DCGM sentinels, then values outside the
@@ -349,8 +337,9 @@ class FrameBuilder:
             return
         values = np.array(values, dtype=np.float64)  # a copy: masked values are overwritten
         if self.sentinels:
-            self._drop(values, sids, sentinel_mask(values) & self._dcgm.array[sids], self.report.sentinels)
-            lo, hi = self._lo.array[sids], self._hi.array[sids]
+            group = self._group.array[sids]
+            self._drop(values, sids, sentinel_mask(values) & self._dcgm[group], self.report.sentinels)
+            lo, hi = self._range[:, group]
             with np.errstate(invalid="ignore"):
                 bad = (values < lo) | (values > hi) | np.isinf(values)
             self._drop(values, sids, bad, self.report.out_of_range)
@@ -379,7 +368,7 @@ class FrameBuilder:
         values[mask] = np.nan
         hit, n = np.unique(sids[mask], return_counts=True)
         for sid, count in zip(hit.tolist(), n.tolist(), strict=True):
-            name = self._metric[sid]
+            name = self.metric_of(sid)
             counts[name] = counts.get(name, 0) + count
 
     def _flush(self) -> None:
@@ -425,11 +414,11 @@ class FrameBuilder:
         rank[group_order] = np.arange(len(group_order))
         canonical = by_arrival[np.argsort(rank[group], kind="stable")]
         sizes = np.bincount(rank[group], minlength=len(group_order))
-        local_of = np.full(len(self._metric), -1, dtype=np.int32)
+        local_of = np.full(self._group.n, -1, dtype=np.int32)
         blocks, start, example = [], 0, None
         for g, size in zip(group_order.tolist(), sizes.tolist(), strict=True):
             ids = canonical[start:start + size]
-            metric = self._metric[int(ids[0])]
+            metric = self._names[g]
             local_of[ids] = np.arange(size, dtype=np.int32)
             sid, ts, val = _drain(self._pieces.pop(g))
             local, ts, val = sort_by_series(local_of[sid], ts, val)
@@ -446,7 +435,7 @@ class FrameBuilder:
         if example is not None and not self.report.conflict_example:
             _key, sid, t, lo, hi = example
             labels = ",".join(f'{k}="{v}"' for k, v in list(self._labelsets)[self._lsid.array[sid]])
-            self.report.conflict_example = f"{self._metric[sid]}{{{labels}}} at {t:.3f}: {lo:g} vs {hi:g}"
+            self.report.conflict_example = f"{self.metric_of(sid)}{{{labels}}} at {t:.3f}: {lo:g} vs {hi:g}"
         self.report.samples += sum(len(b) for b in blocks)
         self.report.series += len(used)
         self._first.array[:] = -1
@@ -471,9 +460,8 @@ class FrameBuilder:
         for i in named.tolist():
             for k, v in sets[i]:
                 values[k][i] = v
-        metric_of_group = np.empty(len(self._groups), dtype=object)
-        for metric, g in self._groups.items():
-            metric_of_group[g] = metric
+        metric_of_group = np.empty(len(self._names), dtype=object)
+        metric_of_group[:] = self._names
         columns: dict[str, np.ndarray] = {"metric": metric_of_group[self._group.array[canonical]]}
         of_series = lsid[canonical]
         for name in label_names:

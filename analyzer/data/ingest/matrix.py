@@ -72,8 +72,12 @@ def labels_of(raw: bytes, where: str) -> dict[str, str]:
         labels = orjson.loads(raw)
     except orjson.JSONDecodeError:
         labels = None
-    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
-        raise ValueError(f"malformed answer: {where}: 'metric' must map label names to strings ({raw[:200]!r})")
+    return _checked(labels, where, f" ({raw[:200]!r})")
+
+
+def _checked(labels: Any, where: str, shown: str = "") -> dict[str, str]:
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise ValueError(f"malformed answer: {where}: 'metric' must map label names to strings{shown}")
     return labels
 
 
@@ -141,10 +145,7 @@ def decode(content: bytes, cut_: Cut | None, body: Any) -> Matrix:
 def _labels(item: Any, i: int) -> dict[str, str]:
     if not isinstance(item, dict):
         raise ValueError(f"malformed answer: data.result[{i}] is a {type(item).__name__}, not an object")
-    labels = item.get("metric") or {}
-    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-        raise ValueError(f"malformed answer: data.result[{i}]: 'metric' must map label names to strings")
-    return labels
+    return _checked(item.get("metric") or {}, f"data.result[{i}]")
 
 
 def _fast(content: bytes, cut_: Cut, result: list) -> Matrix | None:

@@ -27,6 +27,7 @@ import pytest
 from pandas.testing import assert_frame_equal
 
 from analyzer.data.frame import Fleet
+from analyzer.data.ingest import LabelSets
 from analyzer.data.load import load_prometheus
 from analyzer.data.window import OVERLAP, WindowLoader
 from analyzer.pipeline import analyze
@@ -107,10 +108,11 @@ def test_incremental_window_equals_a_full_reload_at_every_tick(prom) -> None:
     url, t0 = prom
     target = [url]
     calls: list[tuple[float, float]] = []
+    labelsets = LabelSets()  # as serve's ticks read: the series' label sets kept from one load to the next
 
     def load(start: float, end: float) -> Fleet:
         calls.append((start, end))
-        return load_prometheus(target[0], start, end, STEP, timeout=10, retries=0)
+        return load_prometheus(target[0], start, end, STEP, timeout=10, retries=0, labelsets=labelsets)
 
     window = WindowLoader(load)
     now = [0.0]
