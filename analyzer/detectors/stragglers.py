@@ -35,7 +35,9 @@ then measures) and must also be > 1 in the sample itself.
 
 Both are judged per GPU and per node (node medians against the job's other nodes): when
 the node stands out (all its GPUs late: input starvation, a node cooling problem) one
-node finding (``gpu`` None) replaces its GPU findings.
+node finding (``gpu`` None) replaces its GPU findings. It starts where one of its GPUs began to straggle
+when that runs without a break into the node's condition (a warming node's hottest card throttles minutes
+before the node median does: the rack-cooling scenario's node finding came 4-9 minutes late before).
 
 Thresholds (configurable; why these values):
 
@@ -94,8 +96,8 @@ Quiet stragglers (issue 12), found from the peer relation itself at GPU level:
   together to reach it, and also be the busiest, for three samples running ("a few minutes at a
   time"; two samples let chance spells of ~2 min make 7 false intermittent stragglers over
   45,600 healthy GPU-hours of four healthy scenarios at 20 seeds, three none). Spells at most ``spell_gap_s`` 1800 s
-  apart form one episode (from the first spell's start to the last one's end; open while the
-  data ends within that gap); it is a finding when it has >= ``spells_min`` 3 spells (one or
+  apart form one episode (from the first spell's start, counted or not: ``_first_spell``, to the last
+  one's end; open while the data ends within that gap); it is a finding when it has >= ``spells_min`` 3 spells (one or
   two are a blip or a coincidence, three are a pattern: "again and again") slow >=
   ``duty_min`` 0.1 of the span (a tenth of the time at >= 10% costs the job >= 1% and is
   well above the rate of chance spells). Evidence: ``spells``, ``duty_cycle``,
@@ -405,11 +407,17 @@ class Straggler:
         if node is not None:
             node_cond = self._tristate(node, steps)
             node_cond = np.where(hosts.multi, node_cond, np.nan)  # a node of one GPU is that GPU
-            # A node that stands out names its GPUs: drop their GPU-level condition meanwhile.
-            gpu_cond = np.where(node_cond == 1.0, 0.0, gpu_cond)
-            out += self._node_findings(fleet, pg, hosts, node, node_cond, U)
-        return out + _merge_intermittent(self._gpu_findings(fleet, pg, gpu, gpu_cond),
-                                         self._intermittent_findings(fleet, pg, gpu))
+            # A node that stands out names its GPUs: drop their GPU-level condition meanwhile. A node problem
+            # often shows on one of its GPUs first (the hottest card of a warming node throttles minutes before
+            # the node's median does): GPU-level condition running without a break into the node's is the node
+            # problem's start (``joined``), and GPU findings inside that span are the node finding's.
+            on_node = node_cond == 1.0
+            any_gpu = block_max(hosts.hosts, (gpu_cond == 1.0).astype(np.float64)) == 1.0
+            joined = _alarm_runs((on_node | any_gpu).astype(np.float64), on_node)
+            gpu_cond = np.where(on_node, 0.0, gpu_cond)
+            out += self._node_findings(fleet, pg, hosts, node, node_cond, joined)
+        return out + _inside_node(out, _merge_intermittent(self._gpu_findings(fleet, pg, gpu, gpu_cond),
+                                                           self._intermittent_findings(fleet, pg, gpu)))
 
     # Findings -------------------------------------------------------------------------
     _SIGNALS = ("thermal_throttle", "power_throttle", "temp", "power", "power_limit", "pcie_gen", "pcie_gen_max",
@@ -475,7 +483,7 @@ class Straggler:
         return out
 
     def _node_findings(self, fleet: Fleet, pg: PeerGroups, hosts: _NodeView, cells: _Cells, cond: np.ndarray,
-                       U: np.ndarray) -> list[Finding]:
+                       joined: np.ndarray) -> list[Finding]:
         # Episodes on a small fleet with one row per (group, host, t): the node-slot's first GPU stands for it.
         if not (cond == 1.0).any():
             return []
@@ -517,12 +525,47 @@ class Straggler:
             s = idx[np.flatnonzero((pg.slot_host[idx] == ep.hostname)
                                    & np.array([pg.group_labels[g].get("job") == ep.job
                                                for g in pg.slot_group[idx]]))[0]]
+            ep = _lead_in(ep, joined[s], fleet)
             g = pg.slot_group[s]
             n_here = int(size[s])
             n_group = int(pg.bounds[g + 1] - pg.bounds[g])
             out.append(self._finding(ep, v, f"Node {ep.hostname}", n_group - n_here, conf, gpu=None, n_node=n_here,
                                      suspected=status == "suspected"))
         return out
+
+    def _first_spell(self, ep: Any, cusum: np.ndarray, first: np.ndarray, fleet: Fleet) -> Any:
+        """The episode started at its earliest spell, counted or not (one slot's CUSUM and counted spell starts).
+
+        The first spells of a quiet straggler are often too short or too weak to count (three samples in a row
+        as the busiest by 8 %), yet each lifts the member's CUSUM: the problem started where the CUSUM last left
+        zero before the first counted spell (its change-point estimate, as on the silent path), or, going back
+        spell by spell, where an earlier rise of the CUSUM to half its alarm level began that came at most the
+        pattern's own longest spacing (between its counted spells) before. A healthy member reaches half the
+        alarm level rarely, and only a rise at the pattern's spacing right before it is taken for its spell."""
+        i = round((float(ep.start) - fleet.start) / fleet.step)
+        j = i + round(float(ep.duration_s) / fleet.step)
+        starts = np.flatnonzero(first[i:j])
+        spacing = int(np.diff(starts).max()) if len(starts) >= 2 else round(self.spell_gap_s / fleet.step)
+        c = i
+        while c > 0 and cusum[c - 1] > 0.0:
+            c -= 1
+        while True:
+            b = c - 1  # the last sample of an earlier rise, within one spacing
+            while b >= 0 and c - b <= spacing and not cusum[b] > 0.0:
+                b -= 1
+            if b < 0 or c - b > spacing:
+                break
+            a = b
+            while a > 0 and cusum[a - 1] > 0.0:
+                a -= 1
+            if cusum[a:b + 1].max() < self.cusum_h / 2:
+                break
+            c = a
+        if c == i:
+            return ep
+        extra = (i - c) * fleet.step
+        return ep._replace(start=float(ep.start) - extra, duration_s=float(ep.duration_s) + extra,
+                           evidence_s=float(ep.evidence_s) + extra)
 
     def _intermittent_findings(self, fleet: Fleet, pg: PeerGroups, cells: _Cells) -> list[Finding]:
         """Recurring slow spells of one member: spells at most ``spell_gap_s`` apart form one episode (from
@@ -542,13 +585,15 @@ class Straggler:
         n_spells = eps.sum(pg.to_rows(first.astype(np.float64)))
         m = self._means(eps, pg.to_rows, cells, lambda k: column(fleet, k))
         m["lead"] = eps.mean(pg.to_rows(cells.spell_lead))
-        members = _members(pg)
+        members, slots = _members(pg), _slots(pg)
         conf = "high" if fleet.has("sm_active") and fleet.has("sm_clock") else "low"
         out = []
         for i, ep in enumerate(eps.table.itertuples(index=False)):
             end = float(ep.end) if not ep.open else fleet.end
             if n_spells[i] < self.spells_min or duty[i] < self.duty_min:
                 continue
+            ep = self._first_spell(ep, cells.cusum[slots[(ep.job, ep.hostname, ep.gpu, ep.gpu_instance or None)]],
+                                   first[slots[(ep.job, ep.hostname, ep.gpu, ep.gpu_instance or None)]], fleet)
             v = {k: float(a[i]) for k, a in m.items()}
             v.update(compute=1.0, input=0.0, nvlink=0.0)
             n_members = members.get((ep.job, ep.hostname, ep.gpu, ep.gpu_instance or None), 1)
@@ -739,6 +784,28 @@ def _merge_intermittent(found: list[Finding], spells: list[Finding]) -> list[Fin
     return [f for i, f in enumerate(found) if i not in drop] + keep
 
 
+def _lead_in(ep: Any, joined: np.ndarray, fleet: Fleet) -> Any:
+    """Episode ``ep`` started where its run in ``joined`` (one slot's row) starts: the lead-in is known
+    evidence of the same problem, so it counts toward duration and evidence too."""
+    i = j = round((float(ep.start) - fleet.start) / fleet.step)
+    while j > 0 and joined[j - 1]:
+        j -= 1
+    if j == i:
+        return ep
+    extra = (i - j) * fleet.step
+    return ep._replace(start=float(ep.start) - extra, duration_s=float(ep.duration_s) + extra,
+                       evidence_s=float(ep.evidence_s) + extra)
+
+
+def _inside_node(nodes: list[Finding], gpus: list[Finding]) -> list[Finding]:
+    """GPU findings without those lying inside a node finding of their host and job (its lead-in)."""
+    spans: dict[tuple, list[tuple[float, float]]] = {}
+    for n in nodes:
+        spans.setdefault((n.hostname, n.job), []).append((n.start, math.inf if n.end is None else n.end))
+    return [f for f in gpus if not any(a <= f.start and (math.inf if f.end is None else f.end) <= b
+                                       for a, b in spans.get((f.hostname, f.job), ()))]
+
+
 def _who(ep: Any) -> str:
     return f"GPU {ep.hostname}/{ep.gpu}" + (f" (MIG {ep.gpu_instance})" if ep.gpu_instance else "")
 
@@ -747,14 +814,15 @@ def _int(v: object) -> int | None:
     return int(v) if v is not None and str(v).isdigit() else None
 
 
+def _slots(pg: PeerGroups) -> dict[tuple, int]:
+    """(job, hostname, gpu, instance) -> slot."""
+    return {(pg.group_labels[pg.slot_group[s]].get("job"), pg.slot_host[s], pg.slot_gpu[s],
+             pg.slot_instance[s] or None): s for s in range(pg.n_slots)}
+
+
 def _members(pg: PeerGroups) -> dict[tuple, int]:
     """(job, hostname, gpu, instance) -> number of members of that slot's group."""
-    out = {}
-    for s in range(pg.n_slots):
-        g = pg.slot_group[s]
-        out[(pg.group_labels[g].get("job"), pg.slot_host[s], pg.slot_gpu[s], pg.slot_instance[s] or None)] = int(
-            pg.bounds[g + 1] - pg.bounds[g])
-    return out
+    return {key: int(pg.bounds[pg.slot_group[s] + 1] - pg.bounds[pg.slot_group[s]]) for key, s in _slots(pg).items()}
 
 
 class _NodeView:

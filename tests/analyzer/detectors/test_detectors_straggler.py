@@ -233,6 +233,33 @@ def test_cusum_accumulates_holds_over_unknown_and_resets_when_not_at_work() -> N
     assert _fill_gaps(m, 3)[0].tolist() == [True] * 8
 
 
+def test_intermittent_episode_starts_at_its_first_spell_counted_or_not() -> None:
+    """The first spells of a quiet straggler often fall short of a counted spell yet lift its CUSUM: the
+    episode goes back to where the CUSUM left zero, then spell by spell over rises to half the alarm level
+    that come within the pattern's own spacing; a weaker or farther rise is not taken."""
+    from collections import namedtuple
+
+    from analyzer.data.frame import Fleet
+    from analyzer.detectors.stragglers import Straggler
+
+    Ep = namedtuple("Ep", "start duration_s evidence_s")
+    fleet = Fleet(frame=pd.DataFrame(), step=60.0, start=0.0, end=3600.0)
+    det = Straggler()  # cusum_h 0.35: half is 0.175
+    cusum = np.zeros(60)
+    first = np.zeros(60, bool)
+    first[[30, 40, 50]] = True  # counted spells 10 samples apart
+    cusum[28:36] = 0.3  # the first counted spell's CUSUM left zero two samples before it
+    cusum[19:23] = [0.05, 0.2, 0.1, 0.05]  # an uncounted spell one spacing before: taken
+    cusum[9:12] = [0.05, 0.1, 0.05]  # too weak a rise: the walk stops
+    ep = det._first_spell(Ep(30 * 60.0, 1500.0, 1500.0), cusum, first, fleet)
+    assert ep.start == 19 * 60.0 and ep.duration_s == ep.evidence_s == 1500.0 + 11 * 60.0
+    cusum[9:12] = 0.0
+    cusum[4:8] = 0.3  # strong, but ending farther than the spacing (10 samples) before the rise at 19: not taken
+    assert det._first_spell(Ep(30 * 60.0, 1500.0, 1500.0), cusum, first, fleet).start == 19 * 60.0
+    cusum[9:13] = 0.3  # a strong rise within the spacing: taken, and from it the one at 4 is within reach too
+    assert det._first_spell(Ep(30 * 60.0, 1500.0, 1500.0), cusum, first, fleet).start == 4 * 60.0
+
+
 def test_silent_straggler_is_suspected_within_minutes_and_a_healthy_gang_never() -> None:
     """A 10% same-clock straggler in a 16-GPU job, the data cut 8 minutes after onset (what serve has): the
     CUSUM of its clock-normalized lead is in alarm, a suspected finding from about the onset on; 40 minutes
@@ -249,9 +276,9 @@ def test_silent_straggler_is_suspected_within_minutes_and_a_healthy_gang_never()
 # Scenarios ---------------------------------------------------------------------------------
 
 HEALTHY = ("healthy-fleet", "healthy-long", "noisy-neighbours")
-#: Detection may lag the truth (a rack warms up: node medians throttle after its hottest GPU) but
-#: never by more than this; it may lead by the persistence window's half (truth on a 30 s grid).
-MAX_ONSET_S = 900.0
+#: Issue 12's onset target, either way. A warming rack's node finding starts where its hottest GPU began to
+#: straggle (the node median throttles minutes later); an intermittent one at its first spell, counted or not.
+MAX_ONSET_S = 300.0
 
 
 def _judge(names: list[str], dialect: str) -> tuple[int, int, int, int, list, list]:
