@@ -313,7 +313,8 @@ class FrameBuilder:
                     self.report.replicas.setdefault(k, set()).add(v)
             out.append(sid)
         if new:
-            self._group.extend([self._group_of(name) for name in new])
+            groups = {name: self._group_of(name) for name in dict.fromkeys(new)}  # an answer: one name, mostly
+            self._group.extend([groups[name] for name in new])
             self._first.extend([-1] * len(new))
             self._lsid.extend(lsid)
         return out
