@@ -198,6 +198,18 @@ class _Canon(NamedTuple):
     replicas: tuple[tuple[str, str], ...]
 
 
+class _Answer(NamedTuple):
+    """A metric's answers as one read took them (LabelSets.answer): the numbering it used, the positions of its
+    series holding points, their label sets as kept, their canonical order and their forms and ids in it."""
+
+    space: _Space
+    keep: list[int]
+    raws: list[Any]
+    order: list[int]
+    canons: list[_Canon]
+    sids: list[int]
+
+
 class LabelSets:
     """Raw label sets (pairs, or an answer's JSON bytes) to their canonical form, and each metric's series, kept
     from one read to the next: `serve` reads the same series every tick, and working each out again was most of
@@ -215,12 +227,43 @@ class LabelSets:
         #: Metric name -> its series in the current read, and in the one before it.
         self.series: dict[str, int] = {}
         self.series_before: dict[str, int] = {}
+        #: Series numbering kept between reads (remembering), and the series the current read used; the
+        #: numbering is kept while it holds at most twice the series the last read used, plus ``spare``.
+        self.space = _Space()
+        self.used = 0
+        self.spare = 65536
+        #: Metric name -> its answers' series as the current and the last read ordered and numbered them.
+        self._answers: dict[str, _Answer] = {}
+        self._answers_before: dict[str, _Answer] = {}
 
     def turn(self) -> None:
-        """A new read begins: what the one before last named and the last did not is forgotten."""
+        """A new read begins: what the one before last named and the last did not is forgotten; the series
+        numbering starts over once it holds more than twice the series the last read used (churned pods)."""
         self._before, self._now = self._now, {}
         self._interned = {}
         self.series_before, self.series = self.series, {}
+        self._answers_before, self._answers = self._answers, {}
+        if not self.remember or self.space.group.n > 2 * self.used + self.spare:
+            self.space = _Space()
+        self.used = 0
+
+    def answer(self, metric: str, labels: Sequence[Any], keep: list[int]) -> _Answer | None:
+        """The last read's ordering and numbering of ``metric``'s series when this read's answers name the same
+        series in the same order (``labels`` of the series holding points, at ``keep``): Prometheus answers a
+        tick's query as it answered the last, and ordering and numbering ~600 k series again was a second a
+        10,000-GPU tick."""
+        a = self._answers_before.get(metric)
+        if a is None or a.space is not self.space or a.keep != keep or [labels[i] for i in keep] != a.raws:
+            return None
+        self._answers[metric] = a
+        return a
+
+    def keep_answer(self, metric: str, keep: list[int], canons: list[_Canon], order: list[int],
+                    sids: list[int]) -> None:
+        """Remember how this read ordered (``order``: positions in ``keep``) and numbered a metric's series."""
+        if self.remember:
+            self._answers[metric] = _Answer(self.space, keep, [c.raw for c in canons], order,
+                                            [canons[j] for j in order], sids)
 
     def get(self, raw: tuple[tuple[str, str], ...] | bytes) -> _Canon:
         """The canonical form of a label set: pairs, or an answer's JSON object of them (kept as it is)."""
@@ -250,6 +293,49 @@ class LabelSets:
         return _Canon(raw, name, shared(kept, kept), shared(key, key), tuple(sorted(replicas)))
 
 
+class _Space:
+    """Series numbering and what is known per series and per label set: a read's own, or kept by serve's ticks'
+    LabelSets from one read to the next (a tick names the same ~60 series a GPU as the last one: numbering
+    them and building their label columns again was most of what a 10,000-GPU tick spent after decoding).
+    Only the arrival of each series' first sample is per read (``first``, reset when a read begins)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+        #: The distinct label sets (pairs in given order), and per series the index of its own.
+        self.labelsets: dict[tuple[tuple[str, str], ...], int] = {}
+        self.lsid = _Grow(np.int32, -1)
+        #: Per series, indexed by id (arrays that grow with the series, never rebuilt from lists: a 10,000-GPU
+        #: file brings ~600 k series a few at a time): its group (block, one per metric), arrival of its first
+        #: sample (-1: none yet, for the canonical order).
+        self.group = _Grow(np.int32, 0)
+        self.first = _Grow(np.int64, -1)
+        #: Metric name -> its group; per group, its name, a dcgm-exporter name? and the valid range of its values
+        #: (the contract's; any finite value for others).
+        self.groups: dict[str, int] = {}
+        self.names: list[str] = []
+        self.dcgm = np.zeros(0, dtype=bool)
+        self.range = np.zeros((2, 0))
+        #: Label name -> per label set its value (None: the set lacks it), for the label sets up to ``filled``.
+        self.columns: dict[str, _Grow] = {}
+        self.filled = 0
+
+    def fill(self) -> list[tuple[tuple[str, str], ...]]:
+        """Write the label columns of the label sets added since the last call; returns every label set."""
+        sets = list(self.labelsets)
+        n = len(sets)
+        for col in self.columns.values():
+            col.extend([None] * (n - col.n))
+        for i in range(self.filled, n):
+            for k, v in sets[i]:
+                col = self.columns.get(k)
+                if col is None:
+                    col = self.columns[k] = _Grow(object, None)
+                    col.extend([None] * n)
+                col.array[i] = v
+        self.filled = n
+        return sets
+
+
 class FrameBuilder:
     """Accumulates samples by series id and builds the compact Samples once at the end.
 
@@ -268,21 +354,10 @@ class FrameBuilder:
         self.report = report
         self.sentinels = sentinels
         self.labelsets = labelsets if labelsets is not None else LabelSets(remember=False)
-        self._ids: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
-        #: The distinct label sets (pairs in given order), and per series the index of its own.
-        self._labelsets: dict[tuple[tuple[str, str], ...], int] = {}
-        self._lsid = _Grow(np.int32, -1)
-        #: Per series, indexed by id (arrays that grow with the series, never rebuilt from lists: a 10,000-GPU
-        #: file brings ~600 k series a few at a time): its group (block, one per metric), arrival of its first
-        #: sample (-1: none yet, for the canonical order).
-        self._group = _Grow(np.int32, 0)
-        self._first = _Grow(np.int64, -1)
-        #: Metric name -> its group; per group, its name, a dcgm-exporter name? and the valid range of its values
-        #: (the contract's; any finite value for others).
-        self._groups: dict[str, int] = {}
-        self._names: list[str] = []
-        self._dcgm = np.zeros(0, dtype=bool)
-        self._range = np.zeros((2, 0))
+        self._space = self.labelsets.space
+        self._space.first.array[:] = -1  # a read that failed half way left its arrivals
+        #: This read's series in the order it first named them (the series table's label order is theirs).
+        self._named: list[list[int]] = []
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._pending_n = 0
         #: Per group: its pieces in arrival order.
@@ -299,7 +374,8 @@ class FrameBuilder:
         """``series_id`` of each label set (as ``labelsets.get`` gives it), a whole answer at once: a read of
         Prometheus names ~60 series a GPU, and the arrays per series grow once per answer."""
         out: list[int] = []
-        ids, sets, base, new, lsid = self._ids, self._labelsets, self._group.n, [], []
+        space = self._space
+        ids, sets, base, new, lsid = space.ids, space.labelsets, space.group.n, [], []
         for c in canons:
             name = c.name or metric
             key = (name, c.key)
@@ -314,22 +390,31 @@ class FrameBuilder:
             out.append(sid)
         if new:
             groups = {name: self._group_of(name) for name in dict.fromkeys(new)}  # an answer: one name, mostly
-            self._group.extend([groups[name] for name in new])
-            self._first.extend([-1] * len(new))
-            self._lsid.extend(lsid)
+            space.group.extend([groups[name] for name in new])
+            space.first.extend([-1] * len(new))
+            space.lsid.extend(lsid)
+        self._named.append(out)
         return out
 
+    def named_again(self, canons: list[_Canon], sids: list[int]) -> None:
+        """Series an earlier read numbered (LabelSets.answer), named by this one in the same order."""
+        self._named.append(sids)
+        for c in canons:
+            for k, v in c.replicas:
+                self.report.replicas.setdefault(k, set()).add(v)
+
     def _group_of(self, metric: str) -> int:
-        group = self._groups.get(metric)
+        space = self._space
+        group = space.groups.get(metric)
         if group is None:
-            group = self._groups[metric] = len(self._groups)
-            self._names.append(metric)
-            self._dcgm = np.append(self._dcgm, is_dcgm_name(metric))
-            self._range = np.column_stack([self._range, schema.valid_range_of(metric) or (-np.inf, np.inf)])
+            group = space.groups[metric] = len(space.groups)
+            space.names.append(metric)
+            space.dcgm = np.append(space.dcgm, is_dcgm_name(metric))
+            space.range = np.column_stack([space.range, schema.valid_range_of(metric) or (-np.inf, np.inf)])
         return group
 
     def metric_of(self, sid: int) -> str:
-        return self._names[self._group.array[sid]]
+        return self._space.names[self._space.group.array[sid]]
 
     def add(self, sids: np.ndarray, timestamps: np.ndarray, values: np.ndarray) -> None:
         """Append samples (arrays of equal length). DCGM sentinels, then values outside the
@@ -338,9 +423,9 @@ class FrameBuilder:
             return
         values = np.array(values, dtype=np.float64)  # a copy: masked values are overwritten
         if self.sentinels:
-            group = self._group.array[sids]
-            self._drop(values, sids, sentinel_mask(values) & self._dcgm[group], self.report.sentinels)
-            lo, hi = self._range[:, group]
+            group = self._space.group.array[sids]
+            self._drop(values, sids, sentinel_mask(values) & self._space.dcgm[group], self.report.sentinels)
+            lo, hi = self._space.range[:, group]
             with np.errstate(invalid="ignore"):
                 bad = (values < lo) | (values > hi) | np.isinf(values)
             self._drop(values, sids, bad, self.report.out_of_range)
@@ -379,7 +464,7 @@ class FrameBuilder:
         sid, ts, val = (np.concatenate(c) for c in zip(*self._pending, strict=True))
         self._pending, self._pending_n = [], 0
         self._note_first(sid)
-        g = self._group.array[sid]
+        g = self._space.group.array[sid]
         times, at = encode_times(ts, 1 << 16)
         del ts
         if (g == g[0]).all():
@@ -395,7 +480,7 @@ class FrameBuilder:
             self._pieces.setdefault(int(g[a]), []).append(piece)
 
     def _note_first(self, sid: np.ndarray) -> None:
-        first = self._first.array
+        first = self._space.first.array
         new = np.flatnonzero(first[sid] < 0)
         if len(new):
             u, i = np.unique(sid[new], return_index=True)
@@ -405,26 +490,35 @@ class FrameBuilder:
     def samples(self) -> Samples:
         """Everything added so far as Samples (and counted in the report); the builder starts empty again."""
         self._flush()
-        first = self._first.array
+        space = self._space
+        first = space.first.array
         used = np.flatnonzero(first >= 0)
+        # The used series in the order this read first named them: the numbering a read of its own gives them,
+        # which the table's label order and the conflict example follow (a kept numbering is older reads').
+        named = np.concatenate([np.zeros(0, np.int64), *(np.asarray(x, np.int64) for x in self._named)])
+        _, at = np.unique(named, return_index=True)
+        named = named[np.sort(at)]
+        named = named[first[named] >= 0]
+        rank_of = np.full(space.group.n, -1, dtype=np.int64)
+        rank_of[named] = np.arange(len(named))
         by_arrival = used[np.argsort(first[used], kind="stable")]
-        group = self._group.array[by_arrival] if len(used) else np.zeros(0, dtype=np.int32)
+        group = space.group.array[by_arrival] if len(used) else np.zeros(0, dtype=np.int32)
         _, at = np.unique(group, return_index=True)
         group_order = group[np.sort(at)]
-        rank = np.zeros(len(self._groups), dtype=np.int64)
+        rank = np.zeros(len(space.groups), dtype=np.int64)
         rank[group_order] = np.arange(len(group_order))
         canonical = by_arrival[np.argsort(rank[group], kind="stable")]
         sizes = np.bincount(rank[group], minlength=len(group_order))
-        local_of = np.full(self._group.n, -1, dtype=np.int32)
+        local_of = np.full(space.group.n, -1, dtype=np.int32)
         blocks, start, example = [], 0, None
         for g, size in zip(group_order.tolist(), sizes.tolist(), strict=True):
             ids = canonical[start:start + size]
-            metric = self._names[g]
+            metric = space.names[g]
             local_of[ids] = np.arange(size, dtype=np.int32)
             sid, ts, val = _drain(self._pieces.pop(g))
             local, ts, val = sort_by_series(local_of[sid], ts, val)
             del sid
-            keep, found = self._dedupe(metric, ids, local, ts, val)
+            keep, found = self._dedupe(metric, rank_of[ids], local, ts, val)
             if keep is not None:
                 local, ts, val = local[keep], ts[keep], val[keep]
             if found is not None and (example is None or found[0] < example[0]):
@@ -434,43 +528,49 @@ class FrameBuilder:
             _return_freed_memory()  # the pieces just joined were freed in scattered holes
             start += size
         if example is not None and not self.report.conflict_example:
-            _key, sid, t, lo, hi = example
-            labels = ",".join(f'{k}="{v}"' for k, v in list(self._labelsets)[self._lsid.array[sid]])
+            _key, r, t, lo, hi = example
+            sid = int(named[r])
+            labels = ",".join(f'{k}="{v}"' for k, v in list(space.labelsets)[space.lsid.array[sid]])
             self.report.conflict_example = f"{self.metric_of(sid)}{{{labels}}} at {t:.3f}: {lo:g} vs {hi:g}"
         self.report.samples += sum(len(b) for b in blocks)
         self.report.series += len(used)
-        self._first.array[:] = -1
+        self.labelsets.used += len(used)
+        table = self._series_table(named, canonical)
+        space.first.array[:] = -1
+        self._named = []
         self._arrived = 0
-        return Samples(self._series_table(used, canonical), tuple(blocks))
+        return Samples(table, tuple(blocks))
 
     def build(self) -> pd.DataFrame:
         """The long frame: metric, timestamp, value, then one categorical column per label (Samples.frame)."""
         return self.samples().frame()
 
-    def _series_table(self, used: np.ndarray, canonical: np.ndarray) -> pd.DataFrame:
-        """One row per series in canonical order: metric, then the labels in the order the series
-        (by id) first name them; a label called like a frame column is renamed ``exported_<name>``."""
-        sets = list(self._labelsets)
-        lsid = self._lsid.array
-        named, first = np.unique(lsid[used], return_index=True)
-        label_names: dict[str, None] = {}
-        for i in lsid[used[np.sort(first)]].tolist():  # label sets in the order the series (by id) first name them
-            for k, _v in sets[i]:
-                label_names.setdefault(k, None)
-        values = {name: np.full(len(sets), None, dtype=object) for name in label_names}
-        for i in named.tolist():
-            for k, v in sets[i]:
-                values[k][i] = v
-        metric_of_group = np.empty(len(self._names), dtype=object)
-        metric_of_group[:] = self._names
-        columns: dict[str, np.ndarray] = {"metric": metric_of_group[self._group.array[canonical]]}
+    def _series_table(self, named: np.ndarray, canonical: np.ndarray) -> pd.DataFrame:
+        """One row per series in canonical order: metric, then the labels in the order the series (``named``:
+        in the order this read first named them) first name them; a label called like a frame column is renamed
+        ``exported_<name>``."""
+        space = self._space
+        sets = space.fill()
+        lsid = space.lsid.array
+        in_order = lsid[named]
+        _, at = np.unique(in_order, return_index=True)
+        in_order = in_order[np.sort(at)]  # label sets in the order the series first name them
+        first_at: dict[str, tuple[int, int]] = {}
+        for name, col in space.columns.items():
+            has = ~pd.isna(col.array[in_order])
+            if has.any():
+                i = int(has.argmax())
+                first_at[name] = (i, [k for k, _v in sets[in_order[i]]].index(name))
+        metric_of_group = np.empty(len(space.names), dtype=object)
+        metric_of_group[:] = space.names
+        columns: dict[str, np.ndarray] = {"metric": metric_of_group[space.group.array[canonical]]}
         of_series = lsid[canonical]
-        for name in label_names:
+        for name in sorted(first_at, key=first_at.__getitem__):
             column = name
             if column in FRAME_COLUMNS:
                 column = "exported_" + name
                 self.report.warnings.append(f"label {name!r} collides with a frame column; renamed to {column!r}")
-            columns[column] = values[name][of_series]
+            columns[column] = space.columns[name].array[of_series]
         return pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in columns.items()})
 
     def _dedupe(self, metric: str, ids: np.ndarray, local: np.ndarray, ts: np.ndarray,
@@ -500,7 +600,7 @@ class FrameBuilder:
             return keep, None
         self.report.conflicts[metric] = self.report.conflicts.get(metric, 0) + len(bad)
         first_of_run = c[np.searchsorted(run[c], bad.index.to_numpy())]
-        sids = ids[local[first_of_run]].astype(np.int64)
+        sids = ids[local[first_of_run]].astype(np.int64)  # the read's own numbering (rank in ``samples``)
         keys = sids * (1 << 42) + ms[first_of_run] % (1 << 42)
         k = int(np.argmin(keys))
         return keep, (int(keys[k]), int(sids[k]), float(ts[first_of_run[k]]), float(bad["min"].iloc[k]),

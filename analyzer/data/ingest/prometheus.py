@@ -618,12 +618,21 @@ def _add(builder: FrameBuilder, name: str, answers: list[Answer]) -> int:
     values = _cat([m.values for m in matrices], np.float64)
     firsts = np.cumsum(counts) - counts
     keep = np.flatnonzero(counts).tolist()
-    first_ts = ts[firsts[keep]].tolist()
-    get = builder.labelsets.get
-    canons = [get(lab if isinstance(lab, bytes) else tuple(lab.items())) for lab in (labels[i] for i in keep)]
-    order = sorted(zip([(c.name or name, c.key, c.replicas) for c in canons], first_ts, range(len(keep)), strict=True))
-    sids = builder.series_ids(name, [canons[j] for _, _, j in order])
-    keep = [keep[j] for _, _, j in order]
+    sets = builder.labelsets
+    known = sets.answer(name, labels, keep)
+    if known is not None:  # the last read's answers named the same series in the same order
+        sids = known.sids
+        builder.named_again(known.canons, sids)
+        order = known.order
+    else:
+        first_ts = ts[firsts[keep]].tolist()
+        canons = [sets.get(lab if isinstance(lab, bytes) else tuple(lab.items())) for lab in (labels[i] for i in keep)]
+        order = [j for *_, j in sorted(zip([(c.name or name, c.key, c.replicas) for c in canons], first_ts,
+                                           range(len(keep)), strict=True))]
+        sids = builder.series_ids(name, [canons[j] for j in order])
+        if len(set(sids)) == len(sids):  # no series twice (an HA pair, a time split): the order is the labels'
+            sets.keep_answer(name, keep, canons, order, sids)
+    keep = [keep[j] for j in order]
     n = counts[keep]
     idx = np.arange(int(n.sum())) + np.repeat(firsts[keep] - (np.cumsum(n) - n), n)
     if len(idx) != len(ts) or (np.diff(idx) != 1).any():  # Prometheus sorts one answer's series alike

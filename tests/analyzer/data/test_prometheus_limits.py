@@ -108,16 +108,36 @@ def test_a_read_that_remembers_the_last_gives_the_same_frame_without_counting(st
     with PrometheusClient(stock_url) as c:
         names = [n for n in names if n not in query_prometheus(c, names, start, end, STEP)[1].missing]
     for url, client in ((stock_url, {}), (tight_url, {"max_samples": LIMIT})):
-        labelsets, made = LabelSets(), []
+        labelsets, made, numbered, looked_up = LabelSets(), [], [], []
+        get = labelsets.get
         for _ in range(3):
             labelsets.turn()
+            calls = []
+            labelsets.get = lambda raw, calls=calls: calls.append(raw) or get(raw)
             with PrometheusClient(url, **client) as c:
                 frame, _report = query_prometheus(c, names, start, end, STEP, labelsets=labelsets)
             pd.testing.assert_frame_equal(frame, want)
             assert c.refusals == 0
             made.append(c.requests_made)
+            numbered.append(labelsets.space.group.n)
+            looked_up.append(len(calls))
         # no count; under the tight limit the plan may differ too (the count at ``end`` misses series that ended)
         assert made[1] == made[2] == made[0] - 1 if url == stock_url else made[1] == made[2] < made[0], made
+        assert numbered[0] == numbered[1] == numbered[2] > 0  # the series kept their numbers: none were added
+        # One answer a metric naming the same series as the last read: its ordering and numbering are taken
+        # as they were (split by time, under the tight limit, a series comes twice: worked out each read).
+        assert looked_up[0] > 0 and (looked_up[1:] == [0, 0] if url == stock_url else looked_up[1] > 0)
+    # The numbering starts over once it holds more than twice the series the last read used (plus a spare).
+    labelsets, kept = LabelSets(), []
+    labelsets.spare = 0
+    for metrics in (names, names[:1], names):
+        space = labelsets.space
+        labelsets.turn()
+        kept.append(labelsets.space is space)
+        with PrometheusClient(stock_url) as c:
+            frame, _report = query_prometheus(c, metrics, start, end, STEP, labelsets=labelsets)
+    assert kept == [True, True, False]  # the second read used a few series of the first's many
+    pd.testing.assert_frame_equal(frame, want)
 
 
 def test_label_sets_not_named_by_the_last_two_reads_are_forgotten():
