@@ -113,7 +113,7 @@ def test_a_read_that_remembers_the_last_gives_the_same_frame_without_counting(st
         for _ in range(3):
             labelsets.turn()
             calls = []
-            labelsets.get = lambda raw, calls=calls: calls.append(raw) or get(raw)
+            labelsets.get = lambda raw, calls=calls, get=get: calls.append(raw) or get(raw)
             with PrometheusClient(url, **client) as c:
                 frame, _report = query_prometheus(c, names, start, end, STEP, labelsets=labelsets)
             pd.testing.assert_frame_equal(frame, want)
