@@ -22,6 +22,7 @@ string literal.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 import threading
@@ -33,6 +34,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import numpy as np
 import orjson
@@ -248,12 +250,27 @@ class Answer:
     warnings: list[str]
 
 
+def _loopback(url: str) -> bool:
+    """Whether ``url``'s host is this machine (localhost or a loopback address)."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class PrometheusClient:
     """Thin, retrying client of the Prometheus HTTP API shared by Prometheus-compatible servers.
 
     ``max_samples`` is the server's limit on samples one query may hold (``--query.max-samples``,
     50 M by default; tell a lower one to skip the refused tries) and ``concurrency`` the requests
     in flight at once. Safe to use from several threads.
+
+    Answers come gzip-compressed (requests asks for it), except from a server on this machine (a loopback
+    address): there compression saves no network and costs both sides CPU, a fifth of Prometheus' CPU for
+    serve's ticks (1.3 s -> 1.05 s a tick at 2,000 GPUs). A ``headers`` Accept-Encoding decides either way.
     """
 
     def __init__(
@@ -296,6 +313,8 @@ class PrometheusClient:
         self.session.mount("https://", adapter)
         self.session.verify = verify
         self.session.headers["User-Agent"] = "truegpu-analyzer"
+        if _loopback(self.url):
+            self.session.headers["Accept-Encoding"] = "identity"
         if headers:
             self.session.headers.update(headers)
         if bearer_token:

@@ -295,6 +295,19 @@ def test_auth_and_custom_headers_are_sent(fake):
         PrometheusClient(server.url, bearer_token="x", basic_auth=("a", "b"))
 
 
+def test_answers_are_not_compressed_from_this_machine_unless_asked(fake):
+    """On loopback compression saves no network and costs both sides CPU; elsewhere gzip; a header decides."""
+    server = fake((200, _matrix([[1, "1"]])), (200, _matrix([[1, "1"]])))
+    PrometheusClient(server.url).query_range("m", 1, 1, 1)
+    PrometheusClient(server.url, headers={"Accept-Encoding": "gzip"}).query_range("m", 1, 1, 1)
+    assert server.requests[0][1]["Accept-Encoding"] == "identity"
+    assert server.requests[1][1]["Accept-Encoding"] == "gzip"
+    for url in ("http://localhost:9090", "http://[::1]:9090", "http://127.0.0.2"):
+        assert PrometheusClient(url).session.headers["Accept-Encoding"] == "identity", url
+    for url in ("http://prometheus.monitoring.svc:9090", "https://10.0.0.7", "https://mimir.example.com/prometheus"):
+        assert "gzip" in PrometheusClient(url).session.headers["Accept-Encoding"], url
+
+
 def test_unreachable_url_names_it():
     url = f"http://127.0.0.1:{free_port()}"
     client = PrometheusClient(url, retries=1, backoff=0, timeout=2)
