@@ -318,6 +318,10 @@ class _Space:
         #: Label name -> per label set its value (None: the set lacks it), for the label sets up to ``filled``.
         self.columns: dict[str, _Grow] = {}
         self.filled = 0
+        #: The last series table, the series it was built for (order named, canonical order), the warnings it
+        #: gave, and what readers kept from it (Samples.memo).
+        self.table: tuple[np.ndarray, np.ndarray, pd.DataFrame, list[str]] | None = None
+        self.memo: dict[Any, Any] = {}
 
     def fill(self) -> list[tuple[tuple[str, str], ...]]:
         """Write the label columns of the label sets added since the last call; returns every label set."""
@@ -539,7 +543,7 @@ class FrameBuilder:
         space.first.array[:] = -1
         self._named = []
         self._arrived = 0
-        return Samples(table, tuple(blocks))
+        return Samples(table, tuple(blocks), space.memo if self.labelsets.remember else None)
 
     def build(self) -> pd.DataFrame:
         """The long frame: metric, timestamp, value, then one categorical column per label (Samples.frame)."""
@@ -550,6 +554,11 @@ class FrameBuilder:
         in the order this read first named them) first name them; a label called like a frame column is renamed
         ``exported_<name>``."""
         space = self._space
+        if (space.table is not None and np.array_equal(space.table[0], named)
+                and np.array_equal(space.table[1], canonical)):  # the same series as the last table's
+            self.report.warnings.extend(space.table[3])
+            return space.table[2]
+        warnings: list[str] = []
         sets = space.fill()
         lsid = space.lsid.array
         in_order = lsid[named]
@@ -569,9 +578,13 @@ class FrameBuilder:
             column = name
             if column in FRAME_COLUMNS:
                 column = "exported_" + name
-                self.report.warnings.append(f"label {name!r} collides with a frame column; renamed to {column!r}")
+                warnings.append(f"label {name!r} collides with a frame column; renamed to {column!r}")
             columns[column] = space.columns[name].array[of_series]
-        return pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in columns.items()})
+        self.report.warnings.extend(warnings)
+        table = pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in columns.items()})
+        if self.labelsets.remember:
+            space.table, space.memo = (named, canonical, table, warnings), {}
+        return table
 
     def _dedupe(self, metric: str, ids: np.ndarray, local: np.ndarray, ts: np.ndarray,
                 val: np.ndarray) -> tuple[np.ndarray | None, tuple | None]:

@@ -18,7 +18,8 @@ by time (ties in input order). ``Samples.frame`` is the long frame in that order
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -81,6 +82,9 @@ class Samples:
 
     series: pd.DataFrame
     blocks: tuple[Block, ...] = ()
+    #: What readers worked out from ``series`` (normalize's per-series tables), kept with it where a reader
+    #: hands out the same table again (serve's ticks: LabelSets' series space); None: nothing is kept.
+    memo: dict[Any, Any] | None = field(default=None, compare=False, repr=False)
 
     def __len__(self) -> int:
         return sum(len(b) for b in self.blocks)

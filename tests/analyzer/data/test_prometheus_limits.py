@@ -8,6 +8,7 @@ frame as one unsplit read from a stock server, and match the file it was backfil
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -21,6 +22,7 @@ from analyzer.data.ingest import LabelSets, PrometheusClient, PrometheusError, q
 from analyzer.data.ingest import matrix as mx
 from analyzer.data.ingest.plan import Shard, chunk_windows, cost, halve_window, plan
 from analyzer.data.load import load_files, load_prometheus
+from analyzer.data.normalize import normalize
 from exporter import schema as S
 from exporter.simulator.history import write_history
 from tests.analyzer.data.kit import STEP, assert_matches, cluster, window
@@ -127,6 +129,18 @@ def test_a_read_that_remembers_the_last_gives_the_same_frame_without_counting(st
         # One answer a metric naming the same series as the last read: its ordering and numbering are taken
         # as they were (split by time, under the tight limit, a series comes twice: worked out each read).
         assert looked_up[0] > 0 and (looked_up[1:] == [0, 0] if url == stock_url else looked_up[1] > 0)
+    # Compact reads of the same series hand out the same series table, and what normalize works out from it
+    # (its per-series tables) is kept with it: the next read's Fleet is the one worked out from scratch.
+    samples = []
+    for _ in range(2):
+        labelsets.turn()
+        with PrometheusClient(stock_url) as c:
+            samples.append(query_prometheus(c, names, start, end, STEP, labelsets=labelsets, compact=True)[0])
+        fleet = normalize(samples[-1], step=STEP, start=start, end=end)
+    assert samples[1].series is samples[0].series and samples[1].memo is samples[0].memo and samples[0].memo
+    fresh = normalize(dataclasses.replace(samples[1], memo=None), step=STEP, start=start, end=end)
+    pd.testing.assert_frame_equal(fleet.frame, fresh.frame)
+    assert fleet.notes == fresh.notes and fleet.dialect == fresh.dialect
     # The numbering starts over once it holds more than twice the series the last read used (plus a spare).
     labelsets, kept = LabelSets(), []
     labelsets.spare = 0
