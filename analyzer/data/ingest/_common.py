@@ -318,10 +318,10 @@ class _Space:
         #: Label name -> per label set its value (None: the set lacks it), for the label sets up to ``filled``.
         self.columns: dict[str, _Grow] = {}
         self.filled = 0
-        #: The last series table, the series it was built for (order named, canonical order), the warnings it
+        #: Per set of metrics read together (one builder of a read: serve reads gauges and DCGM counters apart),
+        #: the last series table, the series it was built for (order named, canonical order), the warnings it
         #: gave, and what readers kept from it (Samples.memo).
-        self.table: tuple[np.ndarray, np.ndarray, pd.DataFrame, list[str]] | None = None
-        self.memo: dict[Any, Any] = {}
+        self.tables: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray, pd.DataFrame, list[str], dict]] = {}
 
     def fill(self) -> list[tuple[tuple[str, str], ...]]:
         """Write the label columns of the label sets added since the last call; returns every label set."""
@@ -539,25 +539,27 @@ class FrameBuilder:
         self.report.samples += sum(len(b) for b in blocks)
         self.report.series += len(used)
         self.labelsets.used += len(used)
-        table = self._series_table(named, canonical)
+        table, memo = self._series_table(named, canonical, tuple(space.names[g] for g in group_order.tolist()))
         space.first.array[:] = -1
         self._named = []
         self._arrived = 0
-        return Samples(table, tuple(blocks), space.memo if self.labelsets.remember else None)
+        return Samples(table, tuple(blocks), memo)
 
     def build(self) -> pd.DataFrame:
         """The long frame: metric, timestamp, value, then one categorical column per label (Samples.frame)."""
         return self.samples().frame()
 
-    def _series_table(self, named: np.ndarray, canonical: np.ndarray) -> pd.DataFrame:
+    def _series_table(self, named: np.ndarray, canonical: np.ndarray,
+                      metrics: tuple[str, ...]) -> tuple[pd.DataFrame, dict[Any, Any] | None]:
         """One row per series in canonical order: metric, then the labels in the order the series (``named``:
         in the order this read first named them) first name them; a label called like a frame column is renamed
-        ``exported_<name>``."""
+        ``exported_<name>``. Remembering, the last table of these ``metrics`` when it has the same series, and
+        the memo kept with it (Samples.memo); else None."""
         space = self._space
-        if (space.table is not None and np.array_equal(space.table[0], named)
-                and np.array_equal(space.table[1], canonical)):  # the same series as the last table's
-            self.report.warnings.extend(space.table[3])
-            return space.table[2]
+        last = space.tables.get(metrics)
+        if last is not None and np.array_equal(last[0], named) and np.array_equal(last[1], canonical):
+            self.report.warnings.extend(last[3])
+            return last[2], last[4]
         warnings: list[str] = []
         sets = space.fill()
         lsid = space.lsid.array
@@ -582,9 +584,11 @@ class FrameBuilder:
             columns[column] = space.columns[name].array[of_series]
         self.report.warnings.extend(warnings)
         table = pd.DataFrame({k: pd.Series(v, dtype=object) for k, v in columns.items()})
-        if self.labelsets.remember:
-            space.table, space.memo = (named, canonical, table, warnings), {}
-        return table
+        if not self.labelsets.remember:
+            return table, None
+        memo: dict[Any, Any] = {}
+        space.tables[metrics] = (named, canonical, table, warnings, memo)
+        return table, memo
 
     def _dedupe(self, metric: str, ids: np.ndarray, local: np.ndarray, ts: np.ndarray,
                 val: np.ndarray) -> tuple[np.ndarray | None, tuple | None]:

@@ -184,7 +184,19 @@ class Samples:
         for p in parts:
             blocks += [replace(b, first=b.first + offset) for b in p.blocks]
             offset += len(p.series)
-        return cls(pd.concat([p.series for p in parts], ignore_index=True), tuple(blocks))
+        return cls(pd.concat([p.series for p in parts], ignore_index=True), tuple(blocks), _joint_memo(parts))
+
+
+def _joint_memo(parts: Sequence[Samples]) -> dict[Any, Any] | None:
+    """The memo of parts joined (``concat``): kept in the first part's while every part's table is the one it
+    was made for (the tables themselves are held, so none is taken for a new one at the same address)."""
+    if any(p.memo is None for p in parts):
+        return None
+    tables, key = tuple(p.series for p in parts), ("concat", len(parts))
+    kept = parts[0].memo.get(key)
+    if kept is None or not all(a is b for a, b in zip(kept[0], tables, strict=True)):
+        kept = parts[0].memo[key] = (tables, {})
+    return kept[1]
 
 
 def narrow(values: np.ndarray) -> np.ndarray:

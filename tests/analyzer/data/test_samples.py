@@ -138,3 +138,19 @@ def test_timestamps_are_indexed_where_they_repeat_and_exact_either_way():
     np.testing.assert_array_equal(m.timestamps(), np.tile(times, 4))
     np.testing.assert_array_equal(n.timestamps(), jitter)
     assert m.nbytes == 960 * (1 + 4) + 240 * 8 + 5 * 8  # a byte of time and a float32 a sample
+
+
+def test_joined_parts_keep_one_memo_while_every_part_is_the_same_table() -> None:
+    """serve reads gauges and DCGM counters apart; normalize's per-series memo of the joined Samples lives as
+    long as both parts are the tables it was made for (each part's table held, so no new one takes its place)."""
+    def part(metric: str, memo: dict) -> Samples:
+        long = pd.DataFrame({"metric": [metric] * 2, "timestamp": [0.0, 60.0], "value": [1.0, 2.0], "gpu": ["0", "0"]})
+        s = Samples.from_frame(long)
+        return Samples(s.series, s.blocks, memo)
+
+    a, b = part("a", {}), part("b", {})
+    joint = Samples.concat([a, b])
+    assert joint.memo is not None and Samples.concat([a, b]).memo is joint.memo
+    b2 = part("b", b.memo)  # the same memo, but another table: not the same series
+    assert Samples.concat([a, b2]).memo is not joint.memo
+    assert Samples.concat([a, part("b", None)]).memo is None  # a part that keeps nothing: nothing kept
