@@ -18,6 +18,7 @@ and to emit that dialect from the simulator).
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
@@ -887,7 +888,7 @@ DCGM_DEFAULT_FIELDS: frozenset[str] = frozenset(
 DCGM_SENTINEL_RANGES: tuple[tuple[float, float], ...] = (
     (float(0x7FFFFFF0), float(0x7FFFFFF3)),  # DCGM_INT32_BLANK .. NOT_PERMISSIONED
     (140737488355328.0, 140737488355331.0),  # DCGM_FP64_BLANK .. NOT_PERMISSIONED
-    (float(0x7FFFFFFFFFFFFFF0), float("inf")),  # DCGM_INT64_BLANK and up
+    (float(0x7FFFFFFFFFFFFFF0), sys.float_info.max),  # DCGM_INT64_BLANK and up; +Inf is no marker: out of range
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 from collections import Counter
@@ -127,6 +128,7 @@ def test_dcgm_sentinels_are_recognised_and_real_values_are_not():
         assert schema.is_dcgm_sentinel(float(sentinel)), sentinel
     for real in (0.0, 99.0, 1980.0, 700.0, 81559.0, 2.5e12, 2147483631.0):
         assert not schema.is_dcgm_sentinel(real), real
+    assert not schema.is_dcgm_sentinel(math.inf)  # no DCGM marker: the valid-range check drops it, said as such
 
 
 def test_dcgm_by_field_knows_both_spellings():

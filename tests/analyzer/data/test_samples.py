@@ -154,3 +154,15 @@ def test_joined_parts_keep_one_memo_while_every_part_is_the_same_table() -> None
     b2 = part("b", b.memo)  # the same memo, but another table: not the same series
     assert Samples.concat([a, b2]).memo is not joint.memo
     assert Samples.concat([a, part("b", None)]).memo is None  # a part that keeps nothing: nothing kept
+
+
+def test_an_infinite_dcgm_value_is_out_of_range_not_a_dcgm_marker() -> None:
+    """DCGM marks blank/not-supported fields with huge finite values; +Inf is none of them: it is dropped as out
+    of the contract's range and said so, not as a "DCGM blank" (the wording an operator would chase)."""
+    report = IngestReport()
+    builder = FrameBuilder(report)
+    sid = builder.series_id("DCGM_FI_DEV_GPU_TEMP", [("gpu", "0")])
+    builder.add(np.array([sid] * 3), np.array([0.0, 15.0, 30.0]), np.array([50.0, float(0x7FFFFFF0), np.inf]))
+    values = builder.build()["value"].to_numpy()
+    assert values[0] == 50.0 and np.isnan(values[1:]).all()
+    assert report.sentinels == {"DCGM_FI_DEV_GPU_TEMP": 1} and report.out_of_range == {"DCGM_FI_DEV_GPU_TEMP": 1}
