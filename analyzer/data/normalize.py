@@ -215,11 +215,6 @@ class _Picked:
         return self.grid.row_ending(self.ts)
 
 
-#: The attributes of _Input that depend on the series alone (``_per_series``).
-_PER_SERIES = ("table", "n_series", "notes", "lab", "has_gpu", "own_key", "par_key", "tl_series", "n_tl", "tl_rep",
-               "metric", "dialect_of_series", "dialect")
-
-
 class _Input:
     """A series table with canonical labels and timelines (metric, device, contract labels), and the
     needed metrics' sample blocks, read through ``picks``."""
@@ -252,9 +247,10 @@ class _Input:
             self.__dict__.update(kept[1])
             self.notes = list(self.notes)
         else:
+            before = set(vars(self))
             self._per_series(samples, blocks, pods)
             if samples.memo is not None:
-                samples.memo[_Input] = (key, {k: getattr(self, k) for k in _PER_SERIES})
+                samples.memo[_Input] = (key, {k: v for k, v in vars(self).items() if k not in before})
         self.ts_min = min(float(b.times.min()) for b in blocks)
 
     def _per_series(self, samples: Samples, blocks: list[Block], pods: pd.DataFrame) -> None:

@@ -542,30 +542,21 @@ class Straggler:
         spell by spell, where an earlier rise of the CUSUM to half its alarm level began that came at most the
         pattern's own longest spacing (between its counted spells) before. A healthy member reaches half the
         alarm level rarely, and only a rise at the pattern's spacing right before it is taken for its spell."""
-        i = round((float(ep.start) - fleet.start) / fleet.step)
-        j = i + round(float(ep.duration_s) / fleet.step)
-        starts = np.flatnonzero(first[i:j])
+        i = _sample(ep, fleet)
+        starts = np.flatnonzero(first[i:i + round(float(ep.duration_s) / fleet.step)])
         spacing = int(np.diff(starts).max()) if len(starts) >= 2 else round(self.spell_gap_s / fleet.step)
-        c = i
-        while c > 0 and cusum[c - 1] > 0.0:
-            c -= 1
+        rising = cusum > 0.0
+        c = _run_start(rising, i)
         while True:
-            b = c - 1  # the last sample of an earlier rise, within one spacing
-            while b >= 0 and c - b <= spacing and not cusum[b] > 0.0:
-                b -= 1
-            if b < 0 or c - b > spacing:
+            earlier = np.flatnonzero(rising[max(c - spacing, 0):c])  # an earlier rise ending within one spacing
+            if not len(earlier):
                 break
-            a = b
-            while a > 0 and cusum[a - 1] > 0.0:
-                a -= 1
+            b = max(c - spacing, 0) + int(earlier[-1])
+            a = _run_start(rising, b)
             if cusum[a:b + 1].max() < self.cusum_h / 2:
                 break
             c = a
-        if c == i:
-            return ep
-        extra = (i - c) * fleet.step
-        return ep._replace(start=float(ep.start) - extra, duration_s=float(ep.duration_s) + extra,
-                           evidence_s=float(ep.evidence_s) + extra)
+        return _started_at(ep, c, fleet)
 
     def _intermittent_findings(self, fleet: Fleet, pg: PeerGroups, cells: _Cells) -> list[Finding]:
         """Recurring slow spells of one member: spells at most ``spell_gap_s`` apart form one episode (from
@@ -592,8 +583,8 @@ class Straggler:
             end = float(ep.end) if not ep.open else fleet.end
             if n_spells[i] < self.spells_min or duty[i] < self.duty_min:
                 continue
-            ep = self._first_spell(ep, cells.cusum[slots[(ep.job, ep.hostname, ep.gpu, ep.gpu_instance or None)]],
-                                   first[slots[(ep.job, ep.hostname, ep.gpu, ep.gpu_instance or None)]], fleet)
+            s = slots[(ep.job, ep.hostname, ep.gpu, ep.gpu_instance or None)]
+            ep = self._first_spell(ep, cells.cusum[s], first[s], fleet)
             v = {k: float(a[i]) for k, a in m.items()}
             v.update(compute=1.0, input=0.0, nvlink=0.0)
             n_members = members.get((ep.job, ep.hostname, ep.gpu, ep.gpu_instance or None), 1)
@@ -784,17 +775,30 @@ def _merge_intermittent(found: list[Finding], spells: list[Finding]) -> list[Fin
     return [f for i, f in enumerate(found) if i not in drop] + keep
 
 
-def _lead_in(ep: Any, joined: np.ndarray, fleet: Fleet) -> Any:
-    """Episode ``ep`` started where its run in ``joined`` (one slot's row) starts: the lead-in is known
-    evidence of the same problem, so it counts toward duration and evidence too."""
-    i = j = round((float(ep.start) - fleet.start) / fleet.step)
-    while j > 0 and joined[j - 1]:
-        j -= 1
-    if j == i:
+def _sample(ep: Any, fleet: Fleet) -> int:
+    """The sample index of an episode's start."""
+    return round((float(ep.start) - fleet.start) / fleet.step)
+
+
+def _run_start(mask: np.ndarray, i: int) -> int:
+    """Where the run of True in ``mask`` (one slot's row) that goes on up to sample ``i`` began (``i``: none)."""
+    before = np.flatnonzero(~mask[:i])
+    return int(before[-1]) + 1 if len(before) else 0
+
+
+def _started_at(ep: Any, c: int, fleet: Fleet) -> Any:
+    """Episode ``ep`` begun at sample ``c`` (at or before its start): the time before is known evidence of the
+    same problem, so it counts toward duration and evidence too."""
+    extra = (_sample(ep, fleet) - c) * fleet.step
+    if extra <= 0:
         return ep
-    extra = (i - j) * fleet.step
     return ep._replace(start=float(ep.start) - extra, duration_s=float(ep.duration_s) + extra,
                        evidence_s=float(ep.evidence_s) + extra)
+
+
+def _lead_in(ep: Any, joined: np.ndarray, fleet: Fleet) -> Any:
+    """Node episode ``ep`` begun where its run in ``joined`` (one slot's row: GPU-level lead-in) began."""
+    return _started_at(ep, _run_start(joined, _sample(ep, fleet)), fleet)
 
 
 def _inside_node(nodes: list[Finding], gpus: list[Finding]) -> list[Finding]:

@@ -200,13 +200,12 @@ class _Canon(NamedTuple):
 
 class _Answer(NamedTuple):
     """A metric's answers as one read took them (LabelSets.answer): the numbering it used, the positions of its
-    series holding points, their label sets as kept, their canonical order and their forms and ids in it."""
+    series holding points and their canonical forms, their canonical order and their ids in that order."""
 
     space: _Space
     keep: list[int]
-    raws: list[Any]
-    order: list[int]
     canons: list[_Canon]
+    order: list[int]
     sids: list[int]
 
 
@@ -253,7 +252,8 @@ class LabelSets:
         tick's query as it answered the last, and ordering and numbering ~600 k series again was a second a
         10,000-GPU tick."""
         a = self._answers_before.get(metric)
-        if a is None or a.space is not self.space or a.keep != keep or [labels[i] for i in keep] != a.raws:
+        if (a is None or a.space is not self.space or a.keep != keep
+                or [labels[i] for i in keep] != [c.raw for c in a.canons]):
             return None
         self._answers[metric] = a
         return a
@@ -262,8 +262,7 @@ class LabelSets:
                     sids: list[int]) -> None:
         """Remember how this read ordered (``order``: positions in ``keep``) and numbered a metric's series."""
         if self.remember:
-            self._answers[metric] = _Answer(self.space, keep, [c.raw for c in canons], order,
-                                            [canons[j] for j in order], sids)
+            self._answers[metric] = _Answer(self.space, keep, canons, order, sids)
 
     def get(self, raw: tuple[tuple[str, str], ...] | bytes) -> _Canon:
         """The canonical form of a label set: pairs, or an answer's JSON object of them (kept as it is)."""
@@ -401,7 +400,8 @@ class FrameBuilder:
         return out
 
     def named_again(self, canons: list[_Canon], sids: list[int]) -> None:
-        """Series an earlier read numbered (LabelSets.answer), named by this one in the same order."""
+        """Series an earlier read numbered (LabelSets.answer), named by this one in the same order (``sids``;
+        ``canons``, in any order, for their replica labels)."""
         self._named.append(sids)
         for c in canons:
             for k, v in c.replicas:
