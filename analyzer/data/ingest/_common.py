@@ -472,15 +472,15 @@ class FrameBuilder:
         times, at = encode_times(ts, 1 << 16)
         del ts
         if (g == g[0]).all():
-            self._pieces.setdefault(int(g[0]), []).append(_Piece(sid, times, at, narrow(val)))
+            self._pieces.setdefault(int(g[0]), []).append(_Piece(*_runs(sid), times, at, narrow(val)))
             return
         order = np.argsort(g, kind="stable")
         g, sid, val = g[order], sid[order], val[order]
         at, times = (at[order], times) if at is not None else (None, times[order])
         starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
         for a, b in zip(starts.tolist(), [*starts[1:].tolist(), len(g)], strict=True):
-            piece = _Piece(sid[a:b], times, at[a:b], narrow(val[a:b]).copy()) if at is not None else \
-                _Piece(sid[a:b], times[a:b], None, narrow(val[a:b]).copy())
+            piece = _Piece(*_runs(sid[a:b]), times, at[a:b], narrow(val[a:b]).copy()) if at is not None else \
+                _Piece(*_runs(sid[a:b]), times[a:b], None, narrow(val[a:b]).copy())
             self._pieces.setdefault(int(g[a]), []).append(piece)
 
     def _note_first(self, sid: np.ndarray) -> None:
@@ -625,19 +625,29 @@ class FrameBuilder:
 
 
 class _Piece(NamedTuple):
-    """Samples of one group from one flush: series ids, times (``times[at]``, or ``times`` where ``at``
-    is None), values."""
+    """Samples of one group from one flush: series ids (one per run of ``runs`` samples where not None),
+    times (``times[at]``, or ``times`` where ``at`` is None), values."""
 
     sid: np.ndarray
+    runs: np.ndarray | None
     times: np.ndarray
     at: np.ndarray | None
     val: np.ndarray
 
 
+def _runs(sid: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """(series id per run, run lengths) where the samples come in runs of one series (Prometheus answers and most
+    files do: a read then holds a few bytes per series, not four per sample); else (``sid``, None)."""
+    starts = np.flatnonzero(np.concatenate(([True], sid[1:] != sid[:-1]))) if len(sid) else np.zeros(0, np.int64)
+    if 4 * len(starts) > len(sid):
+        return sid, None
+    return sid[starts], np.diff(np.append(starts, len(sid))).astype(np.int32)
+
+
 def _drain(pieces: list[_Piece]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Series ids, float64 times and values of the pieces, joined; each piece is released once copied
     (the peak is one block, not two)."""
-    n = sum(len(p.sid) for p in pieces)
+    n = sum(len(p.val) for p in pieces)
     sid = np.empty(n, dtype=np.int32)
     ts = np.empty(n, dtype=np.float64)
     val = np.empty(n, dtype=np.result_type(*(p.val for p in pieces)))
@@ -645,8 +655,8 @@ def _drain(pieces: list[_Piece]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     pieces.reverse()
     while pieces:
         p = pieces.pop()
-        end = pos + len(p.sid)
-        sid[pos:end] = p.sid
+        end = pos + len(p.val)
+        sid[pos:end] = p.sid if p.runs is None else np.repeat(p.sid, p.runs)
         ts[pos:end] = p.times[p.at] if p.at is not None else p.times
         val[pos:end] = p.val
         pos = end

@@ -633,9 +633,8 @@ def _add(builder: FrameBuilder, name: str, answers: list[Answer]) -> int:
     matrices = [a.matrix for a in answers]
     labels = [lab for m in matrices for lab in m.raw_labels]
     counts = _cat([m.counts for m in matrices], np.int64)
-    ts = _cat([m.timestamps for m in matrices], np.float64)
-    values = _cat([m.values for m in matrices], np.float64)
     firsts = np.cumsum(counts) - counts
+    bounds = np.cumsum([0, *(len(m.values) for m in matrices)])
     keep = np.flatnonzero(counts).tolist()
     sets = builder.labelsets
     known = sets.answer(name, labels, keep)
@@ -644,21 +643,49 @@ def _add(builder: FrameBuilder, name: str, answers: list[Answer]) -> int:
         builder.named_again(known.canons, sids)
         order = known.order
     else:
-        first_ts = ts[firsts[keep]].tolist()
+        first_ts = _gather(matrices, bounds, firsts[keep])[0].tolist() if keep else []
         canons = [sets.get(lab if isinstance(lab, bytes) else tuple(lab.items())) for lab in (labels[i] for i in keep)]
         order = [j for *_, j in sorted(zip([(c.name or name, c.key, c.replicas) for c in canons], first_ts,
                                            range(len(keep)), strict=True))]
         sids = builder.series_ids(name, [canons[j] for j in order])
         if len(set(sids)) == len(sids):  # no series twice (an HA pair, a time split): the order is the labels'
             sets.keep_answer(name, keep, canons, order, sids)
-    keep = [keep[j] for j in order]
+    keep = np.asarray([keep[j] for j in order], dtype=np.int64)
     n = counts[keep]
-    idx = np.arange(int(n.sum())) + np.repeat(firsts[keep] - (np.cumsum(n) - n), n)
-    if len(idx) != len(ts) or (np.diff(idx) != 1).any():  # Prometheus sorts one answer's series alike
-        ts, values = ts[idx], values[idx]
-    builder.add(np.repeat(np.asarray(sids, dtype=np.int64), n), ts, values)
-    found = builder.labelsets.series[name] = len(set(sids))
+    sids = np.asarray(sids, dtype=np.int32)
+    # A few series at a time: the metric's points are never copied whole (a big metric's answers are ~1 M points
+    # each, and the copies were most of the read's peak memory).
+    ends = np.cumsum(n)
+    cut = np.searchsorted(ends, np.arange(_ADD_CHUNK, int(ends[-1]) if len(ends) else 0, _ADD_CHUNK), side="right")
+    for a, b in zip([0, *cut.tolist()], [*cut.tolist(), len(keep)], strict=True):
+        if a == b:
+            continue
+        m = n[a:b]
+        idx = np.arange(int(m.sum())) + np.repeat(firsts[keep[a:b]] - (np.cumsum(m) - m), m)
+        builder.add(np.repeat(sids[a:b], m), *_gather(matrices, bounds, idx))
+    found = builder.labelsets.series[name] = len(set(sids.tolist()))
     return found
+
+
+#: Points of one metric added to the builder at a time (``_add``).
+_ADD_CHUNK = 1 << 18
+
+
+def _gather(matrices: list[mx.Matrix], bounds: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(timestamps, values) at ``idx``, positions in the answers' points back to back (``bounds``: where each
+    answer's start); no copy of one answer's contiguous run (Prometheus sorts one answer's series alike)."""
+    lo, hi = int(idx[0]), int(idx[-1]) + 1
+    a = int(np.searchsorted(bounds, lo, side="right")) - 1
+    if hi <= bounds[a + 1] and hi - lo == len(idx) and (np.diff(idx) == 1).all():
+        s = lo - int(bounds[a])
+        return matrices[a].timestamps[s:s + len(idx)], matrices[a].values[s:s + len(idx)]
+    ts, values = np.empty(len(idx)), np.empty(len(idx))
+    which = np.searchsorted(bounds, idx, side="right") - 1
+    for k in np.unique(which).tolist():
+        at = which == k
+        ts[at] = matrices[k].timestamps[idx[at] - bounds[k]]
+        values[at] = matrices[k].values[idx[at] - bounds[k]]
+    return ts, values
 
 
 def query_prometheus(

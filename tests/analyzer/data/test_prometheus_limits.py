@@ -20,6 +20,7 @@ import requests
 from analyzer.data import dialects as D
 from analyzer.data.ingest import LabelSets, PrometheusClient, PrometheusError, query_prometheus
 from analyzer.data.ingest import matrix as mx
+from analyzer.data.ingest import prometheus as prometheus_ingest
 from analyzer.data.ingest.plan import Shard, chunk_windows, cost, halve_window, plan
 from analyzer.data.load import load_files, load_prometheus
 from analyzer.data.normalize import normalize
@@ -178,6 +179,15 @@ def test_parallel_requests_give_the_same_frame(tight_url):
     one, _ = _frame(tight_url, max_samples=LIMIT, concurrency=1)
     many, _ = _frame(tight_url, max_samples=LIMIT, concurrency=8)
     pd.testing.assert_frame_equal(many, one)
+
+
+def test_a_metric_added_a_few_points_at_a_time_gives_the_same_frame(tight_url, monkeypatch):
+    """A metric's answers go to the builder in chunks of series (never copied whole): chunks cutting through
+    answers split by host and time give the frame one chunk gives."""
+    whole, _ = _frame(tight_url, max_samples=LIMIT)
+    monkeypatch.setattr(prometheus_ingest, "_ADD_CHUNK", 7)
+    cut, _ = _frame(tight_url, max_samples=LIMIT)
+    pd.testing.assert_frame_equal(cut, whole)
 
 
 def test_load_prometheus_under_a_tight_limit_is_the_stock_and_the_file_fleet(history, stock_url, tight_url):
