@@ -34,7 +34,8 @@ def build_all(cluster_label: str = DEFAULT_CLUSTER_LABEL) -> dict[str, str]:
     for mod in mods:
         for d in dialects(cluster_label):
             dash = dashboard(key=mod.KEY, title=mod.TITLE, description=mod.DESCRIPTION, dialect=d,
-                             specs=mod.panels(d), links=mod.LINKS, titles=titles, findings=mod.FINDINGS)
+                             specs=mod.panels(d), links=mod.LINKS, titles=titles, findings=mod.FINDINGS,
+                             pages=getattr(mod, "PAGES", ()))
             files[f"{d.name}-{mod.KEY}.json"] = to_json(dash)
     return files
 

@@ -236,6 +236,23 @@ def dashboard_links(dialect: Dialect, keys: tuple[str, ...], titles: dict[str, s
     return links
 
 
+#: The analyzer's base URL as a browser reaches it (a textbox variable: set it to your ingress); the default is
+#: ``kubectl -n truegpu port-forward svc/truegpu-analyzer 9836``'s.
+ANALYZER_URL_VARIABLE, ANALYZER_URL_DEFAULT = "analyzer_url", "http://localhost:9836"
+
+
+def analyzer_links(paths: tuple[tuple[str, str], ...]) -> tuple[list[g.Template], list[g.DashboardLink]]:
+    """(the analyzer URL variable, links) for pages of the analyzer: (title, path under its base URL)."""
+    if not paths:
+        return [], []
+    var = g.Template(name=ANALYZER_URL_VARIABLE, label="truegpu analyzer URL", query=ANALYZER_URL_DEFAULT,
+                     type="textbox", default=ANALYZER_URL_DEFAULT, hide=g.SHOW)
+    links = [g.DashboardLink(type="link", title=title, uri=f"${{{ANALYZER_URL_VARIABLE}}}{path}", icon="doc",
+                             targetBlank=True, tooltip=f"{title}: the truegpu analyzer's page")
+             for title, path in paths]
+    return [var], links
+
+
 def findings_annotation(dialect: Dialect, kinds: tuple[str, ...]) -> dict:
     """The analyzer's open findings of ``kinds`` (analyzer.findings constants) as Grafana annotations,
     filtered by the dashboard's variables: a region per finding while truegpu_finding_active is 1."""
@@ -269,10 +286,11 @@ def layout(specs: list[PanelSpec]) -> list[g.GridPos]:
 
 def dashboard(*, key: str, title: str, description: str, dialect: Dialect, specs: list[PanelSpec],
               links: tuple[str, ...] = (), titles: dict[str, str] | None = None,
-              findings: tuple[str, ...] = ()) -> g.Dashboard:
+              findings: tuple[str, ...] = (), pages: tuple[tuple[str, str], ...] = ()) -> g.Dashboard:
     """One dashboard: ``links`` are the keys of related dashboards (``titles``: key -> title), ``findings``
-    the analyzer finding kinds shown as annotations."""
+    the analyzer finding kinds shown as annotations, ``pages`` links to the analyzer's pages (``analyzer_links``)."""
     panels = [_panel(s, dialect, p) for s, p in zip(specs, layout(specs), strict=True)]
+    page_vars, page_links = analyzer_links(pages)
     variant = "dcgm-exporter" if dialect.name == DCGM else "truegpu exporter"
     return g.Dashboard(
         title=f"truegpu / {title} ({variant})",
@@ -280,9 +298,9 @@ def dashboard(*, key: str, title: str, description: str, dialect: Dialect, specs
         description=description,
         tags=["truegpu", dialect.name, key],
         panels=panels,
-        links=dashboard_links(dialect, links, titles or {}),
+        links=dashboard_links(dialect, links, titles or {}) + page_links,
         annotations=g.Annotations(list=[findings_annotation(dialect, findings)] if findings else []),
-        templating=g.Templating(list=variables(dialect)),
+        templating=g.Templating(list=variables(dialect) + page_vars),
         time=g.Time("now-6h", "now"),
         refresh="1m",
         timezone="utc",

@@ -26,6 +26,8 @@ DESCRIPTION = "The GPUs of the selected jobs side by side (one line per member),
     "the spread between members. In a synchronous job the slowest member sets everyone's pace."
 
 LINKS = ("fleet", "node", "health", "thermal", "finops")
+#: The analyzer's page of the selected workload (``truegpu job``): its report and advice.
+PAGES = (("Job report (truegpu analyzer)", f"/jobs/${{{S.WORKLOAD}:percentencode}}"),)
 #: Stragglers and idle GPUs: what a job's owner can act on.
 FINDINGS = (F.STRAGGLER, F.IDLE_ALLOCATED, F.IDLE_MASKING)
 

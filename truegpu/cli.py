@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "evaluate": "analyzer.cli.analyze",
     "serve": "analyzer.cli.serve",
     "report": "analyzer.cli.report",
+    "job": "analyzer.cli.job",
 }
 
 

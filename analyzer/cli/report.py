@@ -43,14 +43,9 @@ DEMO_SCENARIO = "mixed-fleet"
 LONG_WINDOW_S, LONG_WINDOW_STEP = 86400.0, 300.0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "report", help="effective-cost report: GPU-hours, cost and waste in dollars (FOCUS CSV, JSON, HTML)",
-        description="Price the GPU-hours of a window with a price catalog and split the cost into effective work, "
-        "recoverable waste (idle allocated, masked, straggler wait, throttled, underused), the normal headroom "
-        "of healthy work, unclassified, unknown and unallocated capacity, grouped by namespace, job, team, node, "
-        "model or GPU.",
-    )
+def add_source_arguments(p: argparse.ArgumentParser, default_window: str) -> argparse._ArgumentGroup:
+    """--prometheus/--input/--demo, the window, the Prometheus options and the price catalog (``load_inputs``'s);
+    returns the "cost" group for the command's own options."""
     src = p.add_argument_group("input (one of)")
     src.add_argument("--prometheus", metavar="URL", help="Prometheus, Thanos, Mimir or VictoriaMetrics base URL "
                      "(reads the --window ending now)")
@@ -59,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--demo", action="store_true", help=f"the simulated {DEMO_SCENARIO} fleet (no services needed)")
     win = p.add_argument_group("window")
     win.add_argument("--window", type=_arg(parse_positive_duration), default=None, metavar="DURATION",
-                     help=f"with --prometheus: how far back from --end, e.g. 7d (default {DEFAULT_WINDOW})")
+                     help=f"with --prometheus: how far back from --end, e.g. 7d (default {default_window})")
     add_range_arguments(win, "Prometheus default: --end - --window")
     win.add_argument("--step", type=_arg(parse_positive_duration), default=None,
                      help=f"resolution (Prometheus default {DEFAULT_STEP:g}s, {LONG_WINDOW_STEP:g}s for windows over "
@@ -67,11 +62,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     win.add_argument("--job-label", help="label naming the job (e.g. hpc_job); default: derived from the pod")
     add_prometheus_arguments(p.add_argument_group("Prometheus"))
     cost = p.add_argument_group("cost")
-    cost.add_argument("--group-by", choices=GROUP_BY_CHOICES, default="namespace",
-                      help="group the cost by (default namespace)")
     cost.add_argument("--prices", type=Path, metavar="FILE",
                       help="price catalog YAML (default: the illustrative fixtures/prices/default.yaml)")
     cost.add_argument("--cluster", metavar="NAME", help="apply this cluster's overrides from the price catalog")
+    return cost
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "report", help="effective-cost report: GPU-hours, cost and waste in dollars (FOCUS CSV, JSON, HTML)",
+        description="Price the GPU-hours of a window with a price catalog and split the cost into effective work, "
+        "recoverable waste (idle allocated, masked, straggler wait, throttled, underused), the normal headroom "
+        "of healthy work, unclassified, unknown and unallocated capacity, grouped by namespace, job, team, node, "
+        "model or GPU.",
+    )
+    cost = add_source_arguments(p, DEFAULT_WINDOW)
+    cost.add_argument("--group-by", choices=GROUP_BY_CHOICES, default="namespace",
+                      help="group the cost by (default namespace)")
     cost.add_argument("--team-map", type=Path, metavar="FILE",
                       help="YAML/JSON mapping of namespace (or --team-label value) -> team; keys may be globs")
     cost.add_argument("--team-label", choices=ALLOCATION_COLUMNS, default="namespace",
@@ -85,8 +92,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_report)
 
 
-def _check(args: argparse.Namespace) -> None:
-    """Argument combinations argparse cannot express; fails before any slow work."""
+def check_source(args: argparse.Namespace) -> None:
+    """One of --prometheus, --input, --demo, with the window options that apply to it (``load_fleet``'s)."""
     sources = [name for name, given in (("--prometheus", args.prometheus), ("--input", args.input),
                                         ("--demo", args.demo)) if given]
     if len(sources) != 1:
@@ -96,13 +103,19 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--window applies to --prometheus; with --input use --start/--end")
     if args.demo and (args.start is not None or args.end is not None):
         raise ValueError("--start/--end apply to --prometheus and --input; --demo is the whole simulated run")
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Argument combinations argparse cannot express; fails before any slow work."""
+    check_source(args)
     if args.format == "html" and args.out is None:
         raise ValueError("--format html needs --out DIR (the page is written to DIR/cost-report.html)")
     if args.format == "html" and args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out}: --format html needs a directory, that is a file")
 
 
-def _fleet(args: argparse.Namespace, progress: _Progress) -> Any:
+def load_fleet(args: argparse.Namespace, progress: _Progress, default_window: str = DEFAULT_WINDOW) -> Any:
+    """The fleet of ``--demo``, ``--input`` or ``--prometheus`` (its ``--window``, default ``default_window``)."""
     if args.demo:
         from analyzer.data.simulated import fleet_from_cluster
         from exporter.simulator import Cluster, load_scenario
@@ -113,7 +126,7 @@ def _fleet(args: argparse.Namespace, progress: _Progress) -> Any:
     load_args = argparse.Namespace(**vars(args))
     if args.prometheus:
         load_args.start, load_args.end = resolve_range(args.start, args.end, args.window,
-                                                       parse_positive_duration(DEFAULT_WINDOW))
+                                                       parse_positive_duration(default_window))
         if load_args.step is None:
             span = load_args.end - load_args.start
             load_args.step = LONG_WINDOW_STEP if span > LONG_WINDOW_S else DEFAULT_STEP
@@ -126,20 +139,27 @@ def _destination(out: Path, fmt: str) -> Path:
     return out
 
 
+def load_inputs(args: argparse.Namespace, progress: _Progress, default_window: str = DEFAULT_WINDOW) -> tuple[
+        Any, Any, Any]:
+    """(price catalog, site config, fleet), in that order: a bad catalog or site fails before a slow read."""
+    from analyzer.finops.catalog import load_catalog
+
+    catalog = load_catalog(args.prices, cluster=args.cluster)
+    site = load_site(args.site)
+    return catalog, site, load_fleet(args, progress, default_window)
+
+
 def run_report(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from analyzer.data.ingest import PrometheusError
-    from analyzer.finops.catalog import load_catalog
 
     out = out or sys.stdout
     progress = _Progress(args.quiet)
     try:
         _check(args)
-        catalog = load_catalog(args.prices, cluster=args.cluster)
         from analyzer.finops.costs import COST_FINDING_KINDS, cost_report, load_team_map
 
         team_map = load_team_map(args.team_map) if args.team_map else None
-        site = load_site(args.site)
-        fleet = _fleet(args, progress)
+        catalog, site, fleet = load_inputs(args, progress)
         from analyzer.pipeline import analyze
 
         result = analyze(fleet, list(COST_FINDING_KINDS), site, partition=False, progress=progress)

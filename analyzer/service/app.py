@@ -32,7 +32,7 @@ from analyzer.service.deps import Auth, retry_after, validation_message
 from analyzer.service.errors import CostError, NoResults
 from analyzer.service.loop import AnalyzerService
 from analyzer.service.metrics import build_registry
-from analyzer.service.routers import costs, findings, ops, pages, scores
+from analyzer.service.routers import costs, findings, jobs, ops, pages, scores
 from analyzer.service.settings import ApiSettings
 from exporter import __version__
 
@@ -71,7 +71,8 @@ def create_app(service: AnalyzerService, settings: ApiSettings | None = None) ->
     async def cost_error(request: Request, exc: CostError) -> JSONResponse:
         return JSONResponse(status_code=400, content={"detail": str(exc)})
 
-    for router in (findings.router(sorted(load_detectors())), scores.router, costs.router, pages.router, ops.router):
+    for router in (findings.router(sorted(load_detectors())), scores.router, costs.router, jobs.router, pages.router,
+                   ops.router):
         app.include_router(router)
     return app
 

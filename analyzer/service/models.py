@@ -122,6 +122,34 @@ class CostOut(ResultMeta):
     report: CostReportOut
 
 
+class JobReportOut(BaseModel):
+    """analyzer.report.job.to_json: one job's scores, GPU-hour parts, per-GPU rows, timeline, findings, advice."""
+
+    model_config = ConfigDict(extra="allow")
+
+    workload: str
+    namespaces: list[str]
+    running: bool
+    gpus: int
+    scores: dict[str, float | None]
+    parts: dict[str, float | None]
+    advice: list[dict[str, Any]]
+    per_gpu: list[dict[str, Any]]
+    findings: list[dict[str, Any]]
+
+
+class JobOut(ResultMeta):
+    job: JobReportOut
+
+
+class JobsOut(ResultMeta):
+    below: float | None = Field(description="Only jobs under this effective utilization (null: every job)")
+    finished_only: bool
+    count: int
+    jobs: list[dict[str, Any]] = Field(description="analyzer.report.job_list.LIST_COLUMNS per job, lowest "
+                                       "effective utilization first; times RFC 3339 UTC")
+
+
 class ErrorOut(BaseModel):
     detail: str
 

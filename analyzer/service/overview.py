@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from analyzer.analysis.scores import fleet_summary
 from analyzer.findings import Finding, rfc3339, sort_findings
@@ -106,10 +107,12 @@ def _where(f: Finding) -> str:
 
 
 def _job(f: Finding) -> str:
+    """The finding's workload as a cell linking to its job page (/jobs/NAME)."""
     job, ns = text(f.job), text(f.namespace)
     if not job:
-        return ""
-    return f"{ns}/{job}" if ns else job
+        return "<td></td>"
+    label = f"{ns}/{job}" if ns else job
+    return f'<td><a href="/jobs/{esc(quote(job, safe=""))}">{esc(label)}</a></td>'
 
 
 def _findings(findings: Sequence[Finding]) -> str:
@@ -123,7 +126,7 @@ def _findings(findings: Sequence[Finding]) -> str:
         sev = esc(f.severity)
         rows.append(
             f'<tr class="finding"><td><span class="sev sev-{sev}">{sev}</span></td>' + _td(f.kind) + _td(_where(f))
-            + _td(_job(f)) + _td(f"{float(f.score):.2f}", "n") + _td(rfc3339(f.start), "t")
+            + _job(f) + _td(f"{float(f.score):.2f}", "n") + _td(rfc3339(f.start), "t")
             + _td("ongoing" if f.end is None else rfc3339(f.end), "t") + _td(f.summary) + "</tr>"
         )
     headers = [("Severity", False), ("Kind", False), ("Where", False), ("Job", False), ("Score", True),

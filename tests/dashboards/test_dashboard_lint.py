@@ -416,7 +416,8 @@ def test_dashboard_links_chain_fleet_node_gpu_job() -> None:
     """fleet -> node -> GPU (health/thermal) -> job, each keeping the time range and the variables."""
     for dialect in ("truegpu", "dcgm"):
         def targets(key: str, dialect: str = dialect) -> set[str]:
-            links = DASHBOARDS[f"{dialect}-{key}.json"]["links"]
+            links = [lk for lk in DASHBOARDS[f"{dialect}-{key}.json"]["links"]
+                     if not lk.get("url", "").startswith("${analyzer_url}")]  # the analyzer's pages: below
             assert all(link["keepTime"] and link["includeVars"] for link in links)
             return {link["url"].removeprefix("/d/") for link in links if link["type"] == "link"}
 
@@ -425,6 +426,21 @@ def test_dashboard_links_chain_fleet_node_gpu_job() -> None:
         assert f"{dialect}-job" in targets("health") & targets("thermal")
         for name in (n for n in NAMES if n.startswith(dialect)):
             assert targets(name.split("-", 1)[1].removesuffix(".json")) <= {n.removesuffix(".json") for n in NAMES}
+
+
+def test_the_job_dashboard_links_the_analyzer_s_job_page() -> None:
+    """`truegpu job`'s page of the selected workload, at the analyzer URL the dashboard's textbox holds."""
+    from dashboards.builder import ANALYZER_URL_DEFAULT
+
+    for dialect in ("truegpu", "dcgm"):
+        dash = DASHBOARDS[f"{dialect}-job.json"]
+        pages = [lk for lk in dash["links"] if lk.get("url", "").startswith("${analyzer_url}")]
+        assert [lk["url"] for lk in pages] == ["${analyzer_url}/jobs/${workload:percentencode}"]
+        var = next(v for v in dash["templating"]["list"] if v["name"] == "analyzer_url")
+        assert var["type"] == "textbox" and var["query"] == ANALYZER_URL_DEFAULT
+        assert "workload" in _variables(dash)
+    others = [n for n in NAMES if not n.endswith("-job.json")]
+    assert not any("analyzer_url" in json.dumps(DASHBOARDS[n]) for n in others)
 
 
 def test_data_links_open_existing_dashboards_with_their_variables() -> None:

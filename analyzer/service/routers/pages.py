@@ -41,6 +41,17 @@ def index(request: Request, service: ServiceDep, settings: SettingsDep, costs: C
                         headers=cur.headers())
 
 
+@router.get("/jobs/{name}")
+def job_page(name: str, request: Request, service: ServiceDep, costs: CostsDep, auth: AuthDep) -> Response:
+    """One job's page (the JSON is /api/jobs/{name}); linked from the overview's findings."""
+    from analyzer.report.job_html import render_job
+    from analyzer.service.routers.jobs import job_of
+
+    auth.require(request, basic=True)
+    cur, report = job_of(service, costs, name)
+    return HTMLResponse(render_job(report), headers=cur.headers())
+
+
 @router.get("/docs")
 def docs(request: Request) -> HTMLResponse:
     app = request.app

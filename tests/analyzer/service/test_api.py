@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import csv
 import io
+import re
 from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
@@ -396,3 +397,47 @@ def test_metrics_publish_the_catalog_price_of_each_model_in_the_fleet(api, analy
     want = {m: (e.key, catalog.currency, e.price_per_gpu_hour) for m in models
             if (e := catalog.lookup(m)) is not None}
     assert got == want and got  # every priced model, and only those (unpriced: no series, never $0)
+
+
+# -- jobs ---------------------------------------------------------------------------------------------------
+def test_a_job_s_report_is_the_workload_scores_and_the_cost_report(api, analyzed):
+    scores = {r["workload"]: r for r in get(api, "/api/scores", level="workload", allocated_only="true")
+              .json()["rows"]}
+    groups = {g["group"]: g for g in get(api, "/api/reports/cost", group_by="workload").json()["report"]["groups"]}
+    for name in ("embed-batch", "nb-alice", "pretrain-7b"):
+        r = get(api, f"/api/jobs/{name}")
+        assert r.status_code == 200, r.text
+        job = r.json()["job"]
+        assert job["workload"] == name and r.json()["window"] == get(api, "/api/scores").json()["window"]
+        for col in ("allocated_gpu_hours", "effective_util", "reported_util", "idle_gpu_hours"):
+            assert job["scores"][col] == pytest.approx(scores[name][col]), col
+        for part in ("effective", "idle_allocated", "masked", "straggler", "headroom"):
+            assert job["parts"][part] == pytest.approx(groups[name][f"{part}_gpu_hours"], abs=1e-9), part
+        assert job["cost"]["cost"] == pytest.approx(groups[name]["cost"])
+    assert get(api, "/api/jobs/nb-alice").json()["job"]["advice"][0]["kind"] == "release"
+    assert get(api, "/api/jobs/embed-batch").json()["job"]["advice"][0]["kind"] == "batch"
+
+
+def test_unknown_job_is_404_and_the_listing_filters(api, analyzed):
+    r = get(api, "/api/jobs/no-such-job")
+    assert r.status_code == 404 and "no workload, Slurm job or pod named 'no-such-job'" in r.json()["detail"]
+    assert get(api, "/api/jobs/nb-alice", headers=None).status_code == 401
+    every = get(api, "/api/jobs").json()
+    assert every["count"] == len(every["jobs"]) == 6 and every["below"] is None
+    low = get(api, "/api/jobs", below="0.3").json()
+    assert {j["job"] for j in low["jobs"]} == {"nb-alice", "ranker-serve", "chat-serve", "embed-batch"}
+    assert all(j["effective_util"] < 0.3 and j["last_seen"].endswith("Z") for j in low["jobs"])
+    assert get(api, "/api/jobs", below="2").status_code == 422
+    assert get(api, "/api/jobs", finished="true").json()["count"] == 0  # every demo job runs to the end
+
+
+def test_the_job_page_for_browsers_is_linked_from_the_overview(api):
+    basic = {"Authorization": "Basic " + base64.b64encode(f"me:{TOKEN}".encode()).decode()}
+    page = get(api, "/jobs/nb-alice", headers=basic)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "<h1>Job nb-alice</h1>" in page.text and "Release the GPUs" in page.text
+    assert get(api, "/jobs/nb-alice", headers=None).status_code == 401
+    assert get(api, "/jobs/no-such-job", headers=basic).status_code == 404
+    overview = get(api, "/").text
+    linked = set(re.findall(r'href="/jobs/([^"]+)"', overview))
+    assert linked and all(get(api, f"/jobs/{name}", headers=basic).status_code == 200 for name in linked)

@@ -135,3 +135,31 @@ def test_overview_in_headless_chromium(page_url, tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == (1280, 1600) and len(data) > 20_000  # a rendered page, not a blank one
+
+
+def test_job_page_in_headless_chromium(page_url, tmp_path):
+    """The job page a finding links to: the job's numbers as text, the hostile name escaped, a real render."""
+    from urllib.parse import quote
+
+    from analyzer.report.html import fmt_pct
+
+    service, url = page_url
+    authed = url.replace("http://", f"http://anyone:{TOKEN}@")
+    overview = chromium(tmp_path, authed + "/", "--dump-dom").stdout
+    assert f'href="/jobs/{quote(HOSTILE, safe="")}"' in overview.replace("&amp;", "&")  # the findings link it
+    page = authed + "/jobs/" + quote(HOSTILE, safe="")
+    dom = chromium(tmp_path, page, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-3000:]
+    parsed = Texts()
+    parsed.feed(dom.stdout)
+    a = service.snapshot().analysis
+    table = a.scores.allocated["job"]
+    row = table[table["job"].astype(str) == HOSTILE].iloc[0]
+    assert f"Job {HOSTILE}" in dom.stdout.replace("&lt;", "<").replace("&gt;", ">")
+    assert fmt_pct(row["effective_util"]) in dom.stdout and "Release the GPUs" in dom.stdout
+    assert "img" not in parsed.tags and "script" not in parsed.tags
+    shot = tmp_path / "job.png"
+    run = chromium(tmp_path, page, f"--screenshot={shot}")
+    assert run.returncode == 0 and shot.exists(), run.stderr[-3000:]
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000

@@ -1,0 +1,130 @@
+"""Jobs below an effective-utilization bar (``truegpu job --list``, ``GET /api/jobs``), and the mail an admin
+sends their owners: one plain-text RFC 5322 message per namespace, written to files (``sendmail -t < F``
+sends one; no mail server is involved here).
+
+A job is *finished* when it held no GPU in the last step of the window (its last allocated sample is
+earlier): run over yesterday (``--start`` / ``--end``), the finished jobs are the ones that ended
+yesterday. Effective utilization is the job's row of the allocated per-workload scores, unknown where
+nothing was measured (never listed as 0 %: an unknown job is not below the bar).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from email.message import EmailMessage
+from email.utils import formatdate
+
+import pandas as pd
+
+from analyzer.analysis.rows import allocated_rows
+from analyzer.analysis.scores import Scores
+from analyzer.data.frame import Fleet
+from analyzer.findings import rfc3339
+
+LIST_COLUMNS: tuple[str, ...] = (
+    "job", "namespace", "first_seen", "last_seen", "running", "gpus", "allocated_gpu_hours", "reported_util",
+    "effective_util", "waste_gpu_hours",
+)
+#: How a recipient address is made from a namespace by default (``--mail-to``).
+DEFAULT_MAIL_TO = "{namespace}"
+
+
+def job_list(fleet: Fleet, scores: Scores, below: float | None = None, finished: bool = False) -> pd.DataFrame:
+    """Jobs of the window (LIST_COLUMNS), lowest effective utilization first; ``below``: only those under
+    that ratio (unknown ones never); ``finished``: only those that ended within the window."""
+    fr = fleet.frame
+    jobs = scores.allocated.get("job")
+    if jobs is None or jobs.empty or "job" not in fr.columns:
+        return pd.DataFrame(columns=list(LIST_COLUMNS))
+    alloc = allocated_rows(fr) & fr["job"].notna().to_numpy()
+    sub = fr.loc[alloc]
+    key = sub["job"].astype(str)
+    span = sub.groupby(key, sort=True)["timestamp"].agg(["min", "max"])
+    devices = sub.groupby(key, sort=True)[[c for c in ("hostname", "gpu", "gpu_instance") if c in sub.columns]]
+    counts = devices.apply(lambda d: len(d.drop_duplicates()))
+    ns = (sub.groupby(key, sort=True)["namespace"].agg(lambda s: ", ".join(sorted(set(map(str, s.dropna())))))
+          if "namespace" in sub.columns else pd.Series("", index=span.index))
+    out = jobs.assign(job=jobs["job"].astype(str)).set_index("job")
+    out = pd.DataFrame({
+        "job": span.index,
+        "namespace": ns.reindex(span.index).fillna("").to_numpy(),
+        "first_seen": span["min"].to_numpy(float),
+        "last_seen": span["max"].to_numpy(float),
+        "running": (span["max"].to_numpy(float) + fleet.step >= fleet.end - 1e-6),
+        "gpus": counts.reindex(span.index).to_numpy(int),
+        "allocated_gpu_hours": out["allocated_gpu_hours"].reindex(span.index).to_numpy(float),
+        "reported_util": out["reported_util"].reindex(span.index).to_numpy(float),
+        "effective_util": out["effective_util"].reindex(span.index).to_numpy(float),
+        "waste_gpu_hours": _waste(scores, span.index),
+    })
+    if finished:
+        out = out[~out["running"]]
+    if below is not None:
+        out = out[out["effective_util"] < below]  # NaN < x is False: unknown is never "below"
+    return out.sort_values(["effective_util", "allocated_gpu_hours", "job"], ascending=[True, False, True],
+                           na_position="last", ignore_index=True)
+
+
+def _waste(scores: Scores, jobs: pd.Index) -> list[float]:
+    part = scores.partition.job if scores.partition is not None else pd.DataFrame()
+    if part.empty or "waste_gpu_hours" not in part.columns:
+        return [math.nan] * len(jobs)
+    waste = part["waste_gpu_hours"]
+    waste.index = waste.index.astype(str)
+    return waste.reindex(jobs).astype(float).tolist()
+
+
+def format_list(jobs: pd.DataFrame, below: float | None) -> str:
+    """The listing as a terminal table."""
+    if jobs.empty:
+        return "No job " + (f"below {below:.0%} effective utilization" if below is not None else "held a GPU") + \
+            " in the window."
+    lines = [f"{'job':<28} {'namespace':<14} {'GPUs':>5} {'GPU-h':>8} {'reported':>9} {'effective':>9} "
+             f"{'waste GPU-h':>11}  ended"]
+    for r in jobs.to_dict("records"):
+        lines.append(f"{r['job']:<28} {r['namespace']:<14} {r['gpus']:>5} {r['allocated_gpu_hours']:>8,.1f} "
+                     f"{_pct(r['reported_util']):>9} {_pct(r['effective_util']):>9} {_num(r['waste_gpu_hours']):>11}"
+                     f"  {'running' if r['running'] else rfc3339(r['last_seen'])}")
+    return "\n".join(lines)
+
+
+def _pct(v: float) -> str:
+    return f"{v:.0%}" if math.isfinite(v) else "unknown"
+
+
+def _num(v: float) -> str:
+    return f"{v:,.1f}" if math.isfinite(v) else "unknown"
+
+
+def mail_messages(jobs: pd.DataFrame, below: float, start: float, end: float, *, to: str = DEFAULT_MAIL_TO,
+                  sender: str = "truegpu", link: str | None = None) -> dict[str, EmailMessage]:
+    """One message per namespace listing its jobs (``jobs`` from ``job_list``), keyed by a file-safe name.
+    ``to``: the recipient address template (``{namespace}`` is replaced); ``link``: a URL template for a
+    job's page (``{job}``), e.g. the analyzer's ``https://truegpu.example/api/jobs/{job}?format=html``."""
+    out: dict[str, EmailMessage] = {}
+    for ns, group in jobs.groupby(jobs["namespace"].replace("", "(no namespace)"), sort=True):
+        msg = EmailMessage()
+        msg["From"] = sender
+        msg["To"] = to.format(namespace=ns)
+        msg["Date"] = formatdate(end, usegmt=True)
+        msg["Subject"] = f"GPU jobs below {below:.0%} effective utilization in {ns} ({len(group)})"
+        lines = [
+            f"Hello,\n\nthese jobs in {ns} used less than {below:.0%} of the GPUs they held between "
+            f"{rfc3339(start)} and {rfc3339(end)} (effective utilization: the share of the GPUs' cycles "
+            "that did real work, what the dashboards' \"GPU util\" does not tell):\n",
+            format_list(group, below),
+            "",
+            "Run `truegpu job NAME` (or open the link) for each job's own report and what to change.",
+        ]
+        if link:
+            lines += [""] + [f"  {j}: {link.format(job=j)}" for j in group["job"]]
+        lines.append("\n-- \ntruegpu")
+        msg.set_content("\n".join(lines), cte="8bit")  # readable as written: no line is near SMTP's 998
+        out[file_safe(str(ns))] = msg
+    return out
+
+
+def file_safe(text: str) -> str:
+    """``text`` usable as a file name (a job or namespace may hold any character)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
