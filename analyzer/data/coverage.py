@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
-from analyzer.data.frame import category_codes
+from analyzer.data.frame import UNCARVED, category_codes, instance_rows
 from analyzer.data.signals import ALLOCATION_COLUMNS, NAMES
 
 #: Below this share of the window with data, every output says the window is mostly empty.
@@ -32,11 +32,14 @@ DATA_SHARE = "data_share"
 
 
 def observed_rows(frame: pd.DataFrame) -> np.ndarray:
-    """True on rows where any telemetry signal has a value."""
+    """True on rows where any telemetry signal has a value, and on a MIG GPU's uncarved capacity where the GPU
+    is seen (analyzer.data.mig: its DATA_SHARE > 0)."""
     out = np.zeros(len(frame), bool)
     for name in NAMES:
         if name in frame.columns:
             out |= frame[name].notna().to_numpy()
+    if DATA_SHARE in frame.columns:
+        out |= instance_rows(frame, UNCARVED) & (frame[DATA_SHARE].to_numpy(np.float64) > 0)
     return out
 
 

@@ -120,6 +120,25 @@ def device_order(hostname: np.ndarray, gpu: np.ndarray, gpu_instance: np.ndarray
     return np.lexsort((*keys, np.asarray(hostname, dtype=object).astype(str)))
 
 
+#: ``gpu_instance`` of the device holding a MIG GPU's capacity no instance holds (analyzer.data.mig).
+UNCARVED = "uncarved"
+
+
+def instance_rows(frame: pd.DataFrame, value: str | None = None) -> np.ndarray:
+    """MIG instance rows (``value`` None: a ``gpu_instance`` other than "" and UNCARVED), or the rows whose
+    ``gpu_instance`` is ``value``; evaluated per category."""
+    if "gpu_instance" not in frame.columns:
+        return np.zeros(len(frame), bool)
+    col = frame["gpu_instance"]
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        text = col.astype(str).to_numpy()
+        return (text != "") & (text != UNCARVED) if value is None else text == value
+    cats = col.cat.categories.astype(str)
+    hit = (cats != "") & (cats != UNCARVED) if value is None else cats == value
+    codes = col.cat.codes.to_numpy()
+    return np.append(np.asarray(hit), False)[np.where(codes >= 0, codes, len(cats))]
+
+
 def gpu_share(mig_profile: str) -> float:
     """Fraction of a physical GPU a device is: 1 for a whole GPU, N/7 for an Ng MIG profile."""
     m = _MIG_SLICES.match(mig_profile or "")

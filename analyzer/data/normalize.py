@@ -48,6 +48,7 @@ from analyzer.data.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, gpu_shar
 from analyzer.data.hosts import map_exporter_pods, pod_info
 from analyzer.data.ingest import IngestReport, Samples
 from analyzer.data.ingest.samples import Block
+from analyzer.data.mig import with_uncarved
 from analyzer.data.signals import ALLOCATION_COLUMNS, SIGNALS, Signal
 from exporter import schema as S
 from exporter.attribution.jobs import KNOWN_JOB_LABELS, derive_job, sanitized_job_labels
@@ -94,7 +95,7 @@ def normalize(
     devices = data.devices()
     check_rows(len(devices), grid.T, grid.step)
     state = _State(data, grid, devices, report)
-    frame = hold_allocations(state.frame())
+    frame = with_uncarved(hold_allocations(state.frame()))
     events = state.events()
     missing = state.missing(frame)
     notes.extend(data.notes + state.notes)

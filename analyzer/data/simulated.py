@@ -13,6 +13,7 @@ import pandas as pd
 
 from analyzer.data.coverage import hold_allocations
 from analyzer.data.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, gpu_share
+from analyzer.data.mig import with_uncarved
 from analyzer.data.signals import ALLOCATION_COLUMNS, ALLOCATION_LABELS, SIGNALS, Signal
 from exporter import schema as S
 from exporter.simulator.model import SAMPLE_SIGNALS, Cluster
@@ -84,7 +85,7 @@ def fleet_from_cluster(
             arrays = [table[k][:T] for k in keys]
         cols[signal.name] = per_row(_combine(signal, arrays))
 
-    frame = hold_allocations(pd.DataFrame(cols))
+    frame = with_uncarved(hold_allocations(pd.DataFrame(cols)))
     return Fleet(
         frame=frame, step=float(step), start=start, end=start + T * step,
         events=_xid_events(cluster, table, times, step), topology=_topology(cluster), dialect="truegpu",

@@ -44,6 +44,7 @@ import pandas as pd
 
 from analyzer.data.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet
 from analyzer.data.grid import IDENTITY, Grid, splice, to_grid
+from analyzer.data.mig import with_uncarved, without_uncarved
 from analyzer.data.signals import SIGNALS
 
 log = logging.getLogger(__name__)
@@ -166,7 +167,7 @@ class WindowLoader:
 def _grid(fleet: Fleet, start: float, end: float) -> Grid:
     """The load's grid, checked to be one a splice reproduces."""
     try:
-        grid = to_grid(fleet.frame, start, end, fleet.step)
+        grid = to_grid(without_uncarved(fleet.frame), start, end, fleet.step)
     except ValueError as exc:
         raise Reload(str(exc)) from None
     if not _alloc_with_telemetry(grid):
@@ -182,7 +183,7 @@ def _alloc_with_telemetry(grid: Grid) -> bool:
 
 def _kept_of_full(fleet: Fleet, start: float, end: float) -> _Kept | None:
     try:
-        grid = to_grid(fleet.frame, start, end, fleet.step)
+        grid = to_grid(without_uncarved(fleet.frame), start, end, fleet.step)
     except ValueError:
         return None  # not a normalized window: every call loads in full
     n = len(grid.devices)
@@ -228,8 +229,9 @@ def _finish(kept: _Kept, grid: Grid, chunk: Fleet, new: Grid, start: float, cut:
     topology = _topology(kept, new, chunk, grid)
     events = _events(kept.events, chunk.events, start, cut)
     notes = (*_notes_in_window(kept.notes, start, cut), (cut, tuple(chunk.notes)))
-    fleet = Fleet(frame=grid.held().frame(), step=grid.step, start=start, end=end, events=events, topology=topology,
-                  dialect=chunk.dialect, missing=missing, notes=list(dict.fromkeys(n for _, ns in notes for n in ns)))
+    fleet = Fleet(frame=with_uncarved(grid.held().frame()), step=grid.step, start=start, end=end, events=events,
+                  topology=topology, dialect=chunk.dialect, missing=missing,
+                  notes=list(dict.fromkeys(n for _, ns in notes for n in ns)))
     return fleet, topology, notes
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 
 from analyzer.analysis.rows import IDLE_UTIL, allocated_rows, mig_rows
 from analyzer.analysis.scores import Scores
-from analyzer.data.frame import Fleet
+from analyzer.data.frame import UNCARVED, Fleet, instance_rows
 
 #: Most points a time-series chart draws; longer windows are averaged into wider buckets.
 MAX_POINTS = 720
@@ -153,7 +153,8 @@ def fleet_shape(fleet: Fleet) -> dict[str, object]:
     if "model" in fr.columns and len(fr):
         per_gpu = fr.groupby(["hostname", "gpu"], observed=True, sort=False)["model"].first()
         models = {str(k): int(v) for k, v in per_gpu.astype(str).value_counts().sort_index().items()}
-    devices = int(fr.groupby(["hostname", "gpu", "gpu_instance"], observed=True).ngroups) if len(fr) else 0
+    real = fr.loc[~instance_rows(fr, UNCARVED)]  # a MIG GPU's uncarved capacity is no device
+    devices = int(real.groupby(["hostname", "gpu", "gpu_instance"], observed=True).ngroups) if len(fr) else 0
     sites = sorted(str(s) for s in fr["site"].dropna().unique() if str(s)) if "site" in fr.columns else []
     return {
         "gpus": fleet.gpu_count(), "devices": devices, "nodes": distinct("hostname"),

@@ -26,7 +26,7 @@ import pandas as pd
 import pytest
 from pandas.testing import assert_frame_equal
 
-from analyzer.data.frame import Fleet
+from analyzer.data.frame import UNCARVED, Fleet
 from analyzer.data.ingest import LabelSets
 from analyzer.data.load import load_prometheus
 from analyzer.data.window import OVERLAP, WindowLoader
@@ -48,6 +48,9 @@ SCENARIO = {
         {"name": "train-m", "kind": "training", "namespace": "llm", "nodes": 2},
         {"name": "embed-m", "kind": "memory_bound", "namespace": "batch", "gpus": 4},
         {"name": "nb-dave", "kind": "idle_allocated", "namespace": "notebooks", "gpus": 2, "start": "10m"},
+        # two 3g.40gb slices of one GPU: its uncarved seventh is recomputed over the spliced window
+        {"name": "mig-nb", "kind": "idle_allocated", "namespace": "notebooks", "instances": 2,
+         "mig_profile": "3g.40gb"},
     ],
     "faults": [
         {"kind": "thermal_straggler", "target": {"job": "train-m", "rank": 6}, "start": "20m", "end": "70m",
@@ -121,6 +124,7 @@ def test_incremental_window_equals_a_full_reload_at_every_tick(prom) -> None:
     down = {36, 37, 38, 63}  # minutes whose tick fails; after 63 the clock jumps past a whole window
     ends = [*range(30, 64), 95]
     good = 0
+    uncarved: set[int] = set()  # rows of the MIG GPU's uncarved seventh per tick
     for minute in ends:
         now[0] = t0 + minute * MINUTE + 7.0
         target[0] = dead if minute in down else url
@@ -132,9 +136,11 @@ def test_incremental_window_equals_a_full_reload_at_every_tick(prom) -> None:
         assert analysis is not None and analysis.end == t0 + minute * MINUTE
         full = load_prometheus(url, analysis.start, analysis.end, STEP)
         assert_same(analysis.fleet, full)
+        uncarved.add(int((analysis.fleet.frame["gpu_instance"] == UNCARVED).sum()))
         assert _findings(analysis.findings) == _findings(analyze(full).findings), f"tick at {minute} min"
     # The first tick and the one after the outage longer than the window loaded the whole window; every
     # other tick read its new step and the OVERLAP before it, or from a GPU's last row before a gap.
+    assert WINDOW / STEP in uncarved  # the MIG GPU (on the node seen from minute 40) over a whole window
     assert window.full_loads == 2 and window.incremental_loads == good - 2
     assert window.last_reason == "the window no longer overlaps the kept one"
     whole = [c for c in calls if c[1] - c[0] >= WINDOW]
