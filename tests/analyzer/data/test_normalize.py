@@ -98,11 +98,13 @@ def test_h100_mig_pods_fixture():
     fleet = fixture("h100_mig_pods.txt")
     f = fleet.frame
     assert fleet.dialect == "dcgm" and fleet.step == 60.0 and fleet.start == T0
-    # MIG GPUs become one row per instance, whole GPUs one row each
+    # MIG GPUs become one row per instance (and one for the slices no instance holds), whole GPUs one row each
     assert list(zip(f["gpu"], f["gpu_instance"], strict=True)) == [
         ("0", ""), ("1", ""), ("2", ""), ("3", ""), ("4", ""), ("5", ""),
-        ("6", "1"), ("6", "2"), ("7", "1"), ("7", "5"), ("7", "13"),
+        ("6", "1"), ("6", "2"), ("6", "uncarved"), ("7", "1"), ("7", "5"), ("7", "13"),
     ]  # fmt: skip
+    assert _row(fleet, "6", "uncarved")["gpu_share"] == pytest.approx(1 / 7)  # 3g + 3g of 7: one seventh free
+    assert pd.isna(_row(fleet, "6", "uncarved")["job"]) and pd.isna(_row(fleet, "6", "uncarved")["sm_active"])
     assert _row(fleet, "6", "1")["mig_profile"] == "3g.40gb"
     assert _row(fleet, "6", "1")["gpu_share"] == pytest.approx(3 / 7)
     assert _row(fleet, "7", "13")["gpu_share"] == pytest.approx(1 / 7)
