@@ -54,6 +54,18 @@ an alert and a finding about the same GPU agree on when it starts and how severe
       owners:                             # hardware alerts of GPUs these namespaces hold
         - {namespace: "serving|inference-.*", receiver: serving-oncall}
 
+``access``: API tokens scoped to namespaces, for job owners (``truegpu serve``'s ``--api-token-file``
+token is the admin's and sees everything). A scoped token sees the findings, workload and namespace
+scores, cost groups and job reports of its namespaces only (globs), and nothing fleet-wide; the
+config holds the token's SHA-256 (``printf %s TOKEN | sha256sum``) or a file to read it from, never
+the token itself::
+
+    access:
+      tokens:
+        - {name: llm-team, sha256: 2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae,
+           namespaces: ["llm", "research-*"]}
+        - {name: physics, token_file: /etc/truegpu/tokens/physics, namespaces: [physics]}
+
 Built-in floors (calibration: AcmeTrace, NSDI 2024, production DCGM telemetry of two LLM
 clusters: busy GPUs run at ~60 % SM activity while reporting ~95 % GPU util):
 
@@ -68,6 +80,7 @@ clusters: busy GPUs run at ~60 % SM activity while reporting ~95 % GPU util):
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -81,7 +94,7 @@ from exporter import schema as S
 #: Labels a class can match on, as the site file names them (wire labels: ``workload``, not ``job``).
 MATCH_LABELS: tuple[str, ...] = (S.WORKLOAD, "namespace", "pod")
 #: Sections a site config may hold (a typo is an error, never silently ignored).
-SECTIONS: tuple[str, ...] = ("workload_classes", "selectors", "thresholds", "detectors", "alerting")
+SECTIONS: tuple[str, ...] = ("workload_classes", "selectors", "thresholds", "detectors", "alerting", "access")
 #: Threshold keys that are ratios (0..1); the others are non-negative numbers.
 _RATIOS = frozenset({"busy_utilization"})
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -194,6 +207,19 @@ class Alerting:
 
 
 @dataclass(frozen=True)
+class ScopedToken:
+    """An API token that sees the namespaces its globs match (``access`` section)."""
+
+    name: str
+    #: SHA-256 of the token.
+    digest: bytes = field(repr=False)
+    namespaces: tuple[str, ...]
+
+    def sees(self, namespace: str | None) -> bool:
+        return bool(namespace) and any(fnmatch.fnmatchcase(str(namespace), g) for g in self.namespaces)
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     """Everything site-specific; ``default_site()`` when no file is given."""
 
@@ -204,6 +230,8 @@ class SiteConfig:
     #: registry by analyzer.pipeline.detector_settings, which also merges the thresholds).
     detectors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     alerting: Alerting = field(default_factory=Alerting)
+    #: API tokens scoped to namespaces (the admin token is serve's --api-token-file).
+    tokens: tuple[ScopedToken, ...] = ()
     #: Where it came from (a path, or "defaults").
     source: str = "defaults"
 
@@ -277,7 +305,8 @@ def parse_site(data: Any, origin: str = "site config") -> SiteConfig:
                       selectors=_section(Selectors, data.get("selectors"), f"{origin}: selectors"),
                       thresholds=_section(Thresholds, data.get("thresholds"), f"{origin}: thresholds"),
                       detectors=_detectors(data.get("detectors"), f"{origin}: detectors"),
-                      alerting=_alerting(data.get("alerting"), f"{origin}: alerting"), source=origin)
+                      alerting=_alerting(data.get("alerting"), f"{origin}: alerting"),
+                      tokens=_access(data.get("access"), f"{origin}: access"), source=origin)
 
 
 def _detectors(raw: Any, where: str) -> dict[str, dict[str, Any]]:
@@ -360,6 +389,48 @@ def _alerting(raw: Any, where: str) -> Alerting:
         owners.append((pattern, receiver))
     links = {k: _text(raw[k], f"{where}.{k}") for k in ("runbook_base", "dashboard_base") if raw.get(k) is not None}
     return Alerting(**links, receivers={str(k): str(v) for k, v in receivers.items()}, owners=tuple(owners))
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _access(raw: Any, where: str) -> tuple[ScopedToken, ...]:
+    """The scoped tokens: name, sha256 (hex) or token_file, namespaces (globs); names and tokens unique."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping) or set(raw) - {"tokens"}:
+        raise ValueError(f"{where}: expected {{tokens: [...]}}, got {raw!r}")
+    out: list[ScopedToken] = []
+    for i, entry in enumerate(raw.get("tokens") or []):
+        at = f"{where}.tokens[{i}]"
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"{at}: expected {{name, sha256 or token_file, namespaces}}, got {entry!r}")
+        unknown = set(entry) - {"name", "sha256", "token_file", "namespaces"}
+        if unknown:
+            raise ValueError(f"{at}: unknown key(s) {sorted(unknown)} (known: name, sha256, token_file, namespaces)")
+        name = _text(entry.get("name"), f"{at}.name")
+        at = f"{at} ({name})"
+        if ("sha256" in entry) == ("token_file" in entry):
+            raise ValueError(f"{at}: give sha256 (the token's SHA-256 in hex) or token_file, one of them")
+        if "sha256" in entry:
+            hexd = str(entry["sha256"]).strip().lower()
+            if not _SHA256.fullmatch(hexd):
+                raise ValueError(f"{at}.sha256: expected 64 hex digits (printf %s TOKEN | sha256sum)")
+            digest = bytes.fromhex(hexd)
+        else:
+            path = Path(_text(entry["token_file"], f"{at}.token_file"))
+            try:
+                token = path.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ValueError(f"{at}.token_file: cannot read {path}: {exc.strerror or exc}") from None
+            if not token:
+                raise ValueError(f"{at}.token_file: {path} is empty")
+            digest = hashlib.sha256(token.encode("utf-8")).digest()
+        out.append(ScopedToken(name, digest, _globs(entry.get("namespaces"), f"{at}.namespaces")))
+    for what, values in (("names", [t.name for t in out]), ("tokens", [t.digest for t in out])):
+        if len(set(values)) != len(values):
+            raise ValueError(f"{where}: scoped token {what} repeat")
+    return tuple(out)
 
 
 def load_site(path: str | Path | None) -> SiteConfig:

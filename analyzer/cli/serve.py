@@ -137,7 +137,7 @@ def api_settings(args: argparse.Namespace, loader: Any, site: Any = None) -> tup
                               every=args.rollup_interval, site=site)
     settings = ApiSettings(token=token, no_auth=args.no_auth, protect_metrics=args.protect_metrics,
                            protect_healthz=args.protect_healthz, catalog=catalog, team_map=team_map,
-                           store=args.rollup_store)
+                           store=args.rollup_store, tokens=site.tokens)
     return settings, rollup
 
 

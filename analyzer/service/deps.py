@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
+import pandas as pd
 from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -30,6 +31,7 @@ from analyzer.service.settings import ApiSettings
 
 if TYPE_CHECKING:
     from analyzer.service.loop import Analysis, Snapshot
+    from analyzer.site import ScopedToken
 
 #: Free-text filter values (host, workload, namespace names): printable, bounded.
 TEXT_PATTERN = r"^[^\x00-\x1f\x7f]+$"
@@ -109,8 +111,44 @@ def _digest(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
 
+@dataclass(frozen=True)
+class Scope:
+    """What one request may see: everything (the admin token, or --no-auth), or the namespaces of a token the
+    site config scopes (analyzer.site.ScopedToken): their findings, workload and namespace scores, cost
+    groups and jobs; nothing fleet-wide."""
+
+    token: ScopedToken | None = None
+
+    @property
+    def admin(self) -> bool:
+        return self.token is None
+
+    def sees(self, namespace: str | None) -> bool:
+        return self.token is None or self.token.sees(namespace)
+
+    def jobs(self, fleet: Any) -> set[str] | None:
+        """The workloads this scope sees (every namespace they ran in is visible); None: all of them."""
+        if self.token is None:
+            return None
+        fr = fleet.frame
+        if "job" not in fr.columns or "namespace" not in fr.columns:
+            return set()
+        pairs = fr.groupby([fr["job"].astype(str), fr["namespace"].astype(str)], observed=True).size()
+        seen = pd.Series([self.sees(ns) for _, ns in pairs.index], index=pairs.index)
+        return {str(j) for j, ok in seen.groupby(level=0).all().items() if ok}
+
+    def refuse(self, what: str) -> HTTPException:
+        """403 for a scoped token asking for ``what``, something fleet-wide."""
+        t = self.token
+        scoped = f"token {t.name!r} sees namespaces {', '.join(t.namespaces)} only" if t else "this token"
+        return HTTPException(403, f"{scoped}: {what} needs the admin token")
+
+
+ADMIN = Scope()
+
+
 class Auth:
-    """Bearer (and, for the HTML page, Basic) token check; constant time over the token's hash."""
+    """Bearer (and, for the HTML page, Basic) token check; constant time over the tokens' hashes."""
 
     def __init__(self, settings: ApiSettings) -> None:
         self.settings = settings
@@ -121,10 +159,21 @@ class Auth:
             return False
         return hmac.compare_digest(_digest(supplied), self._want)
 
-    def require(self, request: Request, *, basic: bool = False, open_unless: bool = False) -> None:
-        """Raise 401/403 unless the request may pass. ``open_unless``: endpoints open by default."""
+    def _scoped(self, supplied: str | None) -> ScopedToken | None:
+        """The scoped token ``supplied`` is, comparing with every one (the time does not tell which)."""
+        if supplied is None:
+            return None
+        digest, found = _digest(supplied), None
+        for token in self.settings.tokens:
+            if hmac.compare_digest(digest, token.digest):
+                found = token
+        return found
+
+    def require(self, request: Request, *, basic: bool = False, admin: bool = False) -> Scope:
+        """The request's Scope; 401/403 unless it may pass. ``admin``: fleet-wide endpoints (a scoped token
+        gets 403)."""
         if self.settings.no_auth:
-            return
+            return ADMIN
         if self._want is None:
             raise HTTPException(403, "the API is disabled: start truegpu serve with --api-token-file FILE "
                                 "(or --no-auth to serve it without authentication)")
@@ -138,7 +187,13 @@ class Auth:
             except (binascii.Error, UnicodeDecodeError):
                 supplied = None
         if self.matches(supplied):
-            return
+            return ADMIN
+        scoped = self._scoped(supplied)
+        if scoped is not None:
+            scope = Scope(scoped)
+            if admin:
+                raise scope.refuse(request.url.path)
+            return scope
         challenge = f'Basic realm="{REALM}", charset="UTF-8"' if basic else f'Bearer realm="{REALM}"'
         if scheme:
             detail = "invalid token"
@@ -176,9 +231,12 @@ AuthDep = Annotated[Auth, Depends(get_auth)]
 
 
 def api_auth(request: Request, auth: AuthDep,
-             _cred: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]) -> None:
-    """The /api/* routes' token check (Bearer)."""
-    auth.require(request)
+             _cred: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]) -> Scope:
+    """The /api/* routes' token check (Bearer): the request's Scope."""
+    return auth.require(request)
+
+
+ScopeDep = Annotated[Scope, Depends(api_auth)]
 
 
 #: Error answers every /api route documents.

@@ -23,6 +23,8 @@ class ApiSettings:
     catalog: Any = None
     team_map: Mapping[str, str] | None = None
     store: Any = None
+    #: API tokens scoped to namespaces (analyzer.site.ScopedToken, the site config's ``access``).
+    tokens: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         if self.token is not None and not self.token:
@@ -31,6 +33,9 @@ class ApiSettings:
             raise ValueError("--no-auth and --api-token-file exclude each other")
         if (self.protect_metrics or self.protect_healthz) and self.token is None:
             raise ValueError("--protect-metrics/--protect-healthz need --api-token-file")
+        if self.tokens and self.token is None:
+            raise ValueError("the site config's scoped access tokens need --api-token-file (the admin token); "
+                             "--no-auth would show every namespace to anyone")
 
     @property
     def api_enabled(self) -> bool:

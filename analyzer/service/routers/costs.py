@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query
@@ -11,9 +12,21 @@ from fastapi.responses import HTMLResponse, Response
 from analyzer.findings import rfc3339
 from analyzer.finops import outputs
 from analyzer.service.cost_source import report_json
-from analyzer.service.deps import API_ERRORS, CostsDep, ServiceDep, answer, api_auth, current, reject_unknown
+from analyzer.service.deps import (
+    API_ERRORS,
+    CostsDep,
+    Current,
+    Scope,
+    ScopeDep,
+    ServiceDep,
+    answer,
+    api_auth,
+    current,
+    reject_unknown,
+)
 from analyzer.service.fmt import fmt_seconds
 from analyzer.service.models import CostOut, ErrorOut, GroupBy
+from exporter.schema import WORKLOAD
 from exporter.timeparse import parse_positive_duration
 
 CostFormat = Literal["json", "csv", "html"]
@@ -36,6 +49,7 @@ router = APIRouter(tags=["api"])
 def cost(
     service: ServiceDep,
     costs: CostsDep,
+    scope: ScopeDep,
     window: Annotated[str | None, Query(max_length=12, pattern=WINDOW_PATTERN, description=(
         "How far back, e.g. 1d, 30d (default: the analysis window). Within the analysis window the latest "
         "results are used; beyond it the daily rollup store (--rollup-store)."))] = None,
@@ -43,6 +57,8 @@ def cost(
     format: Annotated[CostFormat, Query(description="json, csv or html")] = "json",
 ) -> Response:
     """GPU cost and waste of the fleet, grouped (prices from --prices)."""
+    if not scope.admin and group_by not in ("namespace", WORKLOAD):
+        raise scope.refuse(f"cost grouped by {group_by}")
     cur = current(service)
     try:
         seconds = parse_positive_duration(window) if window is not None else None
@@ -55,6 +71,8 @@ def cost(
         source = "latest"
     else:
         report, source = costs.rollup(seconds, group_by, cur.analysis.end), "rollup"
+    if not scope.admin:
+        report = _scoped(report, scope, cur)
     if format == "json":
         body = {**cur.meta(), "window": {"start": rfc3339(report.start), "end": rfc3339(report.end)},
                 "source": source, "group_by": group_by, "requested_window": window or fmt_seconds(loop),
@@ -63,3 +81,21 @@ def cost(
     if format == "csv":
         return Response(outputs.to_focus_csv(report), media_type="text/csv; charset=utf-8", headers=cur.headers())
     return HTMLResponse(outputs.render_html(report), headers=cur.headers())
+
+
+def _scoped(report: Any, scope: Scope, cur: Current) -> Any:
+    """The report of the groups ``scope`` sees (its namespaces, or their workloads), totals over those alone.
+    A rollup's workloads are judged by the namespaces they ran in within the latest window."""
+    from analyzer.finops.costs import summarize
+
+    detail = report.detail
+    if report.group_by == "namespace":
+        keep = detail["group"].map(scope.sees)
+    else:
+        visible = scope.jobs(cur.analysis.fleet) if cur.analysis.fleet is not None else set()
+        keep = detail["group"].isin(visible or set())
+    detail = detail[keep.to_numpy(bool)].reset_index(drop=True)
+    groups, totals = summarize(detail)
+    return replace(report, detail=detail, groups=groups, totals=totals,
+                   tags={k: v for k, v in report.tags.items() if k in set(groups["group"])},
+                   straggler_findings_gpu_hours=totals["straggler_gpu_hours"], notes=[])

@@ -16,6 +16,7 @@ from analyzer.service.deps import (
     API_ERRORS,
     TEXT_MAX,
     TEXT_PATTERN,
+    ScopeDep,
     ServiceDep,
     answer,
     api_auth,
@@ -50,6 +51,7 @@ def router(kinds: Sequence[str]) -> APIRouter:
                                                 "limit"))])
     def findings(
         service: ServiceDep,
+        scope: ScopeDep,
         kind: Annotated[Kind | None, Query(description="Only this finding kind")] = None,
         severity: Annotated[Severity | None, Query(description="Only this severity")] = None,
         hostname: Annotated[str | None, Query(min_length=1, max_length=TEXT_MAX, pattern=TEXT_PATTERN)] = None,
@@ -64,7 +66,7 @@ def router(kinds: Sequence[str]) -> APIRouter:
         chosen = [
             f for f in cur.analysis.findings
             if (kind is None or f.kind == kind) and (severity is None or f.severity == severity)
-            and (not open_only or f.end is None)
+            and (not open_only or f.end is None) and (scope.admin or scope.sees(f.namespace))
             and all(v is None or label_value(getattr(f, k)) == v for k, v in wanted.items())
         ]
         ordered = sort_findings(chosen)

@@ -15,7 +15,7 @@ router = APIRouter(include_in_schema=False)
 def metrics(request: Request, settings: SettingsDep, auth: AuthDep) -> Response:
     """Sync: runs in the threadpool, not on the event loop."""
     if settings.protect_metrics:
-        auth.require(request)
+        auth.require(request, admin=True)
     encoder, content_type = choose_encoder(request.headers.get("accept", ""))
     return Response(encoder(request.app.state.registry), media_type=None, headers={"Content-Type": content_type})
 
@@ -24,7 +24,7 @@ def metrics(request: Request, settings: SettingsDep, auth: AuthDep) -> Response:
 def healthz(request: Request, service: ServiceDep, settings: SettingsDep, auth: AuthDep) -> JSONResponse:
     """Liveness: 200 while the process serves, "starting" in the body until a first good analysis."""
     if settings.protect_healthz:
-        auth.require(request)
+        auth.require(request, admin=True)
     return JSONResponse(service.health_json())
 
 
@@ -32,6 +32,6 @@ def healthz(request: Request, service: ServiceDep, settings: SettingsDep, auth: 
 def readyz(request: Request, service: ServiceDep, settings: SettingsDep, auth: AuthDep) -> JSONResponse:
     """Readiness: 503 until the first good analysis, so no traffic reaches an empty service."""
     if settings.protect_healthz:
-        auth.require(request)
+        auth.require(request, admin=True)
     health = service.health_json()
     return JSONResponse(health, status_code=200 if health["last_success"] is not None else 503)

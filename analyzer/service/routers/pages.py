@@ -22,7 +22,7 @@ router = APIRouter(include_in_schema=False)
 
 @router.get("/")
 def index(request: Request, service: ServiceDep, settings: SettingsDep, costs: CostsDep, auth: AuthDep) -> Response:
-    auth.require(request, basic=True)
+    auth.require(request, basic=True, admin=True)  # the whole fleet
     try:
         cur = current(service)
     except NoResults as exc:
@@ -47,8 +47,8 @@ def job_page(name: str, request: Request, service: ServiceDep, costs: CostsDep, 
     from analyzer.report.job_html import render_job
     from analyzer.service.routers.jobs import job_of
 
-    auth.require(request, basic=True)
-    cur, report = job_of(service, costs, name)
+    scope = auth.require(request, basic=True)
+    cur, report = job_of(service, costs, name, scope)
     return HTMLResponse(render_job(report), headers=cur.headers())
 
 

@@ -9,7 +9,16 @@ from fastapi.responses import JSONResponse
 
 from analyzer.analysis.scores import AGG_COLUMNS, LEVELS
 from analyzer.data.signals import ALLOCATION_COLUMN_OF, ALLOCATION_LABELS
-from analyzer.service.deps import API_ERRORS, ServiceDep, answer, api_auth, current, need_scores, reject_unknown
+from analyzer.service.deps import (
+    API_ERRORS,
+    ScopeDep,
+    ServiceDep,
+    answer,
+    api_auth,
+    current,
+    need_scores,
+    reject_unknown,
+)
 from analyzer.service.fmt import number, text
 from analyzer.service.models import Level, ScoresOut
 
@@ -36,12 +45,16 @@ def _split(partition: Any, level: str) -> dict[str | None, dict[str, float | Non
             dependencies=[Depends(api_auth), Depends(reject_unknown("level", "allocated_only"))])
 def scores(
     service: ServiceDep,
+    scope: ScopeDep,
     level: Annotated[Level, Query(description="Aggregation level")] = "fleet",
     allocated_only: Annotated[bool, Query(description="Only allocated GPU-hours (groups that held a job)")] = False,
 ) -> JSONResponse:
     """Time-weighted effective-utilization scores of the latest window at one level."""
+    if not scope.admin and level not in ("workload", "namespace"):
+        raise scope.refuse(f"scores at level {level!r}")
     cur = current(service)
-    _, sc = need_scores(cur)
+    fleet, sc = need_scores(cur)
+    visible = scope.jobs(fleet)
     scores_level = ALLOCATION_COLUMN_OF.get(level, level)
     table = (sc.allocated if allocated_only else sc.levels).get(scores_level)
     rows: list[dict[str, Any]] = []
@@ -49,6 +62,9 @@ def scores(
     if table is not None:
         keys = list(LEVELS[scores_level])
         for rec in table.to_dict("records"):
+            if not (scope.admin or (scope.sees(text(rec.get("namespace"))) if level == "namespace"
+                                    else text(rec.get("job")) in visible)):
+                continue
             row: dict[str, Any] = {ALLOCATION_LABELS.get(k, k): text(rec.get(k)) for k in keys}
             row.update({c: number(rec.get(c)) for c in AGG_COLUMNS})
             row.update(split.get(text(rec.get(keys[0])) if keys else None, {}))
