@@ -54,17 +54,17 @@ an alert and a finding about the same GPU agree on when it starts and how severe
       owners:                             # hardware alerts of GPUs these namespaces hold
         - {namespace: "serving|inference-.*", receiver: serving-oncall}
 
-``access``: API tokens scoped to namespaces, for job owners (``truegpu serve``'s ``--api-token-file``
-token is the admin's and sees everything). A scoped token sees the findings, workload and namespace
-scores, cost groups and job reports of its namespaces only (globs), and nothing fleet-wide; the
-config holds the token's SHA-256 (``printf %s TOKEN | sha256sum``) or a file to read it from, never
-the token itself::
+``access``: API tokens scoped to namespaces (or Slurm accounts), for job owners (``truegpu serve``'s
+``--api-token-file`` token is the admin's and sees everything). A scoped token sees the findings, workload
+and namespace scores, cost groups and job reports of its namespaces (globs) or accounts only, and nothing
+fleet-wide; the config holds the token's SHA-256 (``printf %s TOKEN | sha256sum``) or a file to read it
+from, never the token itself::
 
     access:
       tokens:
         - {name: llm-team, sha256: 2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae,
            namespaces: ["llm", "research-*"]}
-        - {name: physics, token_file: /etc/truegpu/tokens/physics, namespaces: [physics]}
+        - {name: physics, token_file: /etc/truegpu/tokens/physics, accounts: ["phys-*"]}   # Slurm accounts
 
 Built-in floors (calibration: AcmeTrace, NSDI 2024, production DCGM telemetry of two LLM
 clusters: busy GPUs run at ~60 % SM activity while reporting ~95 % GPU util):
@@ -214,9 +214,14 @@ class ScopedToken:
     #: SHA-256 of the token.
     digest: bytes = field(repr=False)
     namespaces: tuple[str, ...]
+    #: Slurm accounts (globs) whose jobs it sees too (analyzer.data.frame.ACCOUNTING_COLUMNS).
+    accounts: tuple[str, ...] = ()
 
     def sees(self, namespace: str | None) -> bool:
         return bool(namespace) and any(fnmatch.fnmatchcase(str(namespace), g) for g in self.namespaces)
+
+    def sees_account(self, account: str | None) -> bool:
+        return bool(account) and any(fnmatch.fnmatchcase(str(account), g) for g in self.accounts)
 
 
 @dataclass(frozen=True)
@@ -405,9 +410,10 @@ def _access(raw: Any, where: str) -> tuple[ScopedToken, ...]:
         at = f"{where}.tokens[{i}]"
         if not isinstance(entry, Mapping):
             raise ValueError(f"{at}: expected {{name, sha256 or token_file, namespaces}}, got {entry!r}")
-        unknown = set(entry) - {"name", "sha256", "token_file", "namespaces"}
+        unknown = set(entry) - {"name", "sha256", "token_file", "namespaces", "accounts"}
         if unknown:
-            raise ValueError(f"{at}: unknown key(s) {sorted(unknown)} (known: name, sha256, token_file, namespaces)")
+            raise ValueError(f"{at}: unknown key(s) {sorted(unknown)} (known: name, sha256, token_file, namespaces, "
+                             "accounts)")
         name = _text(entry.get("name"), f"{at}.name")
         at = f"{at} ({name})"
         if ("sha256" in entry) == ("token_file" in entry):
@@ -426,7 +432,11 @@ def _access(raw: Any, where: str) -> tuple[ScopedToken, ...]:
             if not token:
                 raise ValueError(f"{at}.token_file: {path} is empty")
             digest = hashlib.sha256(token.encode("utf-8")).digest()
-        out.append(ScopedToken(name, digest, _globs(entry.get("namespaces"), f"{at}.namespaces")))
+        if not entry.get("namespaces") and not entry.get("accounts"):
+            raise ValueError(f"{at}: give the namespaces (globs) or Slurm accounts it sees")
+        scopes = {k: _globs(entry[k], f"{at}.{k}") if entry.get(k) is not None else () for k in ("namespaces",
+                                                                                                 "accounts")}
+        out.append(ScopedToken(name, digest, **scopes))
     for what, values in (("names", [t.name for t in out]), ("tokens", [t.digest for t in out])):
         if len(set(values)) != len(values):
             raise ValueError(f"{where}: scoped token {what} repeat")

@@ -728,6 +728,13 @@ GPU_ALLOCATION_INFO = Metric(
     labels=("namespace", "pod", "container", WORKLOAD),
     nvml="running compute processes joined with the kubelet pod-resources API / Slurm",
 )
+SLURM_JOB_INFO = Metric(
+    "truegpu_slurm_job_info", "gauge", "",
+    "Slurm accounting of the job holding the GPU (value 1), from the job-mapping files the prolog writes: "
+    "its user, account and partition; absent where the prolog does not write them.",
+    labels=(WORKLOAD, "user", "account", "partition"),
+    nvml="the Slurm prolog's job-mapping file (JOBID user=... account=... partition=...)",
+)
 NODE_INFO = Metric(
     "truegpu_node_info", "gauge", "",
     "Where a node sits (value 1): site (data centre or zone) and rack.",

@@ -34,7 +34,7 @@ from analyzer.site import load_site
 from exporter.timeparse import parse_positive_duration
 
 #: Same as analyzer.finops.costs.GROUP_BY (kept here so --help needs no pandas; a test holds them equal).
-GROUP_BY_CHOICES: tuple[str, ...] = ("namespace", "workload", "team", "node", "model", "gpu")
+GROUP_BY_CHOICES: tuple[str, ...] = ("namespace", "workload", "team", "user", "account", "node", "model", "gpu")
 FORMATS: tuple[str, ...] = ("csv", "json", "html")
 DEFAULT_WINDOW = "30d"
 DEMO_SCENARIO = "mixed-fleet"

@@ -34,6 +34,8 @@ from analyzer.data.signals import ALLOCATION_COLUMNS, DEVICE_COLUMNS, NAMES, PLA
 EVENT_COLUMNS: tuple[str, ...] = ("timestamp", "hostname", "gpu", "uuid", "xid", "count")
 #: Pairwise GPU links within a node (from truegpu_gpu_topology_info).
 TOPOLOGY_COLUMNS: tuple[str, ...] = ("hostname", "gpu", "peer_gpu", "link")
+#: Slurm accounting per workload (from truegpu_slurm_job_info): the job id, its user, account and partition.
+ACCOUNTING_COLUMNS: tuple[str, ...] = ("job", "user", "account", "partition")
 
 
 @dataclass
@@ -48,6 +50,8 @@ class Fleet:
     events: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(EVENT_COLUMNS)))
     #: GPU-to-GPU links (TOPOLOGY_COLUMNS); empty when the input has no topology info.
     topology: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(TOPOLOGY_COLUMNS)))
+    #: Slurm accounting of the workloads (ACCOUNTING_COLUMNS, one row per job); empty where not collected.
+    accounting: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(ACCOUNTING_COLUMNS)))
     #: "truegpu" or "dcgm" (or "mixed").
     dialect: str = "truegpu"
     #: signal name -> why it is unknown (e.g. "DCGM_FI_PROF_SM_ACTIVE not collected: enable it in

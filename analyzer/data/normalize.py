@@ -44,7 +44,7 @@ import pandas as pd
 from analyzer.data import dialects as D
 from analyzer.data.budget import BudgetError, check_rows, check_window
 from analyzer.data.coverage import DATA_SHARE, hold_allocations
-from analyzer.data.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, gpu_share
+from analyzer.data.frame import ACCOUNTING_COLUMNS, EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, gpu_share
 from analyzer.data.hosts import map_exporter_pods, pod_info
 from analyzer.data.ingest import IngestReport, Samples
 from analyzer.data.ingest.samples import Block
@@ -101,7 +101,7 @@ def normalize(
     notes.extend(data.notes + state.notes)
     return Fleet(
         frame=frame, step=grid.step, start=grid.start, end=grid.start + grid.T * grid.step,
-        events=events, topology=data.topology(), dialect=data.dialect,
+        events=events, topology=data.topology(), accounting=data.accounting(), dialect=data.dialect,
         missing=missing, notes=notes,
     )  # fmt: skip
 
@@ -439,6 +439,20 @@ class _Input:
         }).drop_duplicates(ignore_index=True)  # fmt: skip
         order = np.lexsort((_num(out["peer_gpu"]), _num(out["gpu"]), out["hostname"].to_numpy(dtype=str)))
         return out.iloc[order].reset_index(drop=True)
+
+
+    def accounting(self) -> pd.DataFrame:
+        """Slurm accounting per workload (ACCOUNTING_COLUMNS); a job's last series in input order wins."""
+        sel = self.metric == S.SLURM_JOB_INFO.name
+        if not sel.any():
+            return pd.DataFrame(columns=list(ACCOUNTING_COLUMNS))
+        t, blank = self.table, _blank(self.n_series)
+        job = blank
+        for name in ("job", "exported_job", S.WORKLOAD):  # as _allocation reads the workload
+            job = np.where(t.get(name, blank) != "", t.get(name, blank), job)
+        out = pd.DataFrame({"job": job[sel], **{c: t.get(c, blank)[sel] for c in ACCOUNTING_COLUMNS[1:]}})
+        out = out[out["job"] != ""].drop_duplicates("job", keep="last")
+        return out.sort_values("job", ignore_index=True)
 
 
 _INFO_NAMES = frozenset(m.name for m in D.INFO_METRICS)

@@ -237,7 +237,7 @@ def shard_fleet(fleet: Fleet, shard: Shard) -> ShardFleet:
         return table[table["hostname"].astype(str).isin(list(own.nodes))].reset_index(drop=True)
 
     owned = Fleet(frame=frame, step=fleet.step, start=fleet.start, end=fleet.end, events=hosted(fleet.events),
-                  topology=hosted(fleet.topology))
+                  topology=hosted(fleet.topology), accounting=fleet.accounting)
     return ShardFleet.of(owned, fleet, own, _about(own, frame, context_nodes=len(set(host)) - len(own.nodes)))
 
 
@@ -384,8 +384,10 @@ def merge(owned: Fleet, context: Fleet) -> Fleet:
     topology = topology.iloc[np.argsort(topology["hostname"].astype(str).to_numpy(), kind="stable")]
     events = pd.concat([e for e in (owned.events, context.events) if len(e)] or [owned.events], ignore_index=True)
     present = {c for c in frame.columns if frame[c].notna().any()}
+    accounting = pd.concat([owned.accounting, context.accounting], ignore_index=True)
     return Fleet(frame=frame, step=context.step, start=context.start, end=context.end, events=events,
                  topology=topology.reset_index(drop=True),
+                 accounting=accounting.drop_duplicates("job").sort_values("job", ignore_index=True),
                  dialect=owned.dialect if owned.dialect == context.dialect or not len(owned.frame) else "mixed",
                  missing={k: v for k, v in owned.missing.items() if k not in present}, notes=owned.notes)
 

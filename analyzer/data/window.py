@@ -82,6 +82,8 @@ class _Kept:
     columns: dict[str, tuple[float, float]]
     events: pd.DataFrame
     topology: pd.DataFrame
+    #: Slurm accounting of the window's workloads (Fleet.accounting).
+    accounting: pd.DataFrame
     dialect: str
     missing: dict[str, str]
     #: (first row it gave, its notes) per load that gave rows of the window.
@@ -161,7 +163,7 @@ class WindowLoader:
         grid, columns = _columns_in_window(kept, fresh, grid, start, fresh_cut)
         fleet, topology, notes = _finish(kept, grid, chunk, new, start, cut, end)
         return fleet, replace(kept, grid=grid, seen=seen, columns=columns, events=fleet.events, topology=topology,
-                              missing=dict(fleet.missing), notes=notes)
+                              accounting=fleet.accounting, missing=dict(fleet.missing), notes=notes)
 
 
 def _grid(fleet: Fleet, start: float, end: float) -> Grid:
@@ -191,7 +193,8 @@ def _kept_of_full(fleet: Fleet, start: float, end: float) -> _Kept | None:
     return _Kept(
         grid=grid.unheld(), seen=seen,
         columns=dict.fromkeys(grid.values, (start, np.inf)), events=fleet.events, topology=fleet.topology,
-        dialect=fleet.dialect, missing=dict(fleet.missing), notes=((start, tuple(fleet.notes)),),
+        accounting=fleet.accounting, dialect=fleet.dialect, missing=dict(fleet.missing),
+        notes=((start, tuple(fleet.notes)),),
         exact=_alloc_with_telemetry(grid),
     )  # fmt: skip
 
@@ -229,10 +232,22 @@ def _finish(kept: _Kept, grid: Grid, chunk: Fleet, new: Grid, start: float, cut:
     topology = _topology(kept, new, chunk, grid)
     events = _events(kept.events, chunk.events, start, cut)
     notes = (*_notes_in_window(kept.notes, start, cut), (cut, tuple(chunk.notes)))
-    fleet = Fleet(frame=with_uncarved(grid.held().frame()), step=grid.step, start=start, end=end, events=events,
-                  topology=topology, dialect=chunk.dialect, missing=missing,
-                  notes=list(dict.fromkeys(n for _, ns in notes for n in ns)))
+    frame = with_uncarved(grid.held().frame())
+    fleet = Fleet(frame=frame, step=grid.step, start=start, end=end, events=events, topology=topology,
+                  accounting=_accounting(kept.accounting, chunk.accounting, frame), dialect=chunk.dialect,
+                  missing=missing, notes=list(dict.fromkeys(n for _, ns in notes for n in ns)))
     return fleet, topology, notes
+
+
+def _accounting(kept: pd.DataFrame, new: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
+    """The accounting of the workloads holding GPUs in the window: a job's info series come with its allocation
+    (one scrape), so these are the jobs a full load reads it for; the newer load's row wins."""
+    both = pd.concat([kept, new], ignore_index=True) if len(new) else kept
+    if both.empty or "job" not in frame.columns:
+        return both.iloc[:0]
+    jobs = set(map(str, pd.unique(frame["job"].dropna())))
+    both = both[both["job"].isin(jobs)].drop_duplicates("job", keep="last")
+    return both.sort_values("job", ignore_index=True)
 
 
 def _notes_in_window(notes: tuple[tuple[float, tuple[str, ...]], ...], start: float,

@@ -23,9 +23,10 @@ price`` (``share`` = ``gpu_share`` or the catalog's ``mig_shares`` entry). Rows 
 catalog does not price are counted in ``unpriced_gpu_hours`` and add no dollars (their hours are
 still split); the report names the models: they are never priced at $0 silently.
 
-Grouping (``group_by``): namespace, workload and team group allocated rows and put every
-unallocated row into one ``UNALLOCATED`` group (capacity nobody holds is not a namespace's
-cost); allocated rows without the label go to ``(unknown)``, teams not in the map to
+Grouping (``group_by``): namespace, workload, team, user and account (a Slurm job's, from
+truegpu_slurm_job_info) group allocated rows and put every unallocated row into one
+``UNALLOCATED`` group (capacity nobody holds is not a namespace's cost); allocated rows without
+the label (or a job without accounting) go to ``(unknown)``, teams not in the map to
 ``(unmapped)``. node, model and gpu (the GPU UUID, FOCUS ResourceId) group every row: their
 ``unallocated_*`` columns hold the idle capacity of that node/model/GPU. Sum over groups =
 fleet total in every case.
@@ -59,7 +60,9 @@ from analyzer.finops.catalog import DEFAULT_BILLING_ACCOUNT, Catalog
 from analyzer.site import SiteConfig
 from exporter.schema import WORKLOAD
 
-GROUP_BY: tuple[str, ...] = ("namespace", WORKLOAD, "team", "node", "model", "gpu")
+GROUP_BY: tuple[str, ...] = ("namespace", WORKLOAD, "team", "user", "account", "node", "model", "gpu")
+#: Groupings by a Slurm job's accounting (Fleet.accounting).
+ACCOUNTING_GROUP_BY: tuple[str, ...] = ("user", "account")
 #: What the daily rollup store keeps by default: per-GPU rows are a report, not a history to keep.
 ROLLUP_GROUP_BY: tuple[str, ...] = tuple(g for g in GROUP_BY if g != "gpu")
 #: Group of the capacity nobody held (namespace/job/team reports).
@@ -183,6 +186,12 @@ def _group_keys(fleet: Fleet, group_by: str, alloc: np.ndarray, team_label: str,
         uuid = per_category(fr["uuid"], lambda v: v or UNKNOWN_GROUP, UNKNOWN_GROUP)
         inst = per_category(fr["gpu_instance"], str, "") if "gpu_instance" in fr.columns else np.full(n, "", object)
         return np.where(inst != "", uuid + "/" + inst, uuid)
+    if group_by in ACCOUNTING_GROUP_BY:  # a Slurm job's user or account; an allocation without one is unknown
+        acct = fleet.accounting
+        of_job = dict(zip(acct["job"].astype(str), acct[group_by].astype(str), strict=True))
+        keys = per_category(fr["job"], lambda j: of_job.get(j) or UNKNOWN_GROUP, UNKNOWN_GROUP) \
+            if "job" in fr.columns else np.full(n, UNKNOWN_GROUP, dtype=object)
+        return np.where(alloc, keys, UNALLOCATED)
     col = team_label if group_by == "team" else ALLOCATION_COLUMN_OF.get(group_by, group_by)
     if col not in fr.columns:
         keys = np.full(n, UNKNOWN_GROUP if group_by != "team" else UNMAPPED, dtype=object)

@@ -85,6 +85,8 @@ class JobReport:
     timeline: pd.DataFrame
     findings: list[Finding]
     bottleneck: dict[str, Any]
+    #: Slurm accounting (user, account, partition), None where not collected.
+    slurm: dict[str, str] | None = None
     #: The job's row of the cost report grouped by workload, or None without prices.
     cost: dict[str, float] | None = None
     currency: str | None = None
@@ -168,6 +170,10 @@ def job_report(fleet: Fleet, scores: Scores, findings: Sequence[Finding], name: 
         bottleneck=_bottleneck(scores, name),
         notes=list(scores.notes),
     )
+    acct = fleet.accounting
+    hit = acct[acct["job"].astype(str) == name]
+    if len(hit):
+        report.slurm = {c: str(hit.iloc[0][c]) for c in ("user", "account", "partition")}
     if cost is not None:
         groups = cost.groups
         hit = groups[groups["group"].astype(str) == name]
@@ -314,7 +320,7 @@ def to_json(r: JobReport) -> dict[str, Any]:
     return json_ready({
         "workload": r.name,
         "window": {"start": rfc3339(r.start), "end": rfc3339(r.end), "step_seconds": r.step},
-        "namespaces": r.namespaces, "pods": r.pods,
+        "namespaces": r.namespaces, "pods": r.pods, "slurm": r.slurm,
         "first_seen": rfc3339(r.first_seen), "last_seen": rfc3339(r.last_seen), "running": r.running,
         "duration_seconds": r.duration_s,
         "gpus": len(r.gpus),
@@ -338,6 +344,8 @@ def format_text(r: JobReport) -> str:
     hosts = r.gpus["hostname"].nunique()
     lines = [
         f"Job {r.name}" + (f" (namespace {', '.join(r.namespaces)})" if r.namespaces else ""),
+        *([f"  Slurm:     user {r.slurm['user'] or '?'}, account {r.slurm['account'] or '?'}, "
+           f"partition {r.slurm['partition'] or '?'}"] if r.slurm else []),
         f"  GPUs:      {len(r.gpus)} ({', '.join(models) or 'model unknown'}) on {hosts} node(s)",
         f"  Ran:       {rfc3339(r.first_seen)} to {rfc3339(r.last_seen + r.step)} "
         f"({_duration(r.duration_s)}{', still running' if r.running else ''})",

@@ -127,21 +127,29 @@ class Scope:
         return self.token is None or self.token.sees(namespace)
 
     def jobs(self, fleet: Any) -> set[str] | None:
-        """The workloads this scope sees (every namespace they ran in is visible); None: all of them."""
-        if self.token is None:
+        """The workloads this scope sees: every namespace they ran in is its, or their Slurm account is; None:
+        all of them."""
+        t = self.token
+        if t is None:
             return None
         fr = fleet.frame
-        if "job" not in fr.columns or "namespace" not in fr.columns:
-            return set()
-        pairs = fr.groupby([fr["job"].astype(str), fr["namespace"].astype(str)], observed=True).size()
-        seen = pd.Series([self.sees(ns) for _, ns in pairs.index], index=pairs.index)
-        return {str(j) for j, ok in seen.groupby(level=0).all().items() if ok}
+        out: set[str] = set()
+        if "job" in fr.columns and "namespace" in fr.columns and t.namespaces:
+            pairs = fr.groupby([fr["job"].astype(str), fr["namespace"].astype(str)], observed=True).size()
+            seen = pd.Series([t.sees(ns) for _, ns in pairs.index], index=pairs.index, dtype=bool)
+            out |= {str(j) for j, ok in seen.groupby(level=0).all().items() if ok}
+        acct = fleet.accounting
+        if t.accounts and len(acct):
+            out |= {str(j) for j, a in zip(acct["job"], acct["account"], strict=True) if t.sees_account(a)}
+        return out
 
     def refuse(self, what: str) -> HTTPException:
         """403 for a scoped token asking for ``what``, something fleet-wide."""
         t = self.token
-        scoped = f"token {t.name!r} sees namespaces {', '.join(t.namespaces)} only" if t else "this token"
-        return HTTPException(403, f"{scoped}: {what} needs the admin token")
+        parts = [f"namespaces {', '.join(t.namespaces)}"] if t and t.namespaces else []
+        parts += [f"Slurm accounts {', '.join(t.accounts)}"] if t and t.accounts else []
+        who = f"token {t.name!r} sees {' and '.join(parts)} only" if t else "this token"
+        return HTTPException(403, f"{who}: {what} needs the admin token")
 
 
 ADMIN = Scope()

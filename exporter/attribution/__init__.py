@@ -20,7 +20,7 @@ from exporter.attribution.jobs import KNOWN_JOB_LABELS, derive_job
 from exporter.attribution.kubernetes import DEFAULT_SOCKET, KubernetesAttributor
 from exporter.attribution.podlabels import DEFAULT_CA_FILE, DEFAULT_TOKEN_FILE, KubeApiPodLabels
 from exporter.attribution.slurm import SlurmAttributor
-from exporter.schema import GPU_ALLOCATION_INFO
+from exporter.schema import GPU_ALLOCATION_INFO, SLURM_JOB_INFO, WORKLOAD
 from exporter.sources.base import Labels, Reading, SourceError
 
 #: One device to attribute: (its series labels, GPU uuid, GPU index, gpu_instance, MIG uuid).
@@ -52,6 +52,7 @@ def build_attributor(
     *,
     timeout: float = 2.0,
     ttl: float = 10.0,
+    slurm_meta_dir: str | None = None,
     static_jobs: Mapping[str, str] | None = None,
     job_label: str | None = None,
     kube_api: str | None = None,
@@ -89,7 +90,7 @@ def build_attributor(
         if pod_labels is not None:
             parts.append(pod_labels)  # attributes nothing; its refresh() reports the lookups' failures
     if slurm_dir:
-        parts.append(SlurmAttributor(slurm_dir, ttl=ttl))
+        parts.append(SlurmAttributor(slurm_dir, ttl=ttl, meta_directory=slurm_meta_dir))
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else CompositeAttributor(parts)
@@ -127,3 +128,7 @@ def attribute(reading: Reading, attributor: Attributor, devices: Iterable[Device
         holder = attributor.lookup(uuid, gpu, gpu_instance, mig_uuid)
         if holder is not None:
             reading.add(GPU_ALLOCATION_INFO, {**labels, **holder.labels()}, 1.0)
+            if holder.accounting is not None:
+                user, account, partition = holder.accounting
+                reading.add(SLURM_JOB_INFO, {**labels, WORKLOAD: holder.job, "user": user, "account": account,
+                                             "partition": partition}, 1.0)

@@ -32,6 +32,8 @@ class Allocation:
     pod: str
     container: str
     job: str
+    #: Slurm accounting (user, account, partition) where the job-mapping file gives it.
+    accounting: tuple[str, str, str] | None = None
 
     def labels(self) -> dict[str, str]:
         """The truegpu_gpu_allocation_info labels this allocation contributes."""

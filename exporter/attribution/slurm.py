@@ -9,6 +9,13 @@ Several job ids on one GPU (shared GPUs, or a stale id the epilog missed) become
 label: the distinct ids sorted (numerically where they are numbers) and joined with
 ``","``, so the series is stable and nothing is hidden. An empty file means the GPU is
 free. Only ``job`` is set; namespace/pod/container are empty.
+
+Accounting: the prolog (deploy/slurm/truegpu-prolog.sh) also writes ``<meta dir>/<job id>.env`` with
+``user=``, ``account=`` and ``partition=`` lines, apart from the mapping files so dcgm-exporter never
+reads them; the meta directory defaults to ``slurm-meta`` beside the mapping directory (the prolog's
+``/run/truegpu/slurm-jobs`` and ``/run/truegpu/slurm-meta``). Those become ``truegpu_slurm_job_info``;
+several jobs on one GPU join their distinct values with ``","`` like their ids. A job without a meta
+file has no accounting (never an empty user).
 """
 
 from __future__ import annotations
@@ -27,6 +34,11 @@ _NAME = re.compile(r"^(?P<gpu>\d+)(?:\.(?P<gi>\d+))?$")
 MAX_FILE_BYTES = 64 * 1024
 
 _Key = tuple[str, str | None]
+#: The prolog's metadata directory, beside the mapping directory; a job's file there holds these keys.
+META_DIR = "slurm-meta"
+ACCOUNTING = ("user", "account", "partition")
+#: A Slurm job id as the prolog accepts it (array and het jobs: 123_4, 123.0): safe as a file name.
+_JOB_ID = re.compile(r"^[0-9][0-9_.]*$")
 
 
 def _job_sort_key(job: str) -> tuple[int, int, str]:
@@ -54,10 +66,12 @@ class SlurmAttributor(CachedAttributor[dict[_Key, Allocation]]):
     name = "slurm"
 
     def __init__(
-        self, directory: str, ttl: float = 10.0, max_stale: float = 60.0, clock: Callable[[], float] = time.monotonic
+        self, directory: str, ttl: float = 10.0, max_stale: float = 60.0, clock: Callable[[], float] = time.monotonic,
+        meta_directory: str | None = None,
     ):
         super().__init__(ttl=ttl, max_stale=max_stale, clock=clock)
         self.directory = directory
+        self.meta_directory = meta_directory or os.path.join(os.path.dirname(os.path.abspath(directory)), META_DIR)
 
     def _load(self, errors: list[AttributionError]) -> dict[_Key, Allocation] | None:
         try:
@@ -86,8 +100,28 @@ class SlurmAttributor(CachedAttributor[dict[_Key, Allocation]]):
             jobs = sorted({line.strip() for line in text.splitlines() if line.strip()}, key=_job_sort_key)
             if jobs:
                 table[(str(int(match["gpu"])), None if match["gi"] is None else str(int(match["gi"])))] = Allocation(
-                    "", "", "", ",".join(jobs))
+                    "", "", "", ",".join(jobs), self._accounting(jobs))
         return table
+
+    def _accounting(self, jobs: list[str]) -> tuple[str, str, str] | None:
+        """(user, account, partition) of ``jobs`` from their meta files, distinct values joined with ","; None
+        where no job has one (a missing or unreadable file is no accounting: the job is still attributed)."""
+        found: dict[str, set[str]] = {k: set() for k in ACCOUNTING}
+        for job in jobs:
+            if not _JOB_ID.match(job):
+                continue
+            try:
+                text = _read_small(os.path.join(self.meta_directory, f"{job}.env"))
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, sep, value = line.partition("=")
+                if sep and key.strip() in found and value.strip():
+                    found[key.strip()].add(value.strip())
+        if not any(found.values()):
+            return None
+        user, account, partition = (",".join(sorted(found[k])) for k in ACCOUNTING)
+        return user, account, partition
 
     def _lookup(
         self, table: dict[_Key, Allocation], uuid: str, gpu: str, gpu_instance: str | None, mig_uuid: str | None

@@ -102,6 +102,9 @@ def _nvml_arguments(parser: argparse.ArgumentParser) -> None:
                        "default /etc/cdi and /var/run/cdi; --cdi-spec-dir= alone: device names only)")
     group.add_argument("--slurm-job-dir", default=None, metavar="DIR",
                        help="Slurm job-mapping directory (files named by GPU index, each holding a job id)")
+    group.add_argument("--slurm-meta-dir", default=None, metavar="DIR",
+                       help="the prolog's job metadata (<job id>.env: user, account, partition; default: slurm-meta "
+                       "beside --slurm-job-dir)")
     group.add_argument("--attribution-ttl", type=float, default=10.0,
                        help="seconds between re-reads of the kubelet / job directory (default 10)")
     group.add_argument("--job-pod-label", default=None, metavar="LABEL",
@@ -146,8 +149,8 @@ SOURCES: dict[str, SourceSpec] = {
                    _simulated_arguments, ("scenario", "nodes", "speed", "seed", "start")),
         SourceSpec("nvml", "NVIDIA driver via NVML (GPM profiling on Hopper+, XID events, MIG, topology)",
                    _with_deadline("exporter.sources.nvml"), _nvml_arguments,
-                   ("gpm_interval", "kubelet_socket", "slurm_job_dir", "job_pod_label", "kube_api", "job_map",
-                    "dra_driver", "cdi_spec_dir", "deadline")),
+                   ("gpm_interval", "kubelet_socket", "slurm_job_dir", "slurm_meta_dir", "job_pod_label", "kube_api",
+                    "job_map", "dra_driver", "cdi_spec_dir", "deadline")),
         SourceSpec("dcgm", "scrape a node-local NVIDIA dcgm-exporter",
                    _with_deadline("exporter.sources.dcgm"), _dcgm_arguments,
                    ("dcgm_url", "deadline")),

@@ -881,6 +881,7 @@ def from_args(args: argparse.Namespace) -> NvmlSource:
     attributor = build_attributor(
         getattr(args, "kubelet_socket", None), getattr(args, "slurm_job_dir", None),
         ttl=getattr(args, "attribution_ttl", 10.0),
+        slurm_meta_dir=getattr(args, "slurm_meta_dir", None),
         static_jobs=load_job_map(job_map) if job_map else None,
         job_label=getattr(args, "job_pod_label", None),
         kube_api=getattr(args, "kube_api", None),

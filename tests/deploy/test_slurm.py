@@ -24,7 +24,7 @@ def _run(script: str, tmp: Path, job: str, gpus: str = "", **extra: str) -> subp
 
 
 def _jobs(tmp: Path) -> dict[str, Allocation | None]:
-    attributor = build_attributor(slurm_dir=str(tmp / "jobs"), ttl=0.0)
+    attributor = build_attributor(slurm_dir=str(tmp / "jobs"), slurm_meta_dir=str(tmp / "meta"), ttl=0.0)
     assert attributor is not None
     attributor.refresh()
     return {gpu: attributor.lookup(f"GPU-{gpu}", gpu) for gpu in "0123"}
@@ -40,6 +40,9 @@ def test_prolog_and_epilog_keep_the_job_mapping_the_exporter_reads(tmp_path: Pat
     assert sorted(p.name for p in (tmp_path / "jobs").iterdir() if not p.name.startswith(".")) == ["0", "1", "3"]
     assert (tmp_path / "jobs" / "1").read_text() == "101\n102\n"
     assert (tmp_path / "meta" / "101.env").read_text() == "job=101\nuser=ada\naccount=physics\npartition=gpu\n"
+    # the exporter reads the meta files beside the mapping: job 102's prolog had no accounting to write
+    assert jobs["0"].accounting == ("ada", "physics", "gpu") and jobs["3"].accounting is None
+    assert jobs["1"].accounting == ("ada", "physics", "gpu")  # 101 and 102 share GPU 1: 102 adds nothing
     # the prolog run twice (requeue) records the job once
     assert _run("truegpu-prolog.sh", tmp_path, "101", "0,1").returncode == 0
     assert (tmp_path / "jobs" / "1").read_text() == "102\n101\n"

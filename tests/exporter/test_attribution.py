@@ -232,6 +232,29 @@ def test_slurm_directory(tmp_path: Path) -> None:
         assert attributor.lookup("GPU-x", gpu) is None
 
 
+def test_slurm_accounting_from_the_prolog_s_meta_files(tmp_path: Path) -> None:
+    jobs, meta = tmp_path / "slurm-jobs", tmp_path / "slurm-meta"  # the prolog's layout: meta beside the jobs
+    jobs.mkdir()
+    meta.mkdir()
+    (jobs / "0").write_text("4242\n")
+    (jobs / "1").write_text("7\n8\n")
+    (jobs / "2").write_text("99\n")  # no meta file: attributed, no accounting
+    (jobs / "3").write_text("abc\n")  # not a Slurm job id: its meta file is never looked for
+    (meta / "4242.env").write_text("job=4242\nuser=alice\naccount=phys-a\npartition=gpu\n")
+    (meta / "7.env").write_text("job=7\nuser=bob\naccount=chem\npartition=\n")
+    (meta / "8.env").write_text("job=8\nuser=carol\naccount=chem\npartition=debug\n")
+    (meta / "abc.env").write_text("user=mallory\n")
+    attributor = SlurmAttributor(str(jobs))
+    assert attributor.refresh() == []
+    assert attributor.lookup("GPU-a", "0") == Allocation("", "", "", "4242", ("alice", "phys-a", "gpu"))
+    assert attributor.lookup("GPU-b", "1") == Allocation("", "", "", "7,8", ("bob,carol", "chem", "debug"))
+    assert attributor.lookup("GPU-c", "2") == Allocation("", "", "", "99")
+    assert attributor.lookup("GPU-d", "3") == Allocation("", "", "", "abc")
+    elsewhere = SlurmAttributor(str(jobs), meta_directory=str(tmp_path / "nowhere"))
+    elsewhere.refresh()
+    assert elsewhere.lookup("GPU-a", "0").accounting is None
+
+
 def test_slurm_directory_missing_then_created(tmp_path: Path, caplog) -> None:
     clock = FakeClock()
     directory = tmp_path / "jobs"

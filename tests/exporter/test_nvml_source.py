@@ -591,9 +591,13 @@ def test_nvlink_errors_summed_over_links_from_fields_or_per_link_calls(node) -> 
 def test_slurm_attribution_publishes_allocation_for_whole_gpus_and_mig_instances(tmp_path) -> None:
     from exporter.attribution import SlurmAttributor
 
-    (tmp_path / "0").write_text("4242\n")  # whole GPU 0
-    (tmp_path / "1.5").write_text("777\n")  # MIG instance 5 of GPU 1
-    _fake, source, _clock = make([h100_sxm(0), mig_h100(1)], attributor=SlurmAttributor(tmp_path))
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "0").write_text("4242\n")  # whole GPU 0
+    (tmp_path / "jobs" / "1.5").write_text("777\n")  # MIG instance 5 of GPU 1
+    (tmp_path / "meta").mkdir()  # the prolog's accounting, for job 4242 only
+    (tmp_path / "meta" / "4242.env").write_text("job=4242\nuser=alice\naccount=phys-a\npartition=gpu\n")
+    attributor = SlurmAttributor(str(tmp_path / "jobs"), meta_directory=str(tmp_path / "meta"))
+    _fake, source, _clock = make([h100_sxm(0), mig_h100(1)], attributor=attributor)
     try:
         reading = source.collect()
     finally:
@@ -604,6 +608,10 @@ def test_slurm_attribution_publishes_allocation_for_whole_gpus_and_mig_instances
         if value == 1.0
     }
     assert held == {("0", None): "4242", ("1", "5"): "777"}  # free devices have no series
+    (labels, value), = reading.samples[schema.SLURM_JOB_INFO]  # only where the prolog wrote accounting
+    assert set(labels) == set(schema.SLURM_JOB_INFO.all_labels) and value == 1.0
+    assert (labels[schema.GPU], labels[schema.WORKLOAD], labels["user"], labels["account"], labels["partition"]) == \
+        ("0", "4242", "alice", "phys-a", "gpu")
     assert reading.up
 
 

@@ -57,7 +57,7 @@ def cost(
     format: Annotated[CostFormat, Query(description="json, csv or html")] = "json",
 ) -> Response:
     """GPU cost and waste of the fleet, grouped (prices from --prices)."""
-    if not scope.admin and group_by not in ("namespace", WORKLOAD):
+    if not scope.admin and group_by not in ("namespace", WORKLOAD, "account"):
         raise scope.refuse(f"cost grouped by {group_by}")
     cur = current(service)
     try:
@@ -84,13 +84,15 @@ def cost(
 
 
 def _scoped(report: Any, scope: Scope, cur: Current) -> Any:
-    """The report of the groups ``scope`` sees (its namespaces, or their workloads), totals over those alone.
-    A rollup's workloads are judged by the namespaces they ran in within the latest window."""
+    """The report of the groups ``scope`` sees (its namespaces or accounts, or their workloads), totals over those
+    alone. A rollup's workloads are judged by the namespaces they ran in within the latest window."""
     from analyzer.finops.costs import summarize
 
     detail = report.detail
     if report.group_by == "namespace":
         keep = detail["group"].map(scope.sees)
+    elif report.group_by == "account":
+        keep = detail["group"].map(lambda a: scope.token is not None and scope.token.sees_account(a))
     else:
         visible = scope.jobs(cur.analysis.fleet) if cur.analysis.fleet is not None else set()
         keep = detail["group"].isin(visible or set())

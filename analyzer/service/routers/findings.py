@@ -62,11 +62,12 @@ def router(kinds: Sequence[str]) -> APIRouter:
     ) -> JSONResponse:
         """The latest analysis' findings, most urgent first (severity, then score)."""
         cur = current(service)
+        visible = scope.jobs(cur.analysis.fleet) if cur.analysis.fleet is not None else set()  # None: all
         wanted = {"hostname": hostname, "job": workload, "namespace": namespace}  # Finding.job is the workload
         chosen = [
             f for f in cur.analysis.findings
             if (kind is None or f.kind == kind) and (severity is None or f.severity == severity)
-            and (not open_only or f.end is None) and (scope.admin or scope.sees(f.namespace))
+            and (not open_only or f.end is None) and (visible is None or scope.sees(f.namespace) or f.job in visible)
             and all(v is None or label_value(getattr(f, k)) == v for k, v in wanted.items())
         ]
         ordered = sort_findings(chosen)

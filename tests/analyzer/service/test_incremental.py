@@ -104,6 +104,7 @@ def assert_same(kept: Fleet, full: Fleet) -> None:
     assert_frame_equal(_frame(kept), _frame(full), check_exact=True)
     assert_frame_equal(_events(kept), _events(full), check_exact=True)
     assert_frame_equal(kept.topology, full.topology)
+    assert_frame_equal(kept.accounting, full.accounting)
     assert kept.missing == full.missing
 
 

@@ -126,7 +126,8 @@ def test_every_route_answers_a_scoped_token_within_its_namespaces(api, app):
 @pytest.mark.parametrize("entry, message", [
     ({"name": "x", "namespaces": ["a"]}, "give sha256 .* or token_file, one of them"),
     ({"name": "x", "sha256": "00", "namespaces": ["a"]}, r"sha256: expected 64 hex digits"),
-    ({"name": "x", "sha256": "0" * 64}, r"namespaces: expected a glob or a list of globs"),
+    ({"name": "x", "sha256": "0" * 64}, r"give the namespaces \(globs\) or Slurm accounts it sees"),
+    ({"name": "x", "sha256": "0" * 64, "accounts": [""]}, r"accounts: expected a glob or a list of globs"),
     ({"name": "x", "token_file": "/nonexistent/t", "namespaces": ["a"]}, r"token_file: cannot read /nonexistent/t"),
     ({"name": "x", "sha256": "0" * 64, "namespaces": ["a"], "role": "admin"}, r"unknown key\(s\) \['role'\]"),
 ])
