@@ -53,9 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="with --list: only jobs under this effective utilization, e.g. 0.3 or 30%%")
     lst.add_argument("--finished", action="store_true", help="with --list: only jobs that ended in the window")
     lst.add_argument("--mail", type=Path, metavar="DIR", help="with --list --below: write one message per namespace "
-                     "to DIR/<namespace>.eml (send each with sendmail -t < FILE)")
-    lst.add_argument("--mail-to", default="{namespace}", metavar="TEMPLATE",
-                     help="recipient address, {namespace} replaced (default {namespace})")
+                     "(a Slurm job's: per user) to DIR/<owner>.eml (send each with sendmail -t < FILE)")
+    lst.add_argument("--mail-to", default="{owner}", metavar="TEMPLATE",
+                     help="recipient address, {owner} (the namespace, or a Slurm job's user), {namespace} and {user} "
+                     "replaced (default {owner})")
     lst.add_argument("--mail-from", default="truegpu", metavar="ADDRESS", help="sender address (default truegpu)")
     lst.add_argument("--link", metavar="URL", help="a job page's URL, {job} replaced, e.g. "
                      "https://truegpu.example/api/jobs/{job}?format=html")

@@ -1,6 +1,6 @@
 """Jobs below an effective-utilization bar (``truegpu job --list``, ``GET /api/jobs``), and the mail an admin
-sends their owners: one plain-text RFC 5322 message per namespace, written to files (``sendmail -t < F``
-sends one; no mail server is involved here).
+sends their owners: one plain-text RFC 5322 message per namespace (a Slurm job's: per user), written to
+files (``sendmail -t < F`` sends one; no mail server is involved here).
 
 A job is *finished* when it held no GPU in the last step of the window (its last allocated sample is
 earlier): run over yesterday (``--start`` / ``--end``), the finished jobs are the ones that ended
@@ -23,11 +23,11 @@ from analyzer.data.frame import Fleet
 from analyzer.findings import rfc3339
 
 LIST_COLUMNS: tuple[str, ...] = (
-    "job", "namespace", "first_seen", "last_seen", "running", "gpus", "allocated_gpu_hours", "reported_util",
-    "effective_util", "waste_gpu_hours",
+    "job", "namespace", "user", "account", "first_seen", "last_seen", "running", "gpus", "allocated_gpu_hours",
+    "reported_util", "effective_util", "waste_gpu_hours",
 )
-#: How a recipient address is made from a namespace by default (``--mail-to``).
-DEFAULT_MAIL_TO = "{namespace}"
+#: How a recipient address is made by default (``--mail-to``): a namespace, or a Slurm job's user.
+DEFAULT_MAIL_TO = "{owner}"
 
 
 def job_list(fleet: Fleet, scores: Scores, below: float | None = None, finished: bool = False) -> pd.DataFrame:
@@ -46,9 +46,11 @@ def job_list(fleet: Fleet, scores: Scores, below: float | None = None, finished:
     ns = (sub.groupby(key, sort=True)["namespace"].agg(lambda s: ", ".join(sorted(set(map(str, s.dropna())))))
           if "namespace" in sub.columns else pd.Series("", index=span.index))
     out = jobs.assign(job=jobs["job"].astype(str)).set_index("job")
+    acct = fleet.accounting.assign(job=fleet.accounting["job"].astype(str)).set_index("job")
     out = pd.DataFrame({
         "job": span.index,
         "namespace": ns.reindex(span.index).fillna("").to_numpy(),
+        **{c: acct[c].reindex(span.index).fillna("").astype(str).to_numpy() for c in ("user", "account")},
         "first_seen": span["min"].to_numpy(float),
         "last_seen": span["max"].to_numpy(float),
         "running": (span["max"].to_numpy(float) + fleet.step >= fleet.end - 1e-6),
@@ -80,10 +82,11 @@ def format_list(jobs: pd.DataFrame, below: float | None) -> str:
     if jobs.empty:
         return "No job " + (f"below {below:.0%} effective utilization" if below is not None else "held a GPU") + \
             " in the window."
-    lines = [f"{'job':<28} {'namespace':<14} {'GPUs':>5} {'GPU-h':>8} {'reported':>9} {'effective':>9} "
+    lines = [f"{'job':<28} {'owner':<14} {'GPUs':>5} {'GPU-h':>8} {'reported':>9} {'effective':>9} "
              f"{'waste GPU-h':>11}  ended"]
     for r in jobs.to_dict("records"):
-        lines.append(f"{r['job']:<28} {r['namespace']:<14} {r['gpus']:>5} {r['allocated_gpu_hours']:>8,.1f} "
+        owner = r["namespace"] or r["user"]
+        lines.append(f"{r['job']:<28} {owner:<14} {r['gpus']:>5} {r['allocated_gpu_hours']:>8,.1f} "
                      f"{_pct(r['reported_util']):>9} {_pct(r['effective_util']):>9} {_num(r['waste_gpu_hours']):>11}"
                      f"  {'running' if r['running'] else rfc3339(r['last_seen'])}")
     return "\n".join(lines)
@@ -99,18 +102,20 @@ def _num(v: float) -> str:
 
 def mail_messages(jobs: pd.DataFrame, below: float, start: float, end: float, *, to: str = DEFAULT_MAIL_TO,
                   sender: str = "truegpu", link: str | None = None) -> dict[str, EmailMessage]:
-    """One message per namespace listing its jobs (``jobs`` from ``job_list``), keyed by a file-safe name.
-    ``to``: the recipient address template (``{namespace}`` is replaced); ``link``: a URL template for a
-    job's page (``{job}``), e.g. the analyzer's ``https://truegpu.example/api/jobs/{job}?format=html``."""
+    """One message per owner listing their jobs (``jobs`` from ``job_list``), keyed by a file-safe name: the
+    namespace, or for a Slurm job (no namespace) its user. ``to``: the recipient address template (``{owner}``,
+    ``{namespace}`` and ``{user}`` are replaced); ``link``: a URL template for a job's page (``{job}``), e.g.
+    ``https://truegpu.example/jobs/{job}``."""
     out: dict[str, EmailMessage] = {}
-    for ns, group in jobs.groupby(jobs["namespace"].replace("", "(no namespace)"), sort=True):
+    owner = jobs["namespace"].where(jobs["namespace"] != "", jobs["user"]).replace("", "(no owner)")
+    for ns, group in jobs.groupby(owner, sort=True):
         msg = EmailMessage()
         msg["From"] = sender
-        msg["To"] = to.format(namespace=ns)
+        msg["To"] = to.format(owner=ns, namespace=group["namespace"].iloc[0], user=group["user"].iloc[0])
         msg["Date"] = formatdate(end, usegmt=True)
-        msg["Subject"] = f"GPU jobs below {below:.0%} effective utilization in {ns} ({len(group)})"
+        msg["Subject"] = f"GPU jobs below {below:.0%} effective utilization of {ns} ({len(group)})"
         lines = [
-            f"Hello,\n\nthese jobs in {ns} used less than {below:.0%} of the GPUs they held between "
+            f"Hello,\n\nthese jobs of {ns} used less than {below:.0%} of the GPUs they held between "
             f"{rfc3339(start)} and {rfc3339(end)} (effective utilization: the share of the GPUs' cycles "
             "that did real work, what the dashboards' \"GPU util\" does not tell):\n",
             format_list(group, below),

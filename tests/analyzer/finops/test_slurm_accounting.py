@@ -13,6 +13,7 @@ from analyzer.data.load import load_files
 from analyzer.finops import cost_report, load_catalog
 from analyzer.pipeline import analyze
 from analyzer.report import job as J
+from analyzer.report.job_list import job_list, mail_messages
 from analyzer.service import AnalyzerService
 from analyzer.service.app import create_app
 from analyzer.service.settings import ApiSettings
@@ -74,6 +75,11 @@ def test_accounting_is_read_and_costs_group_by_user_and_account(fleet):
     assert r.slurm == {"user": "alice", "account": "phys-a", "partition": "gpu"}
     assert "Slurm:     user alice, account phys-a, partition gpu" in J.format_text(r)
     assert J.job_report(fleet, result.scores, result.findings, "4301").slurm is None
+    jobs = job_list(fleet, result.scores)  # a Slurm job's owner is its user: the mail goes to them
+    assert dict(zip(jobs["job"], jobs["user"], strict=True)) == {"4242": "alice", "4300": "bob", "4301": ""}
+    msgs = mail_messages(jobs, 1.0, fleet.start, fleet.end, to="{owner}@hpc.example")
+    assert sorted(msgs) == ["_no_owner_", "alice", "bob"]
+    assert msgs["alice"]["To"] == "alice@hpc.example" and "4242" in msgs["alice"].get_content()
 
 
 def test_a_token_scoped_to_an_account_sees_its_jobs(fleet):

@@ -151,7 +151,7 @@ def test_one_mail_per_namespace(demo):
     assert sorted(msgs) == ["batch", "notebooks", "serving"]
     parsed = email.message_from_bytes(bytes(msgs["serving"]))
     assert parsed["To"] == "serving-owners@example.org"
-    assert parsed["Subject"] == "GPU jobs below 30% effective utilization in serving (2)"
+    assert parsed["Subject"] == "GPU jobs below 30% effective utilization of serving (2)"
     body = parsed.get_payload(decode=True).decode()
     assert "ranker-serve" in body and "chat-serve" in body and "nb-alice" not in body
     assert "https://truegpu.example/jobs/chat-serve" in body
