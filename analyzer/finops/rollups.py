@@ -70,6 +70,8 @@ class _Piece:
     columns: pd.DataFrame
     step: float
     dialect: str
+    #: Slurm accounting of its workloads (Fleet.accounting): a device's unknown hours keep its job's user/account.
+    accounting: pd.DataFrame
 
 
 def _keys(devices: pd.DataFrame) -> pd.Index:
@@ -171,6 +173,7 @@ class RollupWriter:
         # left out of the day's GPU-hours.
         day = pd.concat([p.devices for p in seen], ignore_index=True).drop_duplicates(_DEVICE_KEY, keep="last")
         rows, last = [p.rows for p in seen], day.iloc[:0]
+        accounting = pd.concat([p.accounting for p in seen], ignore_index=True).drop_duplicates("job", keep="last")
         for a, b, piece in pieces:
             missing = day[~_keys(day).isin(_keys(piece.devices))] if piece is not None else day
             if len(missing):
@@ -178,7 +181,7 @@ class RollupWriter:
                 lives = held["job"].isin(piece.jobs).to_numpy() if piece is not None and "job" in held else False
                 for c in (c for c in ALLOCATION_COLUMNS if c in missing.columns):
                     missing = missing.assign(**{c: np.where(lives, held[c].to_numpy(dtype=object), None)})
-                rows.append(self._unknown(missing, seen[0], a, b))
+                rows.append(self._unknown(missing, seen[0], a, b, accounting))
             if piece is not None:
                 last = pd.concat([last, piece.devices], ignore_index=True).drop_duplicates(_DEVICE_KEY, keep="last")
         rows = pd.concat(rows, ignore_index=True)
@@ -214,7 +217,8 @@ class RollupWriter:
         identity = [c for c in own.frame.columns if c in _IDENTITY]
         devices = own.frame.drop_duplicates(_DEVICE_KEY, keep="last")[identity].reset_index(drop=True)
         jobs = frozenset(own.frame["job"].dropna().astype(str)) if "job" in own.frame.columns else frozenset()
-        return _Piece(self._rows(own, findings), devices, jobs, own.frame.iloc[:0].copy(), own.step, own.dialect)
+        return _Piece(self._rows(own, findings), devices, jobs, own.frame.iloc[:0].copy(), own.step, own.dialect,
+                      own.accounting)
 
     def _rows(self, fleet: Fleet, findings: Sequence[Finding]) -> pd.DataFrame:
         """The rollup rows of ``fleet`` (every group-by), its rows classified with ``findings``."""
@@ -229,7 +233,8 @@ class RollupWriter:
         out.attrs = dict(parts[0].attrs)
         return out
 
-    def _unknown(self, missing: pd.DataFrame, like: _Piece, a: float, b: float) -> pd.DataFrame:
+    def _unknown(self, missing: pd.DataFrame, like: _Piece, a: float, b: float,
+                 accounting: pd.DataFrame) -> pd.DataFrame:
         """Rollup rows of devices (identity and allocation columns) with nothing known over [a, b)."""
         times = np.arange(a, b, like.step)
         frame = missing.loc[missing.index.repeat(len(times))].reset_index(drop=True).astype(
@@ -238,7 +243,8 @@ class RollupWriter:
         for c, dtype in like.columns.dtypes.items():
             if c not in frame.columns:
                 frame[c] = pd.Series(np.nan, index=frame.index, dtype="category" if dtype == "category" else "float64")
-        fleet = Fleet(frame=frame[list(like.columns.columns)], step=like.step, start=a, end=b, dialect=like.dialect)
+        fleet = Fleet(frame=frame[list(like.columns.columns)], step=like.step, start=a, end=b, dialect=like.dialect,
+                      accounting=accounting)
         return self._rows(fleet, [])
 
 

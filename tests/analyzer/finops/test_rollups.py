@@ -3,6 +3,7 @@ once, loads bounded by a piece, hours without data counted as unknown."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -91,3 +92,31 @@ def test_hours_without_data_are_unknown_hours_of_the_days_devices(tmp_path: Path
     assert got["gpu_hours"].sum() == pytest.approx(3 * n)
     assert got["unknown_gpu_hours"].sum() >= n  # the silent hour (and the gap's edges): unknown, not left out
     assert got["unallocated_gpu_hours"].sum() < 0.1 * n
+
+
+def test_a_slurm_job_s_hours_without_data_keep_its_user(tmp_path: Path) -> None:
+    """A node silent for an hour of a multi-node job: its GPUs' hours there are unknown and stay the job's, so
+    grouped by Slurm user they are its user's, never "(unknown)"."""
+    cluster = Cluster(load_scenario("multi-fault"))
+    start = cluster.start
+    base = Loader(cluster)
+    host = str(cluster.gpus.hostname[0])
+
+    def load(a: float, b: float):
+        fleet = base(a, b)
+        fr = fleet.frame
+        ts = fr["timestamp"].to_numpy()
+        gone = (fr["hostname"].astype(str) == host).to_numpy() & (ts >= start + 3600) & (ts < start + 7200)
+        fleet = replace(fleet, frame=fr.loc[~gone].reset_index(drop=True))  # the node's rows are absent
+        jobs = sorted(set(fleet.frame["job"].dropna().astype(str)))
+        fleet.accounting = pd.DataFrame({"job": jobs, "user": [f"u-{j}" for j in jobs], "account": "a",
+                                         "partition": "p"})
+        return fleet
+
+    writer = RollupWriter(load, str(tmp_path / "r.db"), default_catalog(), group_bys=["user"])
+    writer.write(start, start + 3 * 3600)
+    with open_store(writer.store) as st:
+        got = st.read(_day(start), _day(start + 3 * 3600 - 1), "user").set_index("group")
+    assert "(unknown)" not in got.index
+    assert got["unknown_gpu_hours"].drop("(unallocated)", errors="ignore").sum() > 1.0  # the silent hour, held
+    assert got["gpu_hours"].sum() == pytest.approx(3 * len(cluster.gpus))
