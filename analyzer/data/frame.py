@@ -21,7 +21,7 @@ Rows are sorted by (hostname, gpu, gpu_instance, timestamp).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,6 +36,15 @@ EVENT_COLUMNS: tuple[str, ...] = ("timestamp", "hostname", "gpu", "uuid", "xid",
 TOPOLOGY_COLUMNS: tuple[str, ...] = ("hostname", "gpu", "peer_gpu", "link")
 #: Slurm accounting per workload (from truegpu_slurm_job_info): the job id, its user, account and partition.
 ACCOUNTING_COLUMNS: tuple[str, ...] = ("job", "user", "account", "partition")
+
+
+def merged_accounting(*tables: pd.DataFrame, jobs: Iterable[str] | None = None) -> pd.DataFrame:
+    """Accounting tables (ACCOUNTING_COLUMNS) as one: a row per job, a later table's row winning, sorted by job;
+    ``jobs``: only those."""
+    both = pd.concat([t for t in tables if len(t)] or [tables[0].iloc[:0]], ignore_index=True)
+    if jobs is not None:
+        both = both[both["job"].isin(set(jobs))]
+    return both.drop_duplicates("job", keep="last").sort_values("job", ignore_index=True)
 
 
 @dataclass

@@ -89,7 +89,7 @@ def _joined(frame: pd.DataFrame, extra: pd.DataFrame) -> pd.DataFrame:
             left = frame[c].to_numpy(np.float64) if c in frame.columns else np.full(len(frame), np.nan)
             cols[c] = np.concatenate([left, extra[c].to_numpy(np.float64)])
     out = pd.DataFrame(cols)[[*frame.columns, *(c for c in extra.columns if c not in frame.columns)]]
-    dev = pd.MultiIndex.from_arrays([out[c].astype(str) for c in ("hostname", "gpu", "gpu_instance")])
+    dev = pd.MultiIndex.from_arrays([out[c] for c in ("hostname", "gpu", "gpu_instance")])  # by category codes
     codes, uniq = dev.factorize()
     rank = np.empty(len(uniq), dtype=np.int64)
     rank[device_order(*(np.asarray(uniq.get_level_values(i), dtype=object) for i in range(3)))] = np.arange(len(uniq))

@@ -44,7 +44,7 @@ import pandas as pd
 from analyzer.data import dialects as D
 from analyzer.data.budget import BudgetError, check_rows, check_window
 from analyzer.data.coverage import DATA_SHARE, hold_allocations
-from analyzer.data.frame import ACCOUNTING_COLUMNS, EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, gpu_share
+from analyzer.data.frame import ACCOUNTING_COLUMNS, EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, gpu_share, merged_accounting
 from analyzer.data.hosts import map_exporter_pods, pod_info
 from analyzer.data.ingest import IngestReport, Samples
 from analyzer.data.ingest.samples import Block
@@ -447,12 +447,19 @@ class _Input:
         if not sel.any():
             return pd.DataFrame(columns=list(ACCOUNTING_COLUMNS))
         t, blank = self.table, _blank(self.n_series)
-        job = blank
-        for name in ("job", "exported_job", S.WORKLOAD):  # as _allocation reads the workload
-            job = np.where(t.get(name, blank) != "", t.get(name, blank), job)
+        job = _workload_label(t, self.n_series)
         out = pd.DataFrame({"job": job[sel], **{c: t.get(c, blank)[sel] for c in ACCOUNTING_COLUMNS[1:]}})
-        out = out[out["job"] != ""].drop_duplicates("job", keep="last")
-        return out.sort_values("job", ignore_index=True)
+        return merged_accounting(out[out["job"] != ""])
+
+
+def _workload_label(table: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """Per series, the workload its labels name: ``workload``, or ``job`` in data from before the rename
+    (``exported_job`` where Prometheus renamed it because it clashed with the scrape job); "" where none."""
+    out = _blank(n)
+    for name in ("job", "exported_job", S.WORKLOAD):
+        value = table.get(name, _blank(n))
+        out = np.where(value != "", value, out)
+    return out
 
 
 _INFO_NAMES = frozenset(m.name for m in D.INFO_METRICS)
@@ -806,9 +813,7 @@ class _State:
         alloc_info = d.metric == S.GPU_ALLOCATION_INFO.name
         # The workload holding the GPU: ``workload``, or ``job`` in data from before the rename
         # (``exported_job`` where Prometheus renamed it because it clashed with the scrape job).
-        own_job = _blank(n)
-        for name in ("job", "exported_job", S.WORKLOAD):
-            own_job = np.where(t.get(name, _blank(n)) != "", t.get(name, _blank(n)), own_job)
+        own_job = _workload_label(t, n)
         is_dcgm = d.dialect_of_series == "dcgm"
         dcgm_rate = np.isin(d.metric, [s.name for ss in D.SOURCES.values() for s in ss if s.kind == "dcgm_rate"])
         pods = lab["pod"]

@@ -53,7 +53,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.data import dialects as D
-from analyzer.data.frame import Fleet, device_order, empty_frame
+from analyzer.data.frame import Fleet, device_order, empty_frame, merged_accounting
 from analyzer.data.hosts import exporter_pods, map_exporter_pods, pod_info, query_pod_info
 from analyzer.data.ingest import PrometheusClient
 from analyzer.data.ingest.prometheus import Matcher, MatcherValue, selector
@@ -384,10 +384,9 @@ def merge(owned: Fleet, context: Fleet) -> Fleet:
     topology = topology.iloc[np.argsort(topology["hostname"].astype(str).to_numpy(), kind="stable")]
     events = pd.concat([e for e in (owned.events, context.events) if len(e)] or [owned.events], ignore_index=True)
     present = {c for c in frame.columns if frame[c].notna().any()}
-    accounting = pd.concat([owned.accounting, context.accounting], ignore_index=True)
     return Fleet(frame=frame, step=context.step, start=context.start, end=context.end, events=events,
                  topology=topology.reset_index(drop=True),
-                 accounting=accounting.drop_duplicates("job").sort_values("job", ignore_index=True),
+                 accounting=merged_accounting(context.accounting, owned.accounting),
                  dialect=owned.dialect if owned.dialect == context.dialect or not len(owned.frame) else "mixed",
                  missing={k: v for k, v in owned.missing.items() if k not in present}, notes=owned.notes)
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from analyzer.data.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet
+from analyzer.data.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, merged_accounting
 from analyzer.data.grid import IDENTITY, Grid, splice, to_grid
 from analyzer.data.mig import with_uncarved, without_uncarved
 from analyzer.data.signals import SIGNALS
@@ -242,12 +242,8 @@ def _finish(kept: _Kept, grid: Grid, chunk: Fleet, new: Grid, start: float, cut:
 def _accounting(kept: pd.DataFrame, new: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
     """The accounting of the workloads holding GPUs in the window: a job's info series come with its allocation
     (one scrape), so these are the jobs a full load reads it for; the newer load's row wins."""
-    both = pd.concat([kept, new], ignore_index=True) if len(new) else kept
-    if both.empty or "job" not in frame.columns:
-        return both.iloc[:0]
-    jobs = set(map(str, pd.unique(frame["job"].dropna())))
-    both = both[both["job"].isin(jobs)].drop_duplicates("job", keep="last")
-    return both.sort_values("job", ignore_index=True)
+    jobs = map(str, pd.unique(frame["job"].dropna())) if "job" in frame.columns else ()
+    return merged_accounting(kept, new, jobs=jobs)
 
 
 def _notes_in_window(notes: tuple[tuple[float, tuple[str, ...]], ...], start: float,

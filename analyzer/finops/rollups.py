@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from analyzer.data.frame import Fleet
+from analyzer.data.frame import Fleet, merged_accounting
 from analyzer.data.load import NoTelemetry
 from analyzer.data.signals import ALLOCATION_COLUMNS, DEVICE_COLUMNS, PLACEMENT_COLUMNS
 from analyzer.service.fmt import short_error
@@ -173,7 +173,7 @@ class RollupWriter:
         # left out of the day's GPU-hours.
         day = pd.concat([p.devices for p in seen], ignore_index=True).drop_duplicates(_DEVICE_KEY, keep="last")
         rows, last = [p.rows for p in seen], day.iloc[:0]
-        accounting = pd.concat([p.accounting for p in seen], ignore_index=True).drop_duplicates("job", keep="last")
+        accounting = merged_accounting(*(p.accounting for p in seen))
         for a, b, piece in pieces:
             missing = day[~_keys(day).isin(_keys(piece.devices))] if piece is not None else day
             if len(missing):

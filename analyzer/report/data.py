@@ -112,6 +112,22 @@ def job_bottlenecks(scores: Scores) -> pd.DataFrame:
     return out
 
 
+def namespace_pairs(frame: pd.DataFrame) -> pd.DataFrame:
+    """The distinct (job, namespace) pairs of the frame's rows, as text, sorted."""
+    if "job" not in frame.columns or "namespace" not in frame.columns:
+        return pd.DataFrame({"job": pd.Series(dtype=object), "namespace": pd.Series(dtype=object)})
+    pairs = frame.groupby(["job", "namespace"], observed=True, sort=True).size()
+    pairs = pairs[pairs > 0].reset_index()
+    return pd.DataFrame({"job": pairs["job"].astype(str).to_numpy(object),
+                         "namespace": pairs["namespace"].astype(str).to_numpy(object)})
+
+
+def job_namespaces(frame: pd.DataFrame) -> pd.Series:
+    """job -> its namespaces, joined with ", " (most jobs have one)."""
+    pairs = namespace_pairs(frame)
+    return pairs.groupby("job", sort=True)["namespace"].agg(", ".join)
+
+
 def job_table(fleet: Fleet, scores: Scores) -> pd.DataFrame:
     """One row per job (allocated hours only), worst first (most recoverable waste), with its
     namespace(s), dominant bottleneck class and its part of the GPU-hour partition."""
@@ -120,14 +136,7 @@ def job_table(fleet: Fleet, scores: Scores) -> pd.DataFrame:
         return pd.DataFrame(columns=["job", "namespace", "bottleneck", "bottleneck_share", "bottleneck_confidence"])
     jobs = jobs.copy()
     jobs["job"] = jobs["job"].astype(str)
-    fr = fleet.frame
-    if "namespace" in fr.columns and "job" in fr.columns:
-        pairs = fr.groupby(["job", "namespace"], observed=True, sort=True).size()
-        pairs = pairs[pairs > 0].reset_index()
-        ns = pairs.groupby(pairs["job"].astype(str))["namespace"].agg(lambda s: ", ".join(sorted(map(str, s))))
-        jobs["namespace"] = jobs["job"].map(ns).fillna("")
-    else:
-        jobs["namespace"] = ""
+    jobs["namespace"] = jobs["job"].map(job_namespaces(fleet.frame)).fillna("")
     jobs = jobs.merge(job_bottlenecks(scores), on="job", how="left")
     split = ["waste_gpu_hours", "normal_gpu_hours", "unclassified_gpu_hours"]
     part = scores.partition.job if scores.partition is not None else pd.DataFrame()

@@ -39,7 +39,7 @@ import pandas as pd
 from analyzer.analysis.partition import PARTS, WASTE
 from analyzer.analysis.rows import allocated_rows
 from analyzer.analysis.scores import AGG_COLUMNS, Scores, aggregate
-from analyzer.data.frame import Fleet
+from analyzer.data.frame import Fleet, device_order
 from analyzer.findings import GPU_FAULT, STRAGGLER, THERMAL, Finding, json_ready, rfc3339, sort_findings
 from analyzer.report import data
 
@@ -208,13 +208,8 @@ def _gpus(sub: Fleet, rows: pd.DataFrame) -> pd.DataFrame:
             table[c] = None if c in ("model", "mig_profile", *DEVICE_KEYS) else np.nan
     for c in ("model", "mig_profile", *keys):
         table[c] = [None if pd.isna(v) or v == "" else str(v) for v in table[c]]
-    return table[list(GPU_COLUMNS)].sort_values(["hostname", "gpu", "gpu_instance"], ignore_index=True,
-                                                 key=lambda s: s.map(_natural))
-
-
-def _natural(v: Any) -> tuple:
-    s = "" if v is None else str(v)
-    return (0, int(s), "") if s.isdigit() else (1, 0, s)
+    order = device_order(*(table[c].fillna("").to_numpy(object) for c in ("hostname", "gpu", "gpu_instance")))
+    return table[list(GPU_COLUMNS)].iloc[order].reset_index(drop=True)
 
 
 def _touching(findings: Sequence[Finding], name: str, frame: pd.DataFrame) -> list[Finding]:

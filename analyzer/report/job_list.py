@@ -21,6 +21,7 @@ from analyzer.analysis.rows import allocated_rows
 from analyzer.analysis.scores import Scores
 from analyzer.data.frame import Fleet
 from analyzer.findings import rfc3339
+from analyzer.report.data import job_namespaces
 
 LIST_COLUMNS: tuple[str, ...] = (
     "job", "namespace", "user", "account", "first_seen", "last_seen", "running", "gpus", "allocated_gpu_hours",
@@ -41,10 +42,9 @@ def job_list(fleet: Fleet, scores: Scores, below: float | None = None, finished:
     sub = fr.loc[alloc]
     key = sub["job"].astype(str)
     span = sub.groupby(key, sort=True)["timestamp"].agg(["min", "max"])
-    devices = sub.groupby(key, sort=True)[[c for c in ("hostname", "gpu", "gpu_instance") if c in sub.columns]]
-    counts = devices.apply(lambda d: len(d.drop_duplicates()))
-    ns = (sub.groupby(key, sort=True)["namespace"].agg(lambda s: ", ".join(sorted(set(map(str, s.dropna())))))
-          if "namespace" in sub.columns else pd.Series("", index=span.index))
+    device = [c for c in ("hostname", "gpu", "gpu_instance") if c in sub.columns]
+    counts = sub[device].assign(job=key).drop_duplicates().groupby("job", sort=True).size()
+    ns = job_namespaces(sub)
     out = jobs.assign(job=jobs["job"].astype(str)).set_index("job")
     acct = fleet.accounting.assign(job=fleet.accounting["job"].astype(str)).set_index("job")
     out = pd.DataFrame({

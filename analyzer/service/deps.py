@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
-import pandas as pd
 from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -23,6 +22,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
 from analyzer.findings import rfc3339
+from analyzer.report.data import namespace_pairs
 from analyzer.service.cost_source import CostSource
 from analyzer.service.errors import NoResults
 from analyzer.service.loop import AnalyzerService
@@ -132,12 +132,11 @@ class Scope:
         t = self.token
         if t is None:
             return None
-        fr = fleet.frame
         out: set[str] = set()
-        if "job" in fr.columns and "namespace" in fr.columns and t.namespaces:
-            pairs = fr.groupby([fr["job"].astype(str), fr["namespace"].astype(str)], observed=True).size()
-            seen = pd.Series([t.sees(ns) for _, ns in pairs.index], index=pairs.index, dtype=bool)
-            out |= {str(j) for j, ok in seen.groupby(level=0).all().items() if ok}
+        if t.namespaces:
+            pairs = namespace_pairs(fleet.frame)
+            seen = pairs["namespace"].map(t.sees).astype(bool)
+            out |= set(seen.groupby(pairs["job"]).all().loc[lambda ok: ok].index)
         acct = fleet.accounting
         if t.accounts and len(acct):
             out |= {str(j) for j, a in zip(acct["job"], acct["account"], strict=True) if t.sees_account(a)}

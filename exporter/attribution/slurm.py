@@ -84,6 +84,7 @@ class SlurmAttributor(CachedAttributor[dict[_Key, Allocation]]):
                 "slurm_dir_unreadable", f"job mapping directory {self.directory}: {exc.strerror or exc}"))
             return None
         table: dict[_Key, Allocation] = {}
+        meta: dict[str, dict[str, str]] = {}  # job -> its meta file's values, read once per refresh
         for entry in entries:
             match = _NAME.match(entry.name)
             if not match:
@@ -100,28 +101,34 @@ class SlurmAttributor(CachedAttributor[dict[_Key, Allocation]]):
             jobs = sorted({line.strip() for line in text.splitlines() if line.strip()}, key=_job_sort_key)
             if jobs:
                 table[(str(int(match["gpu"])), None if match["gi"] is None else str(int(match["gi"])))] = Allocation(
-                    "", "", "", ",".join(jobs), self._accounting(jobs))
+                    "", "", "", ",".join(jobs), self._accounting(jobs, meta))
         return table
 
-    def _accounting(self, jobs: list[str]) -> tuple[str, str, str] | None:
-        """(user, account, partition) of ``jobs`` from their meta files, distinct values joined with ","; None
-        where no job has one (a missing or unreadable file is no accounting: the job is still attributed)."""
+    def _accounting(self, jobs: list[str], meta: dict[str, dict[str, str]]) -> tuple[str, str, str] | None:
+        """(user, account, partition) of ``jobs`` from their meta files (``meta``: those read this refresh),
+        distinct values joined with ","; None where no job has one (a missing or unreadable file is no
+        accounting: the job is still attributed)."""
         found: dict[str, set[str]] = {k: set() for k in ACCOUNTING}
         for job in jobs:
-            if not _JOB_ID.match(job):
-                continue
-            try:
-                text = _read_small(os.path.join(self.meta_directory, f"{job}.env"))
-            except OSError:
-                continue
-            for line in text.splitlines():
-                key, sep, value = line.partition("=")
-                if sep and key.strip() in found and value.strip():
-                    found[key.strip()].add(value.strip())
+            if job not in meta:
+                meta[job] = self._meta(job)
+            for key, value in meta[job].items():
+                found[key].add(value)
         if not any(found.values()):
             return None
         user, account, partition = (",".join(sorted(found[k])) for k in ACCOUNTING)
         return user, account, partition
+
+    def _meta(self, job: str) -> dict[str, str]:
+        """The ACCOUNTING keys of ``job``'s meta file that have a value; {} without one."""
+        if not _JOB_ID.match(job):
+            return {}
+        try:
+            text = _read_small(os.path.join(self.meta_directory, f"{job}.env"))
+        except OSError:
+            return {}
+        pairs = (line.partition("=") for line in text.splitlines())
+        return {k.strip(): v.strip() for k, sep, v in pairs if sep and k.strip() in ACCOUNTING and v.strip()}
 
     def _lookup(
         self, table: dict[_Key, Allocation], uuid: str, gpu: str, gpu_instance: str | None, mig_uuid: str | None
