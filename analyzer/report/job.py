@@ -98,6 +98,20 @@ class JobReport:
         return self.last_seen + self.step - self.first_seen
 
     @property
+    def physical_gpus(self) -> int:
+        """GPUs the job's devices are on (a MIG slice is part of one)."""
+        return len(self.gpus[["hostname", "gpu"]].drop_duplicates())
+
+    @property
+    def slices(self) -> str:
+        """ "8 MIG slices (3g.40gb)" where the job held MIG instances, else ""."""
+        profiles = self.gpus.loc[self.gpus["gpu_instance"].notna(), "mig_profile"]
+        if not len(profiles):
+            return ""
+        names = ", ".join(sorted({p for p in profiles if p})) or "profile unknown"
+        return f"{len(profiles)} MIG slice{'s' if len(profiles) > 1 else ''} ({names})"
+
+    @property
     def memory_high_water_bytes(self) -> float:
         return _nanmax(self.gpus["memory_used_max_bytes"])
 
@@ -318,7 +332,7 @@ def to_json(r: JobReport) -> dict[str, Any]:
         "namespaces": r.namespaces, "pods": r.pods, "slurm": r.slurm,
         "first_seen": rfc3339(r.first_seen), "last_seen": rfc3339(r.last_seen), "running": r.running,
         "duration_seconds": r.duration_s,
-        "gpus": len(r.gpus),
+        "gpus": r.physical_gpus, "devices": len(r.gpus),
         "scores": r.scores,
         "parts": {k.removesuffix("_gpu_hours"): v for k, v in r.parts.items()},
         "memory": {"high_water_bytes": r.memory_high_water_bytes, "capacity_bytes": r.memory_capacity_bytes},
@@ -341,7 +355,8 @@ def format_text(r: JobReport) -> str:
         f"Job {r.name}" + (f" (namespace {', '.join(r.namespaces)})" if r.namespaces else ""),
         *([f"  Slurm:     user {r.slurm['user'] or '?'}, account {r.slurm['account'] or '?'}, "
            f"partition {r.slurm['partition'] or '?'}"] if r.slurm else []),
-        f"  GPUs:      {len(r.gpus)} ({', '.join(models) or 'model unknown'}) on {hosts} node(s)",
+        f"  GPUs:      {r.physical_gpus}{f' as {r.slices}' if r.slices else ''} "
+        f"({', '.join(models) or 'model unknown'}) on {hosts} node(s)",
         f"  Ran:       {rfc3339(r.first_seen)} to {rfc3339(r.last_seen + r.step)} "
         f"({_duration(r.duration_s)}{', still running' if r.running else ''})",
         f"  GPU-hours: {s['allocated_gpu_hours']:,.1f} held, {s['allocated_effective_gpu_hours']:,.1f} of real work",

@@ -30,7 +30,7 @@ def _cards(r: JobReport) -> str:
     high, cap = r.memory_high_water_bytes, r.memory_capacity_bytes
     mem = f"{_gb(high)} of {_gb(cap)}" if math.isfinite(high) and math.isfinite(cap) else UNKNOWN
     items = [
-        card("GPUs", f"{len(r.gpus)}", f"{r.gpus['hostname'].nunique()} node(s)"),
+        card("GPUs", f"{r.physical_gpus}", r.slices or f"{r.gpus['hostname'].nunique()} node(s)"),
         card("Ran", _duration(r.duration_s), "still running" if r.running else "finished"),
         card("Effective utilization", fmt_pct(s["effective_util"]), f"reported {fmt_pct(s['reported_util'])}",
              warn=bool(s["effective_util"] < 0.3)),

@@ -175,3 +175,12 @@ def test_the_command_line(demo, capsys, tmp_path):
                         (["job", "--demo", "nope"], "no workload, Slurm job or pod named 'nope'")):
         assert main(argv) == 2
         assert words in capsys.readouterr().err
+
+
+def test_a_mig_job_counts_its_gpus_and_its_slices():
+    fleet = fleet_from_cluster(Cluster(load_scenario("mig-training")), step=60.0)
+    result = analyze(fleet)
+    r = J.job_report(fleet, result.scores, result.findings, "mig-finetune")
+    assert (r.physical_gpus, len(r.gpus), r.slices) == (4, 8, "8 MIG slices (3g.40gb)")
+    assert "GPUs:      4 as 8 MIG slices (3g.40gb)" in J.format_text(r)
+    assert (J.to_json(r)["gpus"], J.to_json(r)["devices"]) == (4, 8)
