@@ -17,7 +17,11 @@ False). Thresholds (configurable fields):
   a user between two runs; holding a GPU idle for half an hour is a decision to act on.
 - A GPU that went idle because an XID killed its process is a fault (gpu_fault), not the
   owner's waste: an episode that starts within ``fault_window_s`` 600 s of an XID event
-  on the same physical GPU is dropped.
+  on the same physical GPU is dropped, and so is one on a GPU that shows a row remap pending for
+  most of the episode: it awaits the reset a memory fault (XID 48/94/95, an uncorrectable ECC
+  error) left it needing, which gpu_fault reports ("schedule a GPU reset"). ``serve`` sees this
+  one: 30 minutes after the XID killed the process the event has left its window, the pending
+  remap has not.
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ class IdleAllocated:
                             min_duration_s=self.min_duration_s)
         if not len(eps):
             return []
-        fault = self._after_fault(fleet, eps)
+        fault = self._after_fault(fleet, eps) | (eps.mean(column(fleet, "row_remap_pending")) >= 0.5)
         u, gr, sm = (eps.mean(column(fleet, s)) for s in ("gpu_util", "gr_active", "sm_active"))
         low = eps.mean(use_fb.astype(np.float64)) > 0.5
         out = []

@@ -192,6 +192,15 @@ def test_gpu_idled_by_an_xid_is_a_fault_not_waste() -> None:
     assert len(IdleAllocated().detect(fleet)) == 1
 
 
+def test_gpu_awaiting_a_reset_is_a_fault_not_waste_after_its_xid_left_the_window() -> None:
+    # serve, 30 min after an XID 94 killed the process: the event is out of the window, the pending remap is not
+    idle = {**phases(60, (60, IDLE)), **OWNER}
+    assert len(IdleAllocated().detect(fleet_of(idle))) == 1
+    assert IdleAllocated().detect(fleet_of({**idle, "row_remap_pending": [1.0] * 60})) == []
+    # a remap pending for a few minutes of a long idle stretch does not hide the owner's waste
+    assert len(IdleAllocated().detect(fleet_of({**idle, "row_remap_pending": [1.0] * 5 + [0.0] * 55}))) == 1
+
+
 # runner ------------------------------------------------------------------------------------
 def test_registry_has_both_detectors_behind_the_protocol() -> None:
     reg = load_detectors()
