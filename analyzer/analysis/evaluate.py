@@ -376,10 +376,11 @@ def replay(
 
 def _replay_counts(problems: list[dict[str, Any]], ids: list[_Seen], gpu_hours: float) -> dict[str, Any]:
     tp = sum(1 for r in ids if r.true)
+    paged = sum(1 for r in ids if not r.true and SEVERITY_ORDER[r.severity_max] <= SEVERITY_ORDER["warning"])
     detected = sum(1 for p in problems if p["ttd_s"] is not None)
     ttd = [p["ttd_s"] for p in problems]
     return {
-        "findings": len(ids), "tp": tp, "fp": len(ids) - tp, "truth": len(problems), "detected": detected,
+        "findings": len(ids), "tp": tp, "fp": len(ids) - tp, "fp_paged": paged, "truth": len(problems), "detected": detected,
         "missed": len(problems) - detected,
         "precision": _ratio(tp, len(ids)), "recall": _ratio(detected, len(problems)),
         **ttd_summary(ttd),
@@ -457,8 +458,9 @@ def pooled_replay(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str],
     for r in results:
         for kind, k in r["kinds"].items():
             a = acc.setdefault((str(r.get("dialect", "-")), kind),
-                               {"findings": 0, "tp": 0, "truth": 0, "detected": 0, "ids_max": 0, "problems": []})
-            for key in ("findings", "tp", "truth", "detected"):
+                               {"findings": 0, "tp": 0, "fp_paged": 0, "truth": 0, "detected": 0, "ids_max": 0,
+                                "problems": []})
+            for key in ("findings", "tp", "fp_paged", "truth", "detected"):
                 a[key] += k[key]
             a["ids_max"] = max(a["ids_max"], k["ids_max"])
             a["problems"] += k["problems"]
@@ -480,16 +482,17 @@ def _ttd(x: float | None, truth: int) -> str:
 def format_replay(results: Sequence[Mapping[str, Any]]) -> str:
     """Replay results pooled per (dialect, kind), with the time to detect per attribution under each kind."""
     head = ("dialect", "kind", "problems", "found", "prec", "recall", "ttd p50 s", "ttd p95 s", "ttd max s",
-            "ids/problem max", "FP")
+            "ids/problem max", "FP", "FP paged")
     rows = [head]
     for (dialect, kind), a in sorted(pooled_replay(results).items()):
         rows.append((dialect, kind, str(a["truth"]), str(a["detected"]), f"{a['precision']:.3f}",
                      f"{a['recall']:.3f}", _ttd(a["ttd_p50_s"], a["truth"]), _ttd(a["ttd_p95_s"], a["truth"]),
-                     _num(a["ttd_max_s"], ".0f"), str(a["ids_max"]), str(a["findings"] - a["tp"])))
+                     _num(a["ttd_max_s"], ".0f"), str(a["ids_max"]), str(a["findings"] - a["tp"]),
+                     str(a["fp_paged"])))
         if len(a["by_attribution"]) > 1:
             for cause, c in a["by_attribution"].items():
                 rows.append(("", f"  {cause}", str(c["truth"]), "", "", "", _ttd(c["ttd_p50_s"], c["truth"]),
-                             _ttd(c["ttd_p95_s"], c["truth"]), _num(c["ttd_max_s"], ".0f"), "", ""))
+                             _ttd(c["ttd_p95_s"], c["truth"]), _num(c["ttd_max_s"], ".0f"), "", "", ""))
     return _columns(rows, 2)
 
 

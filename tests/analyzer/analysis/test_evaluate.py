@@ -206,7 +206,8 @@ def test_ttd_quantiles_rank_a_missed_problem_above_every_time() -> None:
 
 def test_replay_measures_time_to_detect_and_reports_an_undetectable_problem_as_missed() -> None:
     """The CI subset: XIDs replayed at serve's defaults are found within the issue's 1 minute, each under
-    one id all along; a problem no telemetry shows is "missed", never a number."""
+    one id all along; a problem no telemetry shows is "missed", never a number. The GPUs the XIDs left
+    idle and awaiting a reset are not "idle allocated" once the event has left serve's window."""
     import json
 
     from analyzer.analysis.evaluate import named_scenario_fleet, pooled_replay, replay
@@ -217,7 +218,9 @@ def test_replay_measures_time_to_detect_and_reports_an_undetectable_problem_as_m
     truth = cluster.ground_truth()
     invisible = {"kind": GPU_FAULT, "hostname": "dc1-r1-n01", "gpu": "6", "job": None, "start": fleet.start + 3600,
                  "end": None, "cause": "a fault no metric shows", "attribution": "invisible"}
-    res = replay(fleet, [*truth, invisible], [GPU_FAULT], interval=DEFAULT_INTERVAL, window=DEFAULT_WINDOW)
+    res = replay(fleet, [*truth, invisible], [GPU_FAULT, IDLE_ALLOCATED], interval=DEFAULT_INTERVAL,
+                 window=DEFAULT_WINDOW)
+    assert res["kinds"][IDLE_ALLOCATED]["fp"] == 0, res["kinds"][IDLE_ALLOCATED]["false_findings"]
     k = res["kinds"][GPU_FAULT]
     xids = [p for p in k["problems"] if p["attribution"].startswith("xid")]
     assert len(xids) == 6 and res["cuts"] == 180
@@ -226,7 +229,7 @@ def test_replay_measures_time_to_detect_and_reports_an_undetectable_problem_as_m
         assert p["ids"] == 1, p  # the alert on it would not flap
     (missed,) = [p for p in k["problems"] if p["attribution"] == "invisible"]
     assert missed["ttd_s"] is None and missed["ids"] == 0
-    assert (k["truth"], k["detected"], k["missed"], k["fp"]) == (7, 6, 1, 0)
+    assert (k["truth"], k["detected"], k["missed"], k["fp"], k["fp_paged"]) == (7, 6, 1, 0, 0)
     assert k["ttd_p50_s"] == 60 and k["ttd_p95_s"] is None  # the 95th percentile falls on the missed problem
     pooled = pooled_replay([{**res, "dialect": "truegpu"}])[("truegpu", GPU_FAULT)]
     assert pooled["by_attribution"]["xid79"]["ttd_p95_s"] == 60 and pooled["by_attribution"]["invisible"]["truth"] == 1
@@ -244,3 +247,16 @@ def test_messy_telemetry_keeps_each_problem_one_finding(dialect: str) -> None:
         assert (k["precision"], k["recall"], k["fragmented"]) == (1.0, 1.0, 0), (kind, k)
         assert k["findings"] == k["truth"], (kind, k)
         assert k["onset_max_s"] is None or abs(k["onset_max_s"]) <= 60, (kind, k)
+
+
+def test_replay_counts_the_false_findings_that_paged_apart_from_withdrawn_suspicions() -> None:
+    """An early "suspected" finding at info that is withdrawn never paged anyone; one that reached warning did."""
+    from analyzer.analysis.evaluate import _replay_counts, _Seen
+
+    def seen(true: bool, severity: str) -> _Seen:
+        f = Finding(kind="straggler", severity=severity, summary="s", start=0.0, end=None, score=0.5)
+        return _Seen("straggler", 60.0, f, true=true, severity_max=severity)
+
+    k = _replay_counts([], [seen(True, "critical"), seen(False, "info"), seen(False, "warning"),
+                            seen(False, "critical")], 1000.0)
+    assert (k["tp"], k["fp"], k["fp_paged"]) == (1, 3, 2)
