@@ -380,8 +380,8 @@ def _replay_counts(problems: list[dict[str, Any]], ids: list[_Seen], gpu_hours: 
     detected = sum(1 for p in problems if p["ttd_s"] is not None)
     ttd = [p["ttd_s"] for p in problems]
     return {
-        "findings": len(ids), "tp": tp, "fp": len(ids) - tp, "fp_paged": paged, "truth": len(problems), "detected": detected,
-        "missed": len(problems) - detected,
+        "findings": len(ids), "tp": tp, "fp": len(ids) - tp, "fp_paged": paged, "truth": len(problems),
+        "detected": detected, "missed": len(problems) - detected,
         "precision": _ratio(tp, len(ids)), "recall": _ratio(detected, len(problems)),
         **ttd_summary(ttd),
         "ids_max": max((p["ids"] for p in problems), default=0),
