@@ -85,9 +85,12 @@ Quiet stragglers (issue 12), found from the peer relation itself at GPU level:
   fewer members the median follows the others' drift, and a healthy member at its drift peak leads a
   4-GPU job by 7-8% for ten minutes and more (measured on noisy-neighbours, seeds 24-25). The
   averages take only the samples with the gang at work (peers busy and progressing): a start-up
-  phase next to the window would lend them a lead the member never had at work. At the end of the
-  data the centered window is cut to half (noisier): an open episode seen only by this path counts
-  that last half window as suggestion, not evidence, toward confirmation (``_status``).
+  phase next to the window would lend them a lead the member never had at work. At either edge of the
+  data the centered window is cut to half (noisier): an episode seen only by this path counts the half
+  window at each edge it touches (still open at the end; starting where the data starts, as serve's
+  window cuts it) as suggestion, not evidence, toward confirmation (``_status``). Without the start
+  edge, the last healthy minutes of a GPU that fell off the bus, at the start of a later window, read
+  as a 10-minute straggler of its hung gang.
 * **intermittent** (slow in recurring spells of a few minutes): a *spell* sample is one where
   the member is the busiest of its job over two samples by a clock-normalized lead >=
   ``spell_lead`` 0.08 (or throttled with the clock path's lead), for ``spell_min_s`` 180 s in a
@@ -440,7 +443,7 @@ class Straggler:
         return find_episodes(fleet, cond, max_gap_steps=self.max_gap_steps, max_unknown_steps=self.max_unknown_steps,
                              min_duration_s=min(self.suspect_after_s, self.min_duration_s), split_on=("job",))
 
-    def _status(self, ep: Any, v: dict[str, float] | None = None) -> str | None:
+    def _status(self, ep: Any, v: dict[str, float] | None = None, data_start: float | None = None) -> str | None:
         """"confirmed" (lasted ``min_duration_s``), "suspected" (still open, shorter) or None (withdrawn:
         it ended short)."""
         evidence = float(getattr(ep, "evidence_s", ep.duration_s))
@@ -448,10 +451,13 @@ class Straggler:
             # Only the CUSUM speaks: it suspects early, it never confirms (two strong spells are no pattern;
             # the long window, or the intermittent path's spells, confirm).
             evidence = 0.0
-        elif ep.open and v is not None and v["silent"] >= 0.5 and max(v["compute"], v["input"], v["nvlink"]) < 0.5:
-            # Only the peer relation speaks, and its long average is cut short at the end of the data (half a
-            # window: noisier, a healthy member's drift peak can pass for a lead): that part suggests, never confirms.
-            evidence -= self.silent_window_s / 2
+        elif v is not None and v["silent"] >= 0.5 and max(v["compute"], v["input"], v["nvlink"]) < 0.5:
+            # Only the peer relation speaks, and its long average is cut short at an edge of the data (half a
+            # window: noisier, a healthy member's drift peak can pass for a lead): that part suggests, never
+            # confirms. At the end while the episode is open; at the start where a window (serve's) cut it, e.g.
+            # the last healthy minutes of a GPU that then fell off the bus, its peers left hanging.
+            edges = int(bool(ep.open)) + int(data_start is not None and float(ep.start) <= data_start)
+            evidence -= edges * self.silent_window_s / 2
         if evidence >= self.min_duration_s - 1e-6:
             return "confirmed"
         if not ep.open or v is None:
@@ -474,7 +480,7 @@ class Straggler:
         out = []
         for i, ep in enumerate(eps.table.itertuples(index=False)):
             v = {k: float(a[i]) for k, a in m.items()}
-            status = self._status(ep, v)
+            status = self._status(ep, v, fleet.start)
             if status is None:
                 continue
             n_members = members.get((ep.job, ep.hostname, ep.gpu, ep.gpu_instance or None), 1)
@@ -519,7 +525,7 @@ class Straggler:
         out = []
         for i, ep in enumerate(eps.table.itertuples(index=False)):
             v = {k: float(a[i]) for k, a in m.items()}
-            status = self._status(ep, v)
+            status = self._status(ep, v, fleet.start)
             if status is None:
                 continue
             s = idx[np.flatnonzero((pg.slot_host[idx] == ep.hostname)
