@@ -735,6 +735,26 @@ SLURM_JOB_INFO = Metric(
     labels=(WORKLOAD, "user", "account", "partition"),
     nvml="the Slurm prolog's job-mapping file (JOBID user=... account=... partition=...)",
 )
+#: Per-holder use of a GPU several pods or jobs hold at once (Kubernetes time-slicing or MPS replicas,
+#: Slurm jobs sharing a GPU): published only for such GPUs, one series per holder. The holder with empty
+#: namespace/pod/container/workload stands for processes no holder could be found for (a PID of another
+#: PID namespace, a process that exited between the two NVML calls): never spread over the others.
+SHARER_UTILIZATION = Metric(
+    "truegpu_gpu_sharer_utilization_ratio", "gauge", "ratio",
+    "Fraction of the scrape interval a kernel of this holder's processes ran on a shared GPU (the per-process "
+    "share of GPU utilization, summed over the holder's processes).",
+    labels=("namespace", "pod", "container", WORKLOAD),
+    nvml="nvmlDeviceGetProcessUtilization smUtil / 100, mean of the samples since the last scrape, per PID of "
+         "nvmlDeviceGetComputeRunningProcesses / nvmlDeviceGetMPSComputeRunningProcesses, PIDs joined with "
+         "their pod or Slurm job through /proc/<pid>",
+)
+SHARER_MEMORY_USED = Metric(
+    "truegpu_gpu_sharer_memory_used_bytes", "gauge", "bytes",
+    "GPU memory this holder's processes use on a shared GPU.",
+    labels=("namespace", "pod", "container", WORKLOAD),
+    nvml="usedGpuMemory of nvmlDeviceGetComputeRunningProcesses / nvmlDeviceGetMPSComputeRunningProcesses "
+         "entries, summed per holder",
+)
 NODE_INFO = Metric(
     "truegpu_node_info", "gauge", "",
     "Where a node sits (value 1): site (data centre or zone) and rack.",
