@@ -3,7 +3,9 @@
 A source calls :func:`attribute` once per collection with the GPUs (and MIG instances)
 it saw; that refreshes the attributor (cached for ttl seconds, never raises), counts its
 errors without marking the source down, and adds truegpu_gpu_allocation_info for every
-held device.
+held device. A source that needs the holders while it reads the GPUs (the NVML source's
+per-holder use of shared GPUs) calls the two halves itself: :func:`refresh_attribution`
+before, :func:`publish_allocations` after.
 
 Importing this package is cheap: grpc is only imported when a KubernetesAttributor
 first refreshes, requests on the first pod-label lookup, yaml when a job map is loaded.
@@ -43,6 +45,8 @@ __all__ = [
     "build_attributor",
     "derive_job",
     "load_job_map",
+    "publish_allocations",
+    "refresh_attribution",
 ]
 
 
@@ -61,6 +65,7 @@ def build_attributor(
     pod_labels_ttl: float = 60.0,
     dra_drivers: Iterable[str] | None = None,
     cdi_spec_dirs: Iterable[str] | None = None,
+    proc_root: str = "/proc",
 ) -> Attributor | None:
     """The attributor the exporter's options ask for: Kubernetes first, then Slurm;
     None when neither is configured (the exporter then emits no allocation series).
@@ -70,7 +75,8 @@ def build_attributor(
     else the well-known operator labels (only without ``job_label``), else the pod name.
     The label lookup's failures are counted with the attributor's own. ``dra_drivers`` (default
     ``gpu.nvidia.com``; empty: DRA claims ignored) and ``cdi_spec_dirs`` (default the CDI spec
-    directories; empty: device names only) steer the mapping of DRA-allocated GPUs (:mod:`exporter.attribution.dra`)."""
+    directories; empty: device names only) steer the mapping of DRA-allocated GPUs (:mod:`exporter.attribution.dra`),
+    with the driver's device minors read under ``proc_root`` (the host's /proc)."""
     parts: list[Attributor] = []
     if kubelet_socket:
         pod_labels = None
@@ -86,7 +92,8 @@ def build_attributor(
             kubelet_socket, timeout=timeout, ttl=ttl, static_jobs=static_jobs, pod_labels=pod_labels,
             job_label=job_label or None,
             dra_drivers=DEFAULT_DRA_DRIVERS if dra_drivers is None else [d for d in dra_drivers if d],
-            cdi_spec_dirs=DEFAULT_CDI_DIRS if cdi_spec_dirs is None else [d for d in cdi_spec_dirs if d]))
+            cdi_spec_dirs=DEFAULT_CDI_DIRS if cdi_spec_dirs is None else [d for d in cdi_spec_dirs if d],
+            proc_root=proc_root))
         if pod_labels is not None:
             parts.append(pod_labels)  # attributes nothing; its refresh() reports the lookups' failures
     if slurm_dir:
@@ -122,8 +129,18 @@ def load_job_map(path: str) -> dict[str, str]:
 
 def attribute(reading: Reading, attributor: Attributor, devices: Iterable[Device]) -> None:
     """Add who holds each device to ``reading``; attribution trouble is counted, not fatal."""
+    refresh_attribution(reading, attributor)
+    publish_allocations(reading, attributor, devices)
+
+
+def refresh_attribution(reading: Reading, attributor: Attributor) -> None:
+    """Re-read the backend (cached for its ttl); its errors are counted in ``reading``, never raised."""
     for error in attributor.refresh():
         reading.errors.append(SourceError(getattr(error, "kind", "attribution"), str(error)))
+
+
+def publish_allocations(reading: Reading, attributor: Attributor, devices: Iterable[Device]) -> None:
+    """truegpu_gpu_allocation_info (and Slurm accounting) for every held device, from the last refresh."""
     for labels, uuid, gpu, gpu_instance, mig_uuid in devices:
         holder = attributor.lookup(uuid, gpu, gpu_instance, mig_uuid)
         if holder is not None:

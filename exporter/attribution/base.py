@@ -1,11 +1,12 @@
 """The small attribution interface and the caching/error-reporting machinery it shares.
 
 Attribution answers "who holds this GPU" for truegpu_gpu_allocation_info. Sources call
-``refresh()`` once per collection and then ``lookup()`` per GPU or MIG instance. Reading
-the kubelet or a job directory is slow next to a scrape and changes rarely, so
-``refresh()`` re-reads at most every ``ttl`` seconds. Nothing here raises into the
-exporter: failures come back from ``refresh()`` as :class:`AttributionError` values (a
-``str`` carrying a bounded ``kind``) that the caller counts in
+``refresh()`` once per collection and then ``lookup()`` per GPU or MIG instance; ``holders()``
+lists every holder of a shared device (time-slicing or MPS replicas, Slurm jobs sharing a GPU)
+for the per-holder sharer families. Reading the kubelet or a job directory is slow next to a
+scrape and changes rarely, so ``refresh()`` re-reads at most every ``ttl`` seconds. Nothing
+here raises into the exporter: failures come back from ``refresh()`` as :class:`AttributionError`
+values (a ``str`` carrying a bounded ``kind``) that the caller counts in
 truegpu_exporter_errors_total, and each kind of failure is logged once until it clears.
 """
 
@@ -17,7 +18,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from exporter.schema import WORKLOAD
 
@@ -34,6 +35,8 @@ class Allocation:
     job: str
     #: Slurm accounting (user, account, partition) where the job-mapping file gives it.
     accounting: tuple[str, str, str] | None = None
+    #: The pod's UID where the API server told it: per-process attribution matches it with a process's cgroup.
+    uid: str = ""
 
     def labels(self) -> dict[str, str]:
         """The truegpu_gpu_allocation_info labels this allocation contributes."""
@@ -77,6 +80,12 @@ class Attributor(Protocol):
         """The holder of GPU ``uuid``/index ``gpu`` (MIG: ``gpu_instance``/``mig_uuid``), or None."""
         ...
 
+    def holders(
+        self, uuid: str, gpu: str, gpu_instance: str | None = None, mig_uuid: str | None = None
+    ) -> tuple[Allocation, ...]:
+        """Every holder of that device in a stable order (``lookup``'s answer among them); empty when none."""
+        ...
+
 
 T = TypeVar("T")
 
@@ -85,7 +94,8 @@ class CachedAttributor(ABC, Generic[T]):
     """Rate-limited reload of a lookup table ``T``, keeping the last good table on failure.
 
     Subclasses implement ``_load`` (return the new table, or None when nothing could be
-    read, and append errors) and ``_lookup`` on the table. When a load fails outright the
+    read, and append errors) and ``_lookup`` on the table; tables that know several holders
+    of one device also override ``_holders``. When a load fails outright the
     previous table is kept for ``max_stale`` seconds (a kubelet restart should not blank
     every GPU's owner), then dropped: stale owners are worse than unknown ones.
     """
@@ -128,7 +138,15 @@ class CachedAttributor(ABC, Generic[T]):
         table = self._table
         if table is None:
             return None
-        return self._lookup(table, uuid, str(gpu), None if gpu_instance is None else str(gpu_instance), mig_uuid)
+        return self._lookup(table, *_device(uuid, gpu, gpu_instance, mig_uuid))
+
+    def holders(
+        self, uuid: str, gpu: str, gpu_instance: str | None = None, mig_uuid: str | None = None
+    ) -> tuple[Allocation, ...]:
+        table = self._table
+        if table is None:
+            return ()
+        return self._holders(table, *_device(uuid, gpu, gpu_instance, mig_uuid))
 
     @abstractmethod
     def _load(self, errors: list[AttributionError]) -> T | None:
@@ -139,6 +157,13 @@ class CachedAttributor(ABC, Generic[T]):
         self, table: T, uuid: str, gpu: str, gpu_instance: str | None, mig_uuid: str | None
     ) -> Allocation | None:
         """Find an allocation in ``table``."""
+
+    def _holders(
+        self, table: T, uuid: str, gpu: str, gpu_instance: str | None, mig_uuid: str | None
+    ) -> tuple[Allocation, ...]:
+        """Every holder in ``table``; by default ``_lookup``'s one (tables keeping one holder per device)."""
+        found = self._lookup(table, uuid, gpu, gpu_instance, mig_uuid)
+        return () if found is None else (found,)
 
     def _log(self, errors: Sequence[AttributionError]) -> None:
         """Warn once per kind of failure; say when it clears; keep repeats at debug."""
@@ -156,7 +181,8 @@ class CachedAttributor(ABC, Generic[T]):
 
 
 class CompositeAttributor:
-    """Several attributors tried in order (e.g. Kubernetes then Slurm): first answer wins."""
+    """Several attributors tried in order (e.g. Kubernetes then Slurm): first answer wins; for ``holders``
+    the first non-empty one, never a merge (one backend owns a device)."""
 
     def __init__(self, attributors: Sequence[Attributor]):
         self.attributors = tuple(attributors)
@@ -173,12 +199,28 @@ class CompositeAttributor:
     def lookup(
         self, uuid: str, gpu: str, gpu_instance: str | None = None, mig_uuid: str | None = None
     ) -> Allocation | None:
+        return self._first("lookup", uuid, gpu, gpu_instance, mig_uuid)
+
+    def holders(
+        self, uuid: str, gpu: str, gpu_instance: str | None = None, mig_uuid: str | None = None
+    ) -> tuple[Allocation, ...]:
+        return self._first("holders", uuid, gpu, gpu_instance, mig_uuid) or ()
+
+    def _first(self, method: str, *device: str | None) -> Any:
+        """The first attributor's answer that is not empty (None, ())."""
         for attributor in self.attributors:
             try:
-                found = attributor.lookup(uuid, gpu, gpu_instance, mig_uuid)
+                found = getattr(attributor, method)(*device)
             except Exception:  # pragma: no cover - our attributors never raise here
-                log.exception("attribution lookup failed")
+                log.exception("attribution %s failed", method)
                 continue
-            if found is not None:
+            if found:
                 return found
         return None
+
+
+def _device(
+    uuid: str, gpu: str, gpu_instance: str | None, mig_uuid: str | None
+) -> tuple[str, str, str | None, str | None]:
+    """The device's ids as tables key them: indexes as text whatever the caller passed."""
+    return uuid, str(gpu), None if gpu_instance is None else str(gpu_instance), mig_uuid

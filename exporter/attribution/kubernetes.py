@@ -20,8 +20,9 @@ the kubelet feature gate KubeletPodResourcesDynamicResources: on by default from
 to GPU UUIDs and MIG instances by :mod:`exporter.attribution.dra` (claims of ``dra_drivers``, default
 ``gpu.nvidia.com``), then held exactly like device-plugin devices.
 
-When a GPU is shared (time-slicing, or one ResourceClaim used by several containers or pods), one
-holder is reported: the first by (namespace, pod, container), so the series is stable between scrapes.
+When a GPU is shared (time-slicing, or one ResourceClaim used by several containers or pods), ``lookup``
+reports one holder: the first by (namespace, pod, container), so the series is stable between scrapes;
+``holders`` lists every one in that order (a container holding several replicas of a GPU once).
 
 ``grpc`` and the generated stubs are imported on the first refresh, never at import
 time: nodes without Kubernetes attribution do not pay for (or need) grpcio.
@@ -33,7 +34,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from exporter.attribution.base import Allocation, AttributionError, CachedAttributor
 from exporter.attribution.dra import DEFAULT_CDI_DIRS, DEFAULT_DRIVERS, CdiSpecs, DeviceRef, DraResolver
@@ -49,45 +50,46 @@ _OLD_MIG = re.compile(r"^MIG-(?P<parent>GPU-[^/]+)/(?P<gi>\d+)/\d+$")
 _GKE = re.compile(r"^nvidia(?P<index>\d+)(?:/gi(?P<gi>\d+))?$")
 
 PodLabels = Callable[[str, str], Mapping[str, str] | None]
+Holders = tuple[Allocation, ...]
 
 
 @dataclass
 class _Table:
-    """Device id forms -> holder, filled from one List() reply."""
+    """Device id forms -> its holders (smallest first), filled from one List() reply."""
 
-    by_uuid: dict[str, Allocation] = field(default_factory=dict)  # GPU-... and MIG-... UUIDs
-    by_parent_instance: dict[tuple[str, str], Allocation] = field(default_factory=dict)  # (GPU uuid, gi)
-    by_index: dict[str, Allocation] = field(default_factory=dict)  # GKE nvidia<i>
-    by_index_instance: dict[tuple[str, str], Allocation] = field(default_factory=dict)  # GKE nvidia<i>/gi<g>
+    by_uuid: dict[str, Holders] = field(default_factory=dict)  # GPU-... and MIG-... UUIDs
+    by_parent_instance: dict[tuple[str, str], Holders] = field(default_factory=dict)  # (GPU uuid, gi)
+    by_index: dict[str, Holders] = field(default_factory=dict)  # GKE nvidia<i>
+    by_index_instance: dict[tuple[str, str], Holders] = field(default_factory=dict)  # GKE nvidia<i>/gi<g>
 
     def add(self, device_id: str, holder: Allocation) -> None:
         device_id = device_id.split("::", 1)[0].split("/vgpu", 1)[0]  # sharing replicas -> the device
         if m := _OLD_MIG.match(device_id):
-            _first(self.by_parent_instance, (m["parent"], m["gi"]), holder)
+            _hold(self.by_parent_instance, (m["parent"], m["gi"]), holder)
         elif m := _GKE.match(device_id):
             if m["gi"] is None:
-                _first(self.by_index, m["index"], holder)
+                _hold(self.by_index, m["index"], holder)
             else:
-                _first(self.by_index_instance, (m["index"], m["gi"]), holder)
-        _first(self.by_uuid, device_id, holder)
+                _hold(self.by_index_instance, (m["index"], m["gi"]), holder)
+        _hold(self.by_uuid, device_id, holder)
 
     def add_ref(self, ref: DeviceRef, holder: Allocation) -> None:
         """A device a DRA claim resolved to (exporter.attribution.dra)."""
         if ref.uuid and ref.gpu_instance is not None:
-            _first(self.by_parent_instance, (ref.uuid, ref.gpu_instance), holder)
+            _hold(self.by_parent_instance, (ref.uuid, ref.gpu_instance), holder)
         elif ref.uuid:
             self.add(ref.uuid, holder)
         elif ref.index is not None and ref.gpu_instance is not None:
-            _first(self.by_index_instance, (ref.index, ref.gpu_instance), holder)
+            _hold(self.by_index_instance, (ref.index, ref.gpu_instance), holder)
         elif ref.index is not None:
-            _first(self.by_index, ref.index, holder)
+            _hold(self.by_index, ref.index, holder)
 
 
-def _first(table: dict, key: object, holder: Allocation) -> None:
-    """Keep the smallest holder so shared devices report a stable one."""
-    current = table.get(key)
-    if current is None or _order(holder) < _order(current):
-        table[key] = holder
+def _hold(table: dict, key: object, holder: Allocation) -> None:
+    """Add ``holder`` to the device's holders, kept sorted so a shared device reports a stable first one."""
+    held = table.get(key, ())
+    if holder not in held:
+        table[key] = tuple(sorted((*held, holder), key=_order))
 
 
 def _order(a: Allocation) -> tuple[str, str, str]:
@@ -130,6 +132,18 @@ class KubernetesAttributor(CachedAttributor[_Table]):
     def _is_gpu_resource(self, name: str) -> bool:
         prefix = self.mig_resource_prefix
         return name in self.resource_names or bool(prefix and name.startswith(prefix))
+
+    def holders(
+        self, uuid: str, gpu: str, gpu_instance: str | None = None, mig_uuid: str | None = None
+    ) -> tuple[Allocation, ...]:
+        """Every holder of the device; a shared device's with their pod UIDs where the API server is asked for
+        pod labels (``--kube-api``): their processes' cgroups carry it, so per-process attribution needs no
+        read of another user's environment. Asked only here, for shared devices (cached like the labels)."""
+        found = super().holders(uuid, gpu, gpu_instance, mig_uuid)
+        uid = getattr(self.pod_labels, "uid", None)
+        if len(found) < 2 or uid is None:
+            return found
+        return tuple(replace(h, uid=uid(h.namespace, h.pod)) for h in found)
 
     def _job(self, namespace: str, pod: str, siblings: Collection[str] = ()) -> str:
         static = self.static_jobs.get(f"{namespace}/{pod}")
@@ -217,6 +231,12 @@ class KubernetesAttributor(CachedAttributor[_Table]):
     def _lookup(
         self, table: _Table, uuid: str, gpu: str, gpu_instance: str | None, mig_uuid: str | None
     ) -> Allocation | None:
+        held = self._holders(table, uuid, gpu, gpu_instance, mig_uuid)
+        return held[0] if held else None
+
+    def _holders(
+        self, table: _Table, uuid: str, gpu: str, gpu_instance: str | None, mig_uuid: str | None
+    ) -> Holders:
         if mig_uuid and (found := table.by_uuid.get(mig_uuid)):
             return found
         if gpu_instance is not None:
@@ -225,4 +245,4 @@ class KubernetesAttributor(CachedAttributor[_Table]):
             if found:
                 return found
         # A whole GPU held by a pod also holds its MIG instances.
-        return table.by_uuid.get(uuid) or table.by_index.get(gpu)
+        return table.by_uuid.get(uuid) or table.by_index.get(gpu) or ()

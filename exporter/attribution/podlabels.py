@@ -107,6 +107,7 @@ _PER_POD_ANSWERS = frozenset({"kube_api_not_found", "kube_api_invalid_name"})
 class _Entry:
     labels: dict[str, str] | None  # None: the pod was not found
     fetched_at: float
+    uid: str = ""  # metadata.uid: what the pod's cgroup paths carry
 
 
 class _Failure(Exception):
@@ -165,17 +166,33 @@ class KubeApiPodLabels:
             self._fail(_Failure("kube_api_error", f"{type(exc).__name__}: {exc}", global_=False))
             return None
 
+    def uid(self, namespace: str, pod: str) -> str:
+        """The pod's UID ("" when unknown), from the same cached request as its labels: per-process attribution
+        on shared GPUs matches it with the pod UID in a process's cgroup path."""
+        try:
+            with self._lock:
+                entry = self._entry(namespace, pod)
+                return entry.uid if entry is not None else ""
+        except Exception as exc:  # a bug here must never break attribution
+            self._fail(_Failure("kube_api_error", f"{type(exc).__name__}: {exc}", global_=False))
+            return ""
+
     def _labels(self, namespace: str, pod: str) -> dict[str, str] | None:
+        entry = self._entry(namespace, pod)
+        return entry.labels if entry is not None else None
+
+    def _entry(self, namespace: str, pod: str) -> _Entry | None:
+        """The pod's cached answer, asked anew after ttl; a stale one (up to max_stale) while the API fails."""
         key = (namespace, pod)
         now = self._clock()
         entry = self._cache.get(key)
         if entry is not None and now - entry.fetched_at < self.ttl:
-            return entry.labels
-        stale = entry.labels if entry is not None and now - entry.fetched_at < self.max_stale else None
+            return entry
+        stale = entry if entry is not None and now - entry.fetched_at < self.max_stale else None
         if self._paused_until is not None and now < self._paused_until:
             return stale
         try:
-            labels = self._fetch(namespace, pod)
+            labels, uid = self._fetch(namespace, pod)
         except _Failure as failure:
             self._fail(failure, now)
             if failure.kind not in _PER_POD_ANSWERS:
@@ -183,12 +200,12 @@ class KubeApiPodLabels:
             # E.g. the pod went away between the kubelet's list and this request: ask again after ttl.
             self._cache[key] = _Entry(None, now)
             return None
-        self._cache[key] = _Entry(labels, now)
+        entry = self._cache[key] = _Entry(labels, now, uid)
         self._recovered()
-        return labels
+        return entry
 
-    def _fetch(self, namespace: str, pod: str) -> dict[str, str]:
-        """The pod's labels ({} when it has none); _Failure when they cannot be had."""
+    def _fetch(self, namespace: str, pod: str) -> tuple[dict[str, str], str]:
+        """The pod's labels ({} when it has none) and UID; _Failure when they cannot be had."""
         where = f"{namespace}/{pod}"
         if not self.api_url:
             raise _Failure("kube_api_unconfigured",
@@ -228,12 +245,13 @@ class KubeApiPodLabels:
             raise _Failure("kube_api_error", f"GET pod {where}: HTTP {status} {_reason(reply)}", global_=status >= 500)
         try:
             body = reply.json()
-            labels = (body.get("metadata") or {}).get("labels") or {}
+            meta = body.get("metadata") or {}
+            labels = meta.get("labels") or {}
             if not isinstance(labels, dict):
                 raise TypeError(f"metadata.labels is {type(labels).__name__}")
         except (ValueError, TypeError, AttributeError) as exc:
             raise _Failure("kube_api_error", f"GET pod {where}: not a Pod object ({exc})", global_=False) from None
-        return {str(k): str(v) for k, v in labels.items()}
+        return {str(k): str(v) for k, v in labels.items()}, str(meta.get("uid") or "")
 
     def _token(self) -> str | None:
         if not self.token_file:
@@ -281,6 +299,11 @@ class KubeApiPodLabels:
         self, uuid: str, gpu: str, gpu_instance: str | None = None, mig_uuid: str | None = None
     ) -> Allocation | None:
         return None
+
+    def holders(
+        self, uuid: str, gpu: str, gpu_instance: str | None = None, mig_uuid: str | None = None
+    ) -> tuple[Allocation, ...]:
+        return ()
 
 
 def _reason(reply) -> str:

@@ -6,9 +6,10 @@ instance; each non-empty line is a job id. Other names are ignored, so the direc
 may hold the prolog's own state.
 
 Several job ids on one GPU (shared GPUs, or a stale id the epilog missed) become one
-label: the distinct ids sorted (numerically where they are numbers) and joined with
-``","``, so the series is stable and nothing is hidden. An empty file means the GPU is
-free. Only ``job`` is set; namespace/pod/container are empty.
+label for ``lookup``: the distinct ids sorted (numerically where they are numbers) and joined
+with ``","``, so the series is stable and nothing is hidden; ``holders`` lists one holder per
+job in that order (each with its own accounting). An empty file means the GPU is free. Only
+``job`` is set; namespace/pod/container are empty.
 
 Accounting: the prolog (deploy/slurm/truegpu-prolog.sh) also writes ``<meta dir>/<job id>.env`` with
 ``user=``, ``account=`` and ``partition=`` lines, apart from the mapping files so dcgm-exporter never
@@ -26,6 +27,7 @@ import re
 import stat
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from exporter.attribution.base import Allocation, AttributionError, CachedAttributor
 
@@ -39,6 +41,13 @@ META_DIR = "slurm-meta"
 ACCOUNTING = ("user", "account", "partition")
 #: A Slurm job id as the prolog accepts it (array and het jobs: 123_4, 123.0): safe as a file name.
 _JOB_ID = re.compile(r"^[0-9][0-9_.]*$")
+
+
+class _Held(NamedTuple):
+    """One device's jobs: as one joined holder (``lookup``) and one holder per job (``holders``)."""
+
+    joined: Allocation
+    each: tuple[Allocation, ...]
 
 
 def _job_sort_key(job: str) -> tuple[int, int, str]:
@@ -60,7 +69,7 @@ def _read_small(path: str) -> str:
         os.close(fd)
 
 
-class SlurmAttributor(CachedAttributor[dict[_Key, Allocation]]):
+class SlurmAttributor(CachedAttributor[dict[_Key, _Held]]):
     """GPU and MIG holders from a directory of per-GPU job-id files."""
 
     name = "slurm"
@@ -73,7 +82,7 @@ class SlurmAttributor(CachedAttributor[dict[_Key, Allocation]]):
         self.directory = directory
         self.meta_directory = meta_directory or os.path.join(os.path.dirname(os.path.abspath(directory)), META_DIR)
 
-    def _load(self, errors: list[AttributionError]) -> dict[_Key, Allocation] | None:
+    def _load(self, errors: list[AttributionError]) -> dict[_Key, _Held] | None:
         try:
             entries = sorted(os.scandir(self.directory), key=lambda e: e.name)
         except FileNotFoundError:
@@ -83,7 +92,7 @@ class SlurmAttributor(CachedAttributor[dict[_Key, Allocation]]):
             errors.append(AttributionError(
                 "slurm_dir_unreadable", f"job mapping directory {self.directory}: {exc.strerror or exc}"))
             return None
-        table: dict[_Key, Allocation] = {}
+        table: dict[_Key, _Held] = {}
         meta: dict[str, dict[str, str]] = {}  # job -> its meta file's values, read once per refresh
         for entry in entries:
             match = _NAME.match(entry.name)
@@ -100,9 +109,12 @@ class SlurmAttributor(CachedAttributor[dict[_Key, Allocation]]):
                 continue
             jobs = sorted({line.strip() for line in text.splitlines() if line.strip()}, key=_job_sort_key)
             if jobs:
-                table[(str(int(match["gpu"])), None if match["gi"] is None else str(int(match["gi"])))] = Allocation(
-                    "", "", "", ",".join(jobs), self._accounting(jobs, meta))
+                key = (str(int(match["gpu"])), None if match["gi"] is None else str(int(match["gi"])))
+                table[key] = _Held(self._holder(jobs, meta), tuple(self._holder([job], meta) for job in jobs))
         return table
+
+    def _holder(self, jobs: list[str], meta: dict[str, dict[str, str]]) -> Allocation:
+        return Allocation("", "", "", ",".join(jobs), self._accounting(jobs, meta))
 
     def _accounting(self, jobs: list[str], meta: dict[str, dict[str, str]]) -> tuple[str, str, str] | None:
         """(user, account, partition) of ``jobs`` from their meta files (``meta``: those read this refresh),
@@ -131,8 +143,19 @@ class SlurmAttributor(CachedAttributor[dict[_Key, Allocation]]):
         return {k.strip(): v.strip() for k, sep, v in pairs if sep and k.strip() in ACCOUNTING and v.strip()}
 
     def _lookup(
-        self, table: dict[_Key, Allocation], uuid: str, gpu: str, gpu_instance: str | None, mig_uuid: str | None
+        self, table: dict[_Key, _Held], uuid: str, gpu: str, gpu_instance: str | None, mig_uuid: str | None
     ) -> Allocation | None:
-        if gpu_instance is not None and (found := table.get((gpu, gpu_instance))):
-            return found
-        return table.get((gpu, None))  # a job holding the whole GPU holds its MIG instances
+        held = _find(table, gpu, gpu_instance)
+        return None if held is None else held.joined
+
+    def _holders(
+        self, table: dict[_Key, _Held], uuid: str, gpu: str, gpu_instance: str | None, mig_uuid: str | None
+    ) -> tuple[Allocation, ...]:
+        held = _find(table, gpu, gpu_instance)
+        return () if held is None else held.each
+
+
+def _find(table: dict[_Key, _Held], gpu: str, gpu_instance: str | None) -> _Held | None:
+    if gpu_instance is not None and (found := table.get((gpu, gpu_instance))):
+        return found
+    return table.get((gpu, None))  # a job holding the whole GPU holds its MIG instances

@@ -121,6 +121,11 @@ def _nvml_arguments(parser: argparse.ArgumentParser) -> None:
                        help="CA bundle for --kube-api (default: the pod's service-account ca.crt)")
     group.add_argument("--job-map", default=None, metavar="FILE",
                        help="YAML/JSON mapping of 'namespace/pod: job' that overrides every other job source")
+    group.add_argument("--proc-root", default="/proc", metavar="DIR",
+                       help="the host's /proc, where the processes on a GPU several pods or jobs share are joined "
+                       "with their pod (HOSTNAME) or Slurm job; NVML reports host PIDs, so a containerised exporter "
+                       "runs with hostPID: true or gets the host's /proc mounted here, as root to read their "
+                       "environment (default /proc)")
 
 
 def _dcgm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,7 +155,7 @@ SOURCES: dict[str, SourceSpec] = {
         SourceSpec("nvml", "NVIDIA driver via NVML (GPM profiling on Hopper+, XID events, MIG, topology)",
                    _with_deadline("exporter.sources.nvml"), _nvml_arguments,
                    ("gpm_interval", "kubelet_socket", "slurm_job_dir", "slurm_meta_dir", "job_pod_label", "kube_api",
-                    "job_map", "dra_driver", "cdi_spec_dir", "deadline")),
+                    "job_map", "dra_driver", "cdi_spec_dir", "proc_root", "deadline")),
         SourceSpec("dcgm", "scrape a node-local NVIDIA dcgm-exporter",
                    _with_deadline("exporter.sources.dcgm"), _dcgm_arguments,
                    ("dcgm_url", "deadline")),

@@ -9,7 +9,8 @@ Failure model (a node exporter must never be the thing that breaks):
 
 Static identity (names, bus IDs, NUMA, topology, max clocks, GPM support, MIG layout) is
 read once at init. XID events come from a background thread (nvml_events); GPM from
-back-to-back sample streams (nvml_gpm).
+back-to-back sample streams (nvml_gpm); each holder's use of a GPU several pods or jobs hold
+at once from NVML's per-process calls (nvml_processes).
 
 What to read is data: each contract family's ``nvml_reads`` (``schema.NvmlRead``: call or field,
 arguments, scale, labels) are executed by one generic reader, in contract order (``PLAN``). Only
@@ -31,11 +32,12 @@ from types import ModuleType
 from typing import Any, Literal
 
 from exporter import schema
-from exporter.attribution import Attributor, Device, attribute
+from exporter.attribution import Attributor, Device, publish_allocations, refresh_attribution
 from exporter.schema import Metric, NvmlCall, NvmlRead
 from exporter.sources.base import Labels, Reading, Source
 from exporter.sources.nvml_events import EventWatcher
 from exporter.sources.nvml_gpm import GPM_RATIOS, GpmStream, gpm_supported
+from exporter.sources.nvml_processes import ProcessSampler
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +188,7 @@ class NvmlSource(Source):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         attributor: Attributor | None = None,
+        proc_root: str | Path = "/proc",
     ) -> None:
         if gpm_interval < MIN_GPM_INTERVAL:
             raise ValueError(f"gpm_interval must be >= {MIN_GPM_INTERVAL} s (GPM needs samples 100 ms apart)")
@@ -200,6 +203,8 @@ class NvmlSource(Source):
         self._clock = clock
         self._sleep = sleep
         self._attributor = attributor
+        self.proc_root = Path(proc_root)
+        self._samplers: dict[int, ProcessSampler] = {}  # GPU index -> its sampler, while the GPU is shared
         self._gpus: list[_Gpu] | None = None
         self._topology: list[tuple[Labels, float]] = []
         self._watcher: EventWatcher | None = None
@@ -464,6 +469,8 @@ class NvmlSource(Source):
         for gpu in self._gpus:
             if not gpu.ready:
                 self._load_static(gpu)
+        if self._attributor is not None:  # before the GPUs: shared ones are read per holder
+            refresh_attribution(reading, self._attributor)
         live = [g for g in self._gpus if g.ready]
         lost: dict[int, str] = {}
         self._prepare_gpm(live, lost)
@@ -503,7 +510,7 @@ class NvmlSource(Source):
             if int(labels[schema.GPU]) in live_indexes and int(labels["peer_gpu"]) in live_indexes:
                 reading.add(schema.GPU_TOPOLOGY_INFO, labels, value)
         if self._attributor is not None:
-            attribute(reading, self._attributor, _devices(live))
+            publish_allocations(reading, self._attributor, _devices(live))
         return reading
 
     def _prepare_gpm(self, gpus: list[_Gpu], lost: dict[int, str]) -> None:
@@ -569,11 +576,12 @@ class NvmlSource(Source):
         return raw
 
     def _collect_gpu(self, gpu: _Gpu, out: list[tuple[Metric, Labels, float]], errors: list[str]) -> None:
-        """Every step of the plan, then the GPU's MIG instances."""
+        """Every step of the plan, then the GPU's MIG instances, then its holders' use when it is shared."""
         p = _Pass(gpu, out, errors)
         for step in self._steps:
             step(p)
         self._read_migs(p)
+        self._read_sharers(p)
 
     # -- the generic reader -------------------------------------------------------------------------
     def _read(self, metric: Metric, read: NvmlRead, p: _Pass) -> None:
@@ -721,6 +729,28 @@ class NvmlSource(Source):
             if mig.gpm is not None:
                 self._finish_gpm(p.gpu, mig.gpm, mig.labels, p.out, p.errors)
 
+    def _read_sharers(self, p: _Pass) -> None:
+        """Each holder's use of a whole GPU two or more pods or jobs hold (nvml_processes), labelled as its
+        allocation. Only shared GPUs are asked: an unshared one costs nothing and keeps no sampler. MIG
+        instances are out of scope: NVML reports no utilization, per process either, for a GPU in MIG mode."""
+        gpu = p.gpu
+        holders = () if self._attributor is None or gpu.migs else self._attributor.holders(gpu.uuid, str(gpu.index))
+        if len(holders) < 2:
+            self._samplers.pop(gpu.index, None)
+            return
+        sampler = self._samplers.get(gpu.index)
+        if sampler is None:
+            sampler = self._samplers[gpu.index] = ProcessSampler(self.proc_root)
+
+        def ask(key: str, fn: Callable[..., Any], *args: Any) -> Any:
+            return self._call(gpu, key, p.errors, fn, *args)
+
+        for holder, use in (sampler.sample(self._nv, gpu.handle, holders, ask) or {}).items():
+            labels = {**gpu.labels, **holder.labels()}
+            p.out.append((schema.SHARER_UTILIZATION, labels, use.utilization))
+            if use.memory_bytes is not None:
+                p.out.append((schema.SHARER_MEMORY_USED, labels, float(use.memory_bytes)))
+
     def _finish_gpm(self, gpu: _Gpu, stream: GpmStream, labels: Labels, out: list, errors: list[str]) -> dict | None:
         if stream.prev_time is None:
             return None  # priming failed this round (already logged)
@@ -785,6 +815,7 @@ class NvmlSource(Source):
                 if stream is not None:
                     stream.free()
         self._gpus = None
+        self._samplers.clear()
         self._shutdown()
 
 
@@ -873,6 +904,7 @@ def from_args(args: argparse.Namespace) -> NvmlSource:
     from exporter.attribution import build_attributor, load_job_map
 
     job_map = getattr(args, "job_map", None)
+    proc_root = getattr(args, "proc_root", None) or "/proc"
     kube_only = [flag for flag, dest in (("--job-pod-label", "job_pod_label"), ("--kube-api", "kube_api"),
                                          ("--job-map", "job_map"), ("--dra-driver", "dra_driver"),
                                          ("--cdi-spec-dir", "cdi_spec_dir")) if getattr(args, dest, None)]
@@ -889,10 +921,12 @@ def from_args(args: argparse.Namespace) -> NvmlSource:
         kube_ca_file=getattr(args, "kube_ca_file", None),
         dra_drivers=getattr(args, "dra_driver", None),
         cdi_spec_dirs=getattr(args, "cdi_spec_dir", None),
+        proc_root=proc_root,
     )
     return NvmlSource(
         hostname=getattr(args, "nvml_hostname", None),
         gpm_interval=getattr(args, "gpm_interval", MIN_GPM_INTERVAL),
         events=getattr(args, "xid_events", True),
         attributor=attributor,
+        proc_root=proc_root,
     )

@@ -43,3 +43,15 @@ def endpoint() -> Iterator[Endpoint]:
     ep = Endpoint()
     yield ep
     ep.close()
+
+
+@pytest.fixture
+def api() -> Iterator:
+    """An API server's pods endpoint on loopback (tests.exporter.test_podlabels.ApiServer)."""
+    from tests.exporter.test_podlabels import ApiServer
+
+    server = ApiServer()
+    server.thread.start()
+    yield server
+    server.server.shutdown()
+    server.server.server_close()

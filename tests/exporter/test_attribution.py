@@ -23,6 +23,7 @@ from exporter.attribution import (
     AttributionError,
     Attributor,
     CompositeAttributor,
+    KubeApiPodLabels,
     KubernetesAttributor,
     SlurmAttributor,
     build_attributor,
@@ -59,6 +60,25 @@ def test_lookup_whole_gpus_and_mig_instances(kubelet) -> None:
     assert attributor.lookup("GPU-unknown", "9") is None
     assert worker0.labels() == {"namespace": "train", "pod": "llama-worker-0", "container": "pytorch",
                                 "workload": "llama"}
+
+
+def test_holders_lists_every_holder_of_a_shared_device(kubelet) -> None:
+    servicer, _, path = kubelet
+    # A third pod on the time-sliced GPU 3 holds two of its replicas: still one holder.
+    replicas = [f"{GPU3}::2", f"{GPU3}::3"]
+    servicer.pods = [*TRAINING, pod("dev", "notebook-c", ("jupyter", [("nvidia.com/gpu", replicas)]))]
+    attributor = KubernetesAttributor(path)
+    assert attributor.holders(GPU3, "3") == ()  # nothing read yet
+    assert attributor.refresh() == []
+    a, b, c = (Allocation("dev", f"notebook-{x}", "jupyter", f"notebook-{x}") for x in "abc")
+    assert attributor.holders(GPU3, "3") == (a, b, c)  # sorted, whatever the kubelet's order
+    assert attributor.lookup(GPU3, "3") == a  # lookup keeps reporting the first
+    worker0 = Allocation("train", "llama-worker-0", "pytorch", "llama")
+    assert attributor.holders(GPU0, "0") == (worker0,)
+    assert attributor.holders(GPU0, "0", "1") == (worker0,)  # a whole GPU's holder holds its instances
+    assert attributor.holders(GPU2, "2", "3", MIG_C) == (Allocation("serve", "vllm-7d9c8b6f5-x2k9q", "vllm", "vllm"),)
+    assert attributor.holders(GPU2, "2") == ()
+    assert attributor.holders("GPU-unknown", "9") == ()
 
 
 def test_refresh_is_cached_for_ttl_and_sees_changes(kubelet) -> None:
@@ -255,6 +275,24 @@ def test_slurm_accounting_from_the_prolog_s_meta_files(tmp_path: Path) -> None:
     assert elsewhere.lookup("GPU-a", "0").accounting is None
 
 
+def test_slurm_holders_are_one_per_job_with_its_own_accounting(tmp_path: Path) -> None:
+    jobs, meta = tmp_path / "slurm-jobs", tmp_path / "slurm-meta"
+    jobs.mkdir()
+    meta.mkdir()
+    (jobs / "0").write_text("8\n7\n8\n")  # two jobs share GPU 0 (one listed twice)
+    (jobs / "1.3").write_text("9\n")
+    (meta / "7.env").write_text("job=7\nuser=bob\naccount=chem\npartition=gpu\n")
+    (meta / "8.env").write_text("job=8\nuser=carol\naccount=chem\npartition=debug\n")
+    attributor = SlurmAttributor(str(jobs))
+    assert attributor.refresh() == []
+    assert attributor.holders("GPU-a", "0") == (Allocation("", "", "", "7", ("bob", "chem", "gpu")),
+                                                Allocation("", "", "", "8", ("carol", "chem", "debug")))
+    assert attributor.lookup("GPU-a", "0") == Allocation("", "", "", "7,8", ("bob,carol", "chem", "debug,gpu"))
+    assert attributor.holders("GPU-a", "0", "2") == attributor.holders("GPU-a", "0")  # whole GPU holds instances
+    assert attributor.holders("GPU-b", "1", "3") == (Allocation("", "", "", "9"),)
+    assert attributor.holders("GPU-b", "1") == ()
+
+
 def test_slurm_directory_missing_then_created(tmp_path: Path, caplog) -> None:
     clock = FakeClock()
     directory = tmp_path / "jobs"
@@ -295,6 +333,20 @@ def test_composite_tries_in_order(tmp_path: Path, kubelet) -> None:
     assert broken.lookup(GPU0, "0").job == "slurm-job"
     assert build_attributor() is None
     assert isinstance(build_attributor(slurm_dir=str(tmp_path)), SlurmAttributor)
+
+
+def test_composite_holders_come_from_the_first_attributor_that_knows_the_device(tmp_path: Path, kubelet) -> None:
+    servicer, _, path = kubelet
+    servicer.pods = TRAINING
+    (tmp_path / "3").write_text("slurm-job\n")
+    (tmp_path / "5").write_text("77\n78\n")
+    pod_labels = KubeApiPodLabels("http://127.0.0.1:1")  # attributes nothing, so it holds nothing either
+    assert isinstance(pod_labels, Attributor) and pod_labels.holders(GPU3, "3") == ()
+    composite = CompositeAttributor([pod_labels, KubernetesAttributor(path), SlurmAttributor(str(tmp_path))])
+    assert composite.refresh() == []
+    assert [h.pod for h in composite.holders(GPU3, "3")] == ["notebook-a", "notebook-b"]  # never merged with Slurm's
+    assert [h.job for h in composite.holders("GPU-x", "5")] == ["77", "78"]
+    assert composite.holders("GPU-x", "6") == ()
 
 
 def test_attribution_error_is_a_str_with_a_kind() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -35,6 +34,7 @@ class ApiServer:
 
     def __init__(self) -> None:
         self.pods: dict[tuple[str, str], dict[str, str]] = {}
+        self.uids: dict[tuple[str, str], str] = {}  # metadata.uid where a test sets it
         self.mode = "ok"  # ok | forbidden | unauthorized | error | slow | garbage
         self.delay = 1.0
         self.seen: list[tuple[str, str | None]] = []  # (raw request path, Authorization header)
@@ -78,7 +78,8 @@ class ApiServer:
         if labels is None:
             return self.reply(h, 404, status_object(404, "NotFound", f'pods "{name}" not found'))
         body = {"kind": "Pod", "apiVersion": "v1",
-                "metadata": {"name": name, "namespace": namespace, "uid": "0b5c", "labels": labels},
+                "metadata": {"name": name, "namespace": namespace, "uid": self.uids.get((namespace, name), "0b5c"),
+                             "labels": labels},
                 "spec": {"containers": [{"name": "pytorch"}]}, "status": {"phase": "Running"}}
         return self.reply(h, 200, json.dumps(body).encode())
 
@@ -101,15 +102,6 @@ class ApiServer:
 def status_object(code: int, reason: str, message: str) -> bytes:
     return json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                        "message": message, "reason": reason, "code": code}).encode()
-
-
-@pytest.fixture
-def api() -> Iterator[ApiServer]:
-    server = ApiServer()
-    server.thread.start()
-    yield server
-    server.server.shutdown()
-    server.server.server_close()
 
 
 @pytest.fixture

@@ -21,6 +21,14 @@ Faked behaviour that matters for the exporter:
   (``NVMLError_Timeout``) and injectable wait errors;
 - GPM samples taken at the fake's clock and metrics computed from the two samples given;
 - MIG devices behind ``nvmlDeviceGetMigDeviceHandleByIndex``;
+- processes (``FakeGpu.processes``, MPS clients in ``FakeGpu.mps_processes``; memory None: NVML's
+  NVML_VALUE_NOT_AVAILABLE, which the binding turns into None) and the driver's per-process utilization
+  samples (``FakeNvml.process_ran``): one per sample period with a non-zero utilization, timestamped in
+  microseconds of the fake's clock, kept for ``PROCESS_SAMPLE_SPAN`` seconds and at most
+  ``PROCESS_SAMPLE_BUFFER`` of them; ``nvmlDeviceGetProcessUtilization`` raises ``NVMLError_NotFound``
+  when none is newer than the timestamp asked;
+- unversioned calls as the binding wraps them (``throwOnVersionMismatch``): a driver without the
+  versioned function makes them raise ``NVMLLibraryMismatchError``;
 - no library / no driver at ``nvmlInit``.
 
 Call ``FakeNvml(...).module`` to get the module object to hand to the source.
@@ -52,6 +60,12 @@ _NVLINK_ERROR_FIELDS = {
 }
 #: Pure helpers of the real binding that never touch the library: kept as they are.
 _PURE = {"nvmlStructToFriendlyObject", "nvmlFriendlyObjectToStruct", "nvmlExceptionClass"}
+#: The driver's per-process utilization sampling: a sample per process per period (seconds), kept this long
+#: (seconds) and at most this many per GPU (a ring buffer: the oldest go first).
+PROCESS_SAMPLE_PERIOD = 1 / 6
+PROCESS_SAMPLE_SPAN = 20.0
+PROCESS_SAMPLE_BUFFER = 1000
+_NOT_AVAILABLE = real.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
 
 
 def _error(code: int) -> real.NVMLError:
@@ -148,7 +162,10 @@ class FakeGpu:
     nvlinks: list[FakeLink] = field(default_factory=list)
     gpm: dict[int, float] = field(default_factory=dict)  # NVML_GPM_METRIC_* -> value
     mig: list[FakeMig] = field(default_factory=list)  # non-empty: MIG mode on
-    processes: list[tuple[int, int, int]] = field(default_factory=list)  # pid, used bytes, gi id
+    processes: list[tuple[int, int | None, int]] = field(default_factory=list)  # pid, used bytes (None: N/A), gi id
+    mps_processes: list[tuple[int, int | None, int]] = field(default_factory=list)  # MPS clients, same form
+    #: The driver's per-process utilization samples: (time us, pid, smUtil, memUtil), oldest first.
+    process_samples: list[tuple[int, int, int, int]] = field(default_factory=list)
     not_supported: set[str] = field(default_factory=set)  # function names raising NotSupported
     unsupported_fields: set[int] = field(default_factory=set)  # NVML_FI_* answering NOT_SUPPORTED
     field_returns: dict[int, int] = field(default_factory=dict)  # NVML_FI_* -> the nvmlReturn it answers
@@ -610,17 +627,39 @@ class FakeNvml:
     # -- processes ---------------------------------------------------------------------------------
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: object) -> list:
         gpu = self._dev(handle, "nvmlDeviceGetComputeRunningProcesses_v3")
-        procs = []
-        for pid, used, gi in gpu.processes:
-            info = real.c_nvmlProcessInfo_v3_t()
-            info.pid, info.usedGpuMemory = pid, used
-            info.gpuInstanceId = gi if gpu.mig else UINT_MAX
-            info.computeInstanceId = 0 if gpu.mig else UINT_MAX
-            procs.append(real.nvmlStructToFriendlyObject(info))
-        return procs
+        return _process_infos(gpu, gpu.processes)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list:
-        return self.nvmlDeviceGetComputeRunningProcesses_v3(handle)
+        return _unversioned(self.nvmlDeviceGetComputeRunningProcesses_v3, handle)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: object) -> list:
+        gpu = self._dev(handle, "nvmlDeviceGetMPSComputeRunningProcesses_v3")
+        return _process_infos(gpu, gpu.mps_processes)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: object) -> list:
+        return _unversioned(self.nvmlDeviceGetMPSComputeRunningProcesses_v3, handle)
+
+    def nvmlDeviceGetProcessUtilization(self, handle: object, timeStamp: int) -> list:
+        """The samples newer than ``timeStamp`` (us), as the binding returns them: a list of structs."""
+        gpu = self._dev(handle, "nvmlDeviceGetProcessUtilization")
+        if gpu.mig:  # no per-process utilization in MIG mode
+            raise _error(real.NVML_ERROR_NOT_SUPPORTED)
+        self._expire_samples(gpu)
+        newer = [s for s in gpu.process_samples if s[0] > timeStamp]
+        if not newer:
+            raise _error(real.NVML_ERROR_NOT_FOUND)
+        out = []
+        for when, pid, sm, mem in newer:
+            sample = real.c_nvmlProcessUtilizationSample_t()
+            sample.pid, sample.timeStamp, sample.smUtil, sample.memUtil = pid, when, sm, mem
+            sample.encUtil = sample.decUtil = 0
+            out.append(sample)
+        return out
+
+    def _expire_samples(self, gpu: FakeGpu) -> None:
+        """The driver keeps the last PROCESS_SAMPLE_SPAN seconds, at most PROCESS_SAMPLE_BUFFER samples."""
+        oldest = int((self.clock() - PROCESS_SAMPLE_SPAN) * 1e6)
+        gpu.process_samples = [s for s in gpu.process_samples if s[0] >= oldest][-PROCESS_SAMPLE_BUFFER:]
 
     # -- GPM -------------------------------------------------------------------------------------
     def nvmlGpmQueryDeviceSupport(self, device: object) -> real.c_nvmlGpmSupport_t:
@@ -748,6 +787,18 @@ class FakeNvml:
             self._events.notify_all()
         return delivered
 
+    def process_ran(self, index: int, pid: int, sm_util: int, seconds: float, mem_util: int = 0) -> None:
+        """Process ``pid`` ran kernels ``sm_util`` percent of the last ``seconds`` of the clock on GPU ``index``:
+        one sample per PROCESS_SAMPLE_PERIOD, none when idle (the driver samples only busy processes)."""
+        if not (sm_util or mem_util):
+            return
+        gpu = self.gpus[index]
+        now = self.clock()
+        periods = round(seconds / PROCESS_SAMPLE_PERIOD)
+        times = [int((now - k * PROCESS_SAMPLE_PERIOD) * 1e6) for k in reversed(range(periods))]
+        gpu.process_samples = sorted([*gpu.process_samples, *((t, pid, sm_util, mem_util) for t in times)])
+        self._expire_samples(gpu)
+
     def emit_xid(self, index: int, xid: int) -> int:
         """Deliver an XID event for GPU ``index``; returns how many event sets got it."""
         return self._deliver(index, real.nvmlEventTypeXidCriticalError, xid)
@@ -767,6 +818,29 @@ class FakeNvml:
                 for index, mask in es["registered"].items():
                     out[index] = out.get(index, 0) | mask
             return out
+
+
+def _unversioned(versioned: Callable[[object], list], handle: object) -> list:
+    """An unversioned binding call: the binding's ``throwOnVersionMismatch`` wrapper around its newest version."""
+    try:
+        return versioned(handle)
+    except real.NVMLError_FunctionNotFound:
+        raise real.NVMLLibraryMismatchError(f"unversioned call, and the driver lacks {versioned.__name__}") from None
+
+
+def _process_infos(gpu: FakeGpu, processes: list[tuple[int, int | None, int]]) -> list:
+    """c_nvmlProcessInfo_v3_t as friendly objects, usedGpuMemory None where NVML says NOT_AVAILABLE."""
+    out = []
+    for pid, used, gi in processes:
+        info = real.c_nvmlProcessInfo_v3_t()
+        info.pid, info.usedGpuMemory = pid, _NOT_AVAILABLE if used is None else used
+        info.gpuInstanceId = gi if gpu.mig else UINT_MAX
+        info.computeInstanceId = 0 if gpu.mig else UINT_MAX
+        friendly = real.nvmlStructToFriendlyObject(info)
+        if friendly.usedGpuMemory == _NOT_AVAILABLE:
+            friendly.usedGpuMemory = None
+        out.append(friendly)
+    return out
 
 
 def _pci_info(bus_id: str) -> real.nvmlPciInfo_t:
