@@ -73,7 +73,7 @@ GPU_HOURLY_COST = Metric(
 PART_LABEL = "part"
 PARTS: tuple[str, ...] = (
     "effective", "idle_allocated", "masked", "straggler", "throttled", "underused",
-    "headroom", "bandwidth_bound", "power_capped", "unclassified", "unknown", "unallocated",
+    "headroom", "bandwidth_bound", "power_capped", "unclassified", "shared_unattributed", "unknown", "unallocated",
 )
 #: Recoverable waste: what the workload's owner can get back.
 WASTE_PARTS: tuple[str, ...] = ("idle_allocated", "masked", "straggler", "throttled", "underused")
@@ -83,7 +83,8 @@ FLEET_GPU_SECONDS = Metric(
     "truegpu_fleet_gpu_seconds", "gauge", "seconds",
     "GPU-seconds (GPU-hours x 3600, base unit) of the last analysis window in each part of the GPU-hour "
     "partition (part: effective; recoverable waste idle_allocated, masked, straggler, throttled, underused; "
-    "normal headroom, bandwidth_bound, power_capped; unclassified, unknown, unallocated). The parts add up to "
+    "normal headroom, bandwidth_bound, power_capped; unclassified, shared_unattributed, unknown, unallocated). "
+    "The parts add up to "
     "the capacity.",
     labels=(PART_LABEL,), scope="exporter",
 )

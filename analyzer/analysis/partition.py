@@ -22,6 +22,10 @@ Per row (``w = step * gpu_share / 3600`` GPU-hours), the fractions add up to 1:
     such as LLM decode is real work), then by the workload's class (analyzer.site):
     ``headroom`` up to ``1 - floor`` (the gap normal for healthy work of the class) and
     ``underused`` below the floor; a workload of no known class: ``unclassified``.
+* a shared GPU (time-slicing, MPS: analyzer.analysis.shares): its holders split the row's parts by what
+  each used; the activity no holder's process explains is ``shared_unattributed`` (with the row's
+  unknown and unallocated shares kept as such), never spread over the holders. Rows are split where
+  GPU-hours are summed (:func:`part_hours`, the cost report), so the totals hold it too.
 
 Recoverable waste (``WASTE``) is what the owner can get back; ``NORMAL`` parts are not waste.
 """
@@ -39,6 +43,7 @@ import pandas as pd
 from analyzer import output_schema as O
 from analyzer.analysis.rows import IDLE_UTIL, allocated_rows
 from analyzer.analysis.scores import Scores
+from analyzer.analysis.shares import split
 from analyzer.findings import IDLE_MASKING, STRAGGLER, Finding
 from analyzer.site import UNCLASSIFIED, SiteConfig, default_site
 
@@ -205,6 +210,7 @@ def row_parts(fleet: Fleet, scores: Scores, findings: Sequence[Finding],
         "bandwidth_bound": bandwidth,
         "power_capped": np.where(capped, slow, 0.0),
         "unclassified": np.where(classified, 0.0, rest),
+        "shared_unattributed": np.zeros(len(fr)),
     }
     # The measured parts split the share of the row with data; the rest of the row is unknown.
     out = {k: v * obs for k, v in parts.items()}
@@ -213,12 +219,39 @@ def row_parts(fleet: Fleet, scores: Scores, findings: Sequence[Finding],
     return {k: out[k] for k in PARTS}, alloc, claimed
 
 
+def split_parts(fleet: Fleet, values: dict[str, np.ndarray], keys: dict[str, np.ndarray],
+                suffixes: Sequence[str] = ("_gpu_hours",)) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray],
+                                                                   np.ndarray] | None:
+    """``values`` (per-row ``<part><suffix>`` columns and any others) and ``keys`` with the shared rows split among
+    their holders (analyzer.analysis.shares.split); an unattributed rest keeps its unknown and unallocated hours
+    and holds the rest of its share as ``shared_unattributed``. None when no GPU is shared."""
+    cut = split(fleet, values, keys)
+    if cut is None:
+        return None
+    out, by, rest = cut
+    kept = ("unknown", "unallocated", "shared_unattributed")
+    for sfx in suffixes:
+        moved = sum(out[p + sfx][rest] for p in PARTS if p not in kept)
+        out["shared_unattributed" + sfx][rest] += moved
+        for p in PARTS:
+            if p not in kept:
+                out[p + sfx][rest] = 0.0
+    return out, by, rest
+
+
 def part_hours(fleet: Fleet, parts: dict[str, np.ndarray], by: str | None = None) -> pd.DataFrame:
     """GPU-hours per part (``<part>_gpu_hours`` columns), for the fleet (one row) or per ``by`` column
-    (allocated rows only, the unallocated capacity is nobody's)."""
+    (allocated rows only, the unallocated capacity is nobody's); shared GPUs split among their holders."""
     fr = fleet.frame
     w = fr["gpu_share"].to_numpy(dtype=np.float64) * (fleet.step / 3600.0)
-    table = pd.DataFrame({f"{k}_gpu_hours": v * w for k, v in parts.items()}, index=fr.index)
+    values = {f"{k}_gpu_hours": v * w for k, v in parts.items()}
+    cut = split_parts(fleet, values, {} if by is None else {by: fr[by].to_numpy(dtype=object)})
+    if cut is not None:
+        table = pd.DataFrame(cut[0])
+        if by is None:
+            return pd.DataFrame([table.sum()])
+        return table.groupby(pd.Series(cut[1][by], name=by), dropna=True, sort=True).sum()
+    table = pd.DataFrame(values, index=fr.index)
     if by is None:
         return pd.DataFrame([table.sum()])
     return table.groupby(fr[by], observed=True, sort=True).sum()

@@ -49,6 +49,7 @@ import pandas as pd
 
 from analyzer.analysis.bottleneck import bottlenecks
 from analyzer.analysis.rows import CONFIDENCE, FALLBACK_SM_PER_UTIL, IDLE_UTIL, allocated_rows, mig_rows
+from analyzer.analysis.shares import split
 from analyzer.data.coverage import Coverage, coverage, coverage_unknown, observed_share
 from analyzer.data.frame import Fleet
 from analyzer.data.signals import ALLOCATION_COLUMNS
@@ -155,9 +156,16 @@ def _grouped(fleet: Fleet, parts: pd.DataFrame, keys: list[str]) -> pd.DataFrame
     """Sums of ``parts`` per (keys..., _allocated). Rows whose allocation key is NaN drop out
     (a job table lists jobs; unallocated hours are reported at the levels that hold them)."""
     fr = fleet.frame
-    alloc = pd.Series(allocated_rows(fr), index=fr.index, name="_allocated")
+    alloc = allocated_rows(fr)
     dropna = any(k in ALLOCATION_COLUMNS for k in keys)
-    groups = [fr[k] for k in keys] + [alloc]
+    cut = split(fleet, {c: parts[c].to_numpy() for c in parts.columns},
+                {**{k: fr[k].to_numpy(dtype=object) for k in keys}, "_allocated": alloc}) if dropna else None
+    if cut is not None:  # shared GPUs: each holder's entries by what it used (analyzer.analysis.shares)
+        values, by, _ = cut
+        groups = [pd.Series(by[k], name=k) for k in keys]
+        groups.append(pd.Series(by["_allocated"].astype(bool), name="_allocated"))
+        return pd.DataFrame(values).groupby(groups, dropna=True, sort=True).sum()
+    groups = [fr[k] for k in keys] + [pd.Series(alloc, index=fr.index, name="_allocated")]
     return parts.groupby(groups, observed=True, dropna=dropna, sort=True).sum()
 
 

@@ -117,7 +117,7 @@ XID_DCGM: frozenset[str] = frozenset(n for f in S.XID_ERRORS.dcgm for n in f.spe
 #: dcgm-exporter's XID count collector (XIDs within a sliding window, per xid label).
 XID_DCGM_COUNT: frozenset[str] = frozenset(S.dcgm_spellings(S.DCGM_XID_COUNT))
 INFO_METRICS: tuple[S.Metric, ...] = (S.GPU_INFO, S.NODE_INFO, S.GPU_TOPOLOGY_INFO, S.GPU_ALLOCATION_INFO,
-                                      S.SLURM_JOB_INFO)
+                                      S.SLURM_JOB_INFO, S.SHARER_UTILIZATION, S.SHARER_MEMORY_USED)
 
 
 def needed_names() -> frozenset[str]:

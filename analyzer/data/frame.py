@@ -34,6 +34,12 @@ from analyzer.data.signals import ALLOCATION_COLUMNS, DEVICE_COLUMNS, NAMES, PLA
 EVENT_COLUMNS: tuple[str, ...] = ("timestamp", "hostname", "gpu", "uuid", "xid", "count")
 #: Pairwise GPU links within a node (from truegpu_gpu_topology_info).
 TOPOLOGY_COLUMNS: tuple[str, ...] = ("hostname", "gpu", "peer_gpu", "link")
+#: Holders of shared GPUs (truegpu_gpu_sharer_utilization_ratio, _memory_used_bytes): one row per (step, whole
+#: GPU, holder) with the holder's mean utilization and memory (NaN: unknown) over the step; the holder with empty
+#: labels is processes none was found for. analyzer.analysis.shares turns them into each holder's share of the
+#: GPU's hours.
+SHARE_COLUMNS: tuple[str, ...] = ("timestamp", "hostname", "gpu", "namespace", "pod", "container", "job",
+                                  "utilization", "memory")
 #: Slurm accounting per workload (from truegpu_slurm_job_info): the job id, its user, account and partition.
 ACCOUNTING_COLUMNS: tuple[str, ...] = ("job", "user", "account", "partition")
 
@@ -61,6 +67,8 @@ class Fleet:
     topology: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(TOPOLOGY_COLUMNS)))
     #: Slurm accounting of the workloads (ACCOUNTING_COLUMNS, one row per job); empty where not collected.
     accounting: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(ACCOUNTING_COLUMNS)))
+    #: Holders of shared GPUs per step (SHARE_COLUMNS); empty where no GPU is shared or not collected.
+    shares: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(SHARE_COLUMNS)))
     #: "truegpu" or "dcgm" (or "mixed").
     dialect: str = "truegpu"
     #: signal name -> why it is unknown (e.g. "DCGM_FI_PROF_SM_ACTIVE not collected: enable it in
@@ -92,17 +100,22 @@ class Fleet:
         ``start`` may lie before the data, like a window over a young cluster."""
         ts = self.frame["timestamp"].to_numpy()
         frame = self.frame[(ts >= start) & (ts < end)].reset_index(drop=True)
-        events = self.events
-        if len(events):
-            et = events["timestamp"].to_numpy(dtype=np.float64)
-            events = events[(et >= start) & (et < end)].reset_index(drop=True)
-        return replace(self, frame=frame, events=events, start=float(start), end=float(end), notes=list(self.notes),
-                       missing=dict(self.missing))
+        return replace(self, frame=frame, events=timed_between(self.events, start, end),
+                       shares=timed_between(self.shares, start, end), start=float(start), end=float(end),
+                       notes=list(self.notes), missing=dict(self.missing))
 
     def gpu_count(self) -> int:
         """Physical GPUs: distinct (host, gpu index), not UUIDs (a page may lack or repeat them)."""
         fr = self.frame
         return int(fr.groupby(["hostname", "gpu"], observed=True).ngroups) if len(fr) else 0
+
+
+def timed_between(table: pd.DataFrame, start: float, end: float) -> pd.DataFrame:
+    """The rows of a side table with a ``timestamp`` column (events, shares) in ``[start, end)``."""
+    if not len(table):
+        return table
+    ts = table["timestamp"].to_numpy(dtype=np.float64)
+    return table[(ts >= start) & (ts < end)].reset_index(drop=True)
 
 
 #: A100/H100-class GPUs split into 7 compute slices; a MIG profile "Ng.XXgb" holds N of them.

@@ -44,7 +44,15 @@ import pandas as pd
 from analyzer.data import dialects as D
 from analyzer.data.budget import BudgetError, check_rows, check_window
 from analyzer.data.coverage import DATA_SHARE, hold_allocations
-from analyzer.data.frame import ACCOUNTING_COLUMNS, EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, gpu_share, merged_accounting
+from analyzer.data.frame import (
+    ACCOUNTING_COLUMNS,
+    EVENT_COLUMNS,
+    SHARE_COLUMNS,
+    TOPOLOGY_COLUMNS,
+    Fleet,
+    gpu_share,
+    merged_accounting,
+)
 from analyzer.data.hosts import map_exporter_pods, pod_info
 from analyzer.data.ingest import IngestReport, Samples
 from analyzer.data.ingest.samples import Block
@@ -97,11 +105,12 @@ def normalize(
     state = _State(data, grid, devices, report)
     frame = with_uncarved(hold_allocations(state.frame()))
     events = state.events()
+    shares = state.shares()
     missing = state.missing(frame)
     notes.extend(data.notes + state.notes)
     return Fleet(
         frame=frame, step=grid.step, start=grid.start, end=grid.start + grid.T * grid.step,
-        events=events, topology=data.topology(), accounting=data.accounting(), dialect=data.dialect,
+        events=events, topology=data.topology(), accounting=data.accounting(), shares=shares, dialect=data.dialect,
         missing=missing, notes=notes,
     )  # fmt: skip
 
@@ -870,7 +879,41 @@ class _State:
                    for key in dict.fromkeys(keys)}
         return [derived[key] for key in keys]
 
-    # events and missing --------------------------------------------------------------------
+    # events, shares and missing -------------------------------------------------------------
+    def shares(self) -> pd.DataFrame:
+        """Each holder's mean utilization and memory per step of the shared GPUs (SHARE_COLUMNS,
+        analyzer.analysis.shares)."""
+        keys = list(SHARE_COLUMNS[:-2])
+        util = self._holder_means(S.SHARER_UTILIZATION, "utilization")
+        if util is None:
+            return pd.DataFrame(columns=list(SHARE_COLUMNS))
+        mem = self._holder_means(S.SHARER_MEMORY_USED, "memory")
+        out = util.assign(memory=np.nan) if mem is None else util.merge(mem, on=keys, how="left")
+        return out[list(SHARE_COLUMNS)]
+
+    def _holder_means(self, metric: S.Metric, name: str) -> pd.DataFrame | None:
+        """A per-holder family's mean per (step, GPU, holder); None when the input has none."""
+        d, T = self.d, self.g.T
+        sel = d.metric == metric.name
+        if not sel.any():
+            return None
+        keys, vals = [], []
+        for p in d.picks(sel):
+            b = p.bf
+            inside = (b >= 0) & (b < T)
+            keys.append(p.sid[inside].astype(np.int64) * T + b[inside])
+            vals.append(p.val[inside])
+        found, inv = np.unique(np.concatenate(keys), return_inverse=True)
+        mean = np.bincount(inv, weights=np.concatenate(vals)) / np.bincount(inv)
+        sid, b = found // T, found % T
+        job = _workload_label(d.table, d.n_series)
+        out = pd.DataFrame({
+            "timestamp": self.g.times[b], "hostname": d.lab["hostname"][sid], "gpu": d.lab["gpu"][sid],
+            **{c: d.lab[c][sid] for c in ("namespace", "pod", "container")}, "job": job[sid], name: mean,
+        })  # fmt: skip
+        # The same holder scraped twice (an HA pair, two scrape jobs): one row, the later series' value.
+        return out.drop_duplicates(list(SHARE_COLUMNS[:-2]), keep="last").reset_index(drop=True)
+
     def events(self) -> pd.DataFrame:
         d, T = self.d, self.g.T
         parts = []

@@ -218,7 +218,8 @@ class ShardFleet(Fleet):
                 raise ValueError(f"sharding: workload {job!r} spans hosts of several shards ({', '.join(hosts[:5])}): "
                                  "discovery did not link them, so the shards would not add up; please report it")
         return cls(frame=owned.frame, step=whole.step, start=whole.start, end=whole.end, events=owned.events,
-                   topology=owned.topology, dialect=whole.dialect, missing=dict(whole.missing), notes=whole.notes,
+                   topology=owned.topology, shares=owned.shares, dialect=whole.dialect, missing=dict(whole.missing),
+                   notes=whole.notes,
                    whole=whole, ownership=ownership, about=about)
 
 
@@ -237,7 +238,7 @@ def shard_fleet(fleet: Fleet, shard: Shard) -> ShardFleet:
         return table[table["hostname"].astype(str).isin(list(own.nodes))].reset_index(drop=True)
 
     owned = Fleet(frame=frame, step=fleet.step, start=fleet.start, end=fleet.end, events=hosted(fleet.events),
-                  topology=hosted(fleet.topology), accounting=fleet.accounting)
+                  topology=hosted(fleet.topology), accounting=fleet.accounting, shares=hosted(fleet.shares))
     return ShardFleet.of(owned, fleet, own, _about(own, frame, context_nodes=len(set(host)) - len(own.nodes)))
 
 
@@ -383,9 +384,10 @@ def merge(owned: Fleet, context: Fleet) -> Fleet:
     topology = pd.concat([owned.topology, context.topology], ignore_index=True)
     topology = topology.iloc[np.argsort(topology["hostname"].astype(str).to_numpy(), kind="stable")]
     events = pd.concat([e for e in (owned.events, context.events) if len(e)] or [owned.events], ignore_index=True)
+    shares = pd.concat([e for e in (owned.shares, context.shares) if len(e)] or [owned.shares], ignore_index=True)
     present = {c for c in frame.columns if frame[c].notna().any()}
     return Fleet(frame=frame, step=context.step, start=context.start, end=context.end, events=events,
-                 topology=topology.reset_index(drop=True),
+                 shares=shares, topology=topology.reset_index(drop=True),
                  accounting=merged_accounting(context.accounting, owned.accounting),
                  dialect=owned.dialect if owned.dialect == context.dialect or not len(owned.frame) else "mixed",
                  missing={k: v for k, v in owned.missing.items() if k not in present}, notes=owned.notes)

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.data.coverage import hold_allocations
-from analyzer.data.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, gpu_share
+from analyzer.data.frame import EVENT_COLUMNS, SHARE_COLUMNS, TOPOLOGY_COLUMNS, Fleet, gpu_share
 from analyzer.data.mig import with_uncarved
 from analyzer.data.signals import ALLOCATION_COLUMNS, ALLOCATION_LABELS, SIGNALS, Signal
 from exporter import schema as S
@@ -88,8 +88,26 @@ def fleet_from_cluster(
     frame = with_uncarved(hold_allocations(pd.DataFrame(cols)))
     return Fleet(
         frame=frame, step=float(step), start=start, end=start + T * step,
-        events=_xid_events(cluster, table, times, step), topology=_topology(cluster), dialect="truegpu",
+        events=_xid_events(cluster, table, times, step), topology=_topology(cluster),
+        shares=_shares(cluster, table, times), dialect="truegpu",
     )
+
+
+def _shares(cluster: Cluster, table: dict[str, np.ndarray], times: np.ndarray) -> pd.DataFrame:
+    """The sharer rows of the cluster's shared GPUs (Fleet.shares), as normalize reads them from the series."""
+    T, g = len(times), cluster.gpus
+    data = {k: table[k][:T] for k in (S.GPU_ALLOCATION_INFO.name, S.GPU_UTILIZATION.name, S.MEMORY_USED.name)}
+    parts = []
+    for c, labels, util, mem in cluster.sharer_series(data, np.arange(len(g.hostname))):
+        held = ~np.isnan(util)
+        parts.append(pd.DataFrame({
+            "timestamp": times[held], "hostname": str(g.hostname[c]), "gpu": str(g.gpu[c]),
+            **{col: labels[ALLOCATION_LABELS[col]] for col in ALLOCATION_COLUMNS}, "utilization": util[held],
+            "memory": mem[held],
+        }))  # fmt: skip
+    if not parts:
+        return pd.DataFrame(columns=list(SHARE_COLUMNS))
+    return pd.concat(parts, ignore_index=True)[list(SHARE_COLUMNS)]
 
 
 def _xid_events(cluster: Cluster, table: dict[str, np.ndarray], times: np.ndarray, step: float) -> pd.DataFrame:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from analyzer.data.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, merged_accounting
+from analyzer.data.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, merged_accounting, timed_between
 from analyzer.data.grid import IDENTITY, Grid, splice, to_grid
 from analyzer.data.mig import with_uncarved, without_uncarved
 from analyzer.data.signals import SIGNALS
@@ -84,6 +84,8 @@ class _Kept:
     topology: pd.DataFrame
     #: Slurm accounting of the window's workloads (Fleet.accounting).
     accounting: pd.DataFrame
+    #: Holders of shared GPUs per step (Fleet.shares).
+    shares: pd.DataFrame
     dialect: str
     missing: dict[str, str]
     #: (first row it gave, its notes) per load that gave rows of the window.
@@ -163,7 +165,8 @@ class WindowLoader:
         grid, columns = _columns_in_window(kept, fresh, grid, start, fresh_cut)
         fleet, topology, notes = _finish(kept, grid, chunk, new, start, cut, end)
         return fleet, replace(kept, grid=grid, seen=seen, columns=columns, events=fleet.events, topology=topology,
-                              accounting=fleet.accounting, missing=dict(fleet.missing), notes=notes)
+                              accounting=fleet.accounting, shares=fleet.shares, missing=dict(fleet.missing),
+                              notes=notes)
 
 
 def _grid(fleet: Fleet, start: float, end: float) -> Grid:
@@ -193,7 +196,7 @@ def _kept_of_full(fleet: Fleet, start: float, end: float) -> _Kept | None:
     return _Kept(
         grid=grid.unheld(), seen=seen,
         columns=dict.fromkeys(grid.values, (start, np.inf)), events=fleet.events, topology=fleet.topology,
-        accounting=fleet.accounting, dialect=fleet.dialect, missing=dict(fleet.missing),
+        accounting=fleet.accounting, shares=fleet.shares, dialect=fleet.dialect, missing=dict(fleet.missing),
         notes=((start, tuple(fleet.notes)),),
         exact=_alloc_with_telemetry(grid),
     )  # fmt: skip
@@ -233,8 +236,12 @@ def _finish(kept: _Kept, grid: Grid, chunk: Fleet, new: Grid, start: float, cut:
     events = _events(kept.events, chunk.events, start, cut)
     notes = (*_notes_in_window(kept.notes, start, cut), (cut, tuple(chunk.notes)))
     frame = with_uncarved(grid.held().frame())
+    # Sharer rows are per step, like the frame's: the kept ones before the cut, the new load's after it.
+    shares = pd.concat([t for t in (timed_between(kept.shares, start, cut), chunk.shares) if len(t)]
+                       or [chunk.shares], ignore_index=True)
     fleet = Fleet(frame=frame, step=grid.step, start=start, end=end, events=events, topology=topology,
-                  accounting=_accounting(kept.accounting, chunk.accounting, frame), dialect=chunk.dialect,
+                  accounting=_accounting(kept.accounting, chunk.accounting, frame), shares=shares,
+                  dialect=chunk.dialect,
                   missing=missing, notes=list(dict.fromkeys(n for _, ns in notes for n in ns)))
     return fleet, topology, notes
 

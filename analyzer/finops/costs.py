@@ -27,7 +27,8 @@ Grouping (``group_by``): namespace, workload, team, user and account (a Slurm jo
 truegpu_slurm_job_info) group allocated rows and put every unallocated row into one
 ``UNALLOCATED`` group (capacity nobody holds is not a namespace's cost); allocated rows without
 the label (or a job without accounting) go to ``(unknown)``, teams not in the map to
-``(unmapped)``. node, model and gpu (the GPU UUID, FOCUS ResourceId) group every row: their
+``(unmapped)``; the activity of a shared GPU that no holder's process explains (analyzer.analysis.shares)
+to ``(shared, unattributed)``. node, model and gpu (the GPU UUID, FOCUS ResourceId) group every row: their
 ``unallocated_*`` columns hold the idle capacity of that node/model/GPU. Sum over groups =
 fleet total in every case.
 
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.analysis.partition import ATTAINABLE, LEVERS, NORMAL, PARTS, WASTE, per_category, row_parts
+from analyzer.analysis.partition import (
+    ATTAINABLE,
+    LEVERS,
+    NORMAL,
+    PARTS,
+    WASTE,
+    per_category,
+    row_parts,
+    split_parts,
+)
 from analyzer.analysis.scores import Scores
 from analyzer.data.coverage import Coverage, coverage_unknown
 from analyzer.data.frame import Fleet
@@ -71,6 +81,10 @@ UNALLOCATED = "(unallocated)"
 UNKNOWN_GROUP = "(unknown)"
 #: Allocated rows whose team-map key has no team.
 UNMAPPED = "(unmapped)"
+#: The share of shared GPUs no holder's process explains (the partition's shared_unattributed).
+UNATTRIBUTED_SHARE = "(shared, unattributed)"
+#: Groupings that name holders (each holder of a shared GPU gets its own share); the others group GPUs.
+HOLDER_GROUP_BY: tuple[str, ...] = ("namespace", WORKLOAD, "team", "user", "account")
 
 #: The finding kinds the split reads (straggler wait, masked): run at least these before cost_report.
 COST_FINDING_KINDS: tuple[str, ...] = (STRAGGLER, IDLE_MASKING)
@@ -246,7 +260,7 @@ def _derive(t: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
-_SPECIAL = (UNKNOWN_GROUP, UNMAPPED, UNALLOCATED)
+_SPECIAL = (UNKNOWN_GROUP, UNMAPPED, UNATTRIBUTED_SHARE, UNALLOCATED)
 
 
 def normalize_detail(detail: pd.DataFrame) -> pd.DataFrame:
@@ -318,7 +332,17 @@ def cost_report(
     ts = fr["timestamp"].to_numpy(dtype=np.float64) if len(fr) else np.zeros(0)
     day = np.floor(ts / 86400.0).astype(np.int64)
     model = per_category(fr["model"], str, "") if len(fr) else np.zeros(0, object)
-    if len(fr):
+    labels = {c: fr[c].to_numpy(dtype=object) for c in ALLOCATION_COLUMNS if c in fr.columns}
+    cut = split_parts(fleet, cols, {"group": keys, "day": day, "model": model, "alloc": alloc, **labels},
+                      suffixes=("_gpu_hours", "_cost"))
+    if cut is not None:  # shared GPUs: each holder its share, the unexplained rest its own group
+        cols, k, rest = cut
+        day, model, keys = k["day"].astype(np.int64), k["model"], k["group"]
+        if group_by in HOLDER_GROUP_BY:
+            entries = replace(fleet, frame=pd.DataFrame({c: pd.Categorical(k[c]) for c in labels}))
+            keys = np.where(rest, UNATTRIBUTED_SHARE,
+                            _group_keys(entries, group_by, k["alloc"].astype(bool), label, team_map))
+    if len(keys):
         # Sums per (day, group, model) with bincount: no row-level DataFrame of ~30 columns to build.
         codes, uniques = zip(*(pd.factorize(a, sort=True) for a in (day, keys, model)), strict=True)
         combined = (codes[0] * len(uniques[1]) + codes[1]) * len(uniques[2]) + codes[2]

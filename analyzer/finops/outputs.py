@@ -242,6 +242,7 @@ COMPONENT_STYLE: dict[str, tuple[str, str]] = {
     "bandwidth_bound": ("bandwidth-bound work", "#6fa8dc"),
     "power_capped": ("power-capped (policy)", "#b4a7d6"),
     "unclassified": ("unclassified", "#e0d8b0"),
+    "shared_unattributed": ("shared, unattributed", "#d9b38c"),
     "unknown": ("unknown", "#c8c8c8"),
     "unallocated": ("unallocated", "#5b9b5b"),
 }

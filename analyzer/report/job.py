@@ -39,6 +39,7 @@ import pandas as pd
 from analyzer.analysis.partition import PARTS, WASTE
 from analyzer.analysis.rows import allocated_rows
 from analyzer.analysis.scores import AGG_COLUMNS, Scores, aggregate
+from analyzer.analysis.shares import holder_view, owners
 from analyzer.data.frame import Fleet, device_order
 from analyzer.findings import GPU_FAULT, STRAGGLER, THERMAL, Finding, json_ready, rfc3339, sort_findings
 from analyzer.report import data
@@ -126,11 +127,14 @@ def _nanmax(s: pd.Series) -> float:
 
 
 def workloads(fleet: Fleet) -> list[str]:
-    """The workloads holding GPUs in the window, sorted."""
+    """The workloads holding GPUs in the window (a shared GPU's holders included), sorted."""
     fr = fleet.frame
     if "job" not in fr.columns:
         return []
-    return sorted(map(str, pd.unique(fr["job"].dropna())))
+    own = owners(fleet)
+    held = fr["job"].dropna() if own is None else pd.concat([fr["job"].dropna().astype(str),
+                                                             pd.Series(own.labels["job"]).dropna()])
+    return sorted(map(str, pd.unique(held)))
 
 
 def resolve(fleet: Fleet, name: str) -> str:
@@ -159,12 +163,10 @@ def job_report(fleet: Fleet, scores: Scores, findings: Sequence[Finding], name: 
     (analyzer.finops.cost_report) or None."""
     if scores.partition is None:
         raise ValueError("the job report needs the GPU-hour partition: analyze with partition=True")
-    fr = fleet.frame
-    mask = (fr["job"] == name).to_numpy(dtype=bool, na_value=False) if "job" in fr.columns else np.zeros(len(fr), bool)
-    if not mask.any():
+    sub = holder_view(fleet, name)
+    if not len(sub.frame):
         raise LookupError(f"workload {name!r} held no GPU in the window")
-    sub = dataclasses.replace(fleet, frame=fr.loc[mask])
-    rows = scores.rows.loc[mask]
+    rows = scores.rows.loc[sub.frame.index]
     table = scores.allocated["job"]
     row = table[table["job"].astype(str) == name].iloc[0]
     ts = sub.frame["timestamp"].to_numpy(np.float64)

@@ -96,6 +96,11 @@ _KEY_LABELS: dict[Metric, tuple[dict[str, str], ...]] = {
     S.NVLINK_LINKS: ({"state": "up"}, {"state": "down"}),
 }
 _INFO = (S.GPU_INFO, S.GPU_TOPOLOGY_INFO, S.NODE_INFO)
+#: Per-holder families of shared GPUs (series() only, from Cluster.sharer_series).
+_SHARER_METRICS = (S.SHARER_UTILIZATION, S.SHARER_MEMORY_USED)
+#: How much more than the GPU's utilization the MPS clients' per-process utilizations add up to (their kernels
+#: overlap); time-sliced holders take turns (1).
+MPS_OVERLAP = 1.3
 #: Families measured per MIG instance; every other per-GPU family is device-level.
 INSTANCE_METRICS = frozenset({
     S.GPU_UTILIZATION, S.MEMORY_UTILIZATION, S.SM_ACTIVE, S.SM_OCCUPANCY, S.TENSOR_ACTIVE, S.DRAM_ACTIVE,
@@ -487,6 +492,44 @@ class Cluster:
                                 "container": self.jobs[j].container, S.WORKLOAD: self.jobs[j].name}
             for r, j in enumerate(row_job)
         ]
+        self._sharing = self._shared_rows()
+        for r, (holders, _) in self._sharing.items():
+            # One holder in truegpu_gpu_allocation_info, as the exporter (rules joining on it count a GPU once);
+            # the sharer series name them all.
+            self._alloc_labels[r] = holders[0][0]
+
+    def _shared_rows(self) -> dict[int, tuple[list[tuple[dict[str, str], float]], float]]:
+        """Rows of shared GPUs -> (each holder's allocation labels and share, the holders' overlap): a holder is
+        its own workload, its pod named like the workload's with its prefix; a rest below 1 is the holder with
+        empty labels. MPS clients run at once: their utilizations add up to ``MPS_OVERLAP`` x the GPU's."""
+        out = {}
+        for job in self.jobs:
+            if not job.sharers:
+                continue
+            rest = 1.0 - sum(w for _, w in job.sharers)
+            for r in job.rows:
+                pod = str(self.layout.row_pod[r])[len(job.name):]
+                holders = [({"namespace": job.namespace, "pod": name + pod, "container": job.container,
+                             S.WORKLOAD: name}, w) for name, w in job.sharers]
+                if rest > 1e-9:
+                    holders.append(({"namespace": "", "pod": "", "container": "", S.WORKLOAD: ""}, rest))
+                out[int(r)] = (holders, MPS_OVERLAP if job.sharing == "mps" else 1.0)
+        return out
+
+    def sharer_series(self, data: dict[str, np.ndarray], rows: np.ndarray
+                      ) -> Iterator[tuple[int, dict[str, str], np.ndarray, np.ndarray]]:
+        """Per holder of each shared row (column ``c`` of ``sample()``'s ``data`` over ``rows``): (c, its allocation
+        labels, its utilization, its memory) over time, NaN while the GPU is not held: what the exporter publishes
+        as truegpu_gpu_sharer_utilization_ratio and truegpu_gpu_sharer_memory_used_bytes."""
+        for c, r in enumerate(rows):
+            spec = self._sharing.get(int(r))
+            if spec is None:
+                continue
+            held = ~np.isnan(data[S.GPU_ALLOCATION_INFO.name][:, c])
+            u, mem = data[_k(S.GPU_UTILIZATION)][:, c], data[_k(S.MEMORY_USED)][:, c]
+            for labels, w in spec[0]:
+                yield (c, labels, np.where(held, np.minimum(u * w * spec[1], 1.0), np.nan),
+                       np.where(held, mem * w, np.nan))
 
     def _derive_slowdown_params(self) -> None:
         """Faults given as a gang slowdown: derive the clock factor and, from it, the physical cause.
@@ -939,7 +982,7 @@ class Cluster:
         for m, lbl, key in SAMPLE_SIGNALS:
             by_metric.setdefault(m, []).append((lbl, key))
         for m in S.METRICS:
-            if m not in PRODUCED and m not in _INFO:
+            if m not in PRODUCED and m not in _INFO and m not in _SHARER_METRICS:
                 continue
             if m is S.NODE_INFO:
                 nodes = list(dict.fromkeys(g.hostname[rows]))
@@ -967,6 +1010,9 @@ class Cluster:
                     al = self._alloc_labels[r]
                     if al is not None:
                         yield m, dict(inst[c], **al), data[S.GPU_ALLOCATION_INFO.name][:, c]
+            elif m in _SHARER_METRICS:
+                for c, labels, util, mem in self.sharer_series(data, rows):
+                    yield m, dict(base[c], **labels), util if m is S.SHARER_UTILIZATION else mem
             else:
                 per_inst = m in INSTANCE_METRICS
                 for c in range(len(rows)):

@@ -32,6 +32,8 @@ SCENARIO_DIR: Path = Path(__file__).resolve().parents[2] / "fixtures" / "scenari
 DEFAULT_START = "2026-01-05T00:00:00Z"
 
 WORKLOAD_KINDS = ("training", "inference", "memory_bound", "idle_allocated")
+#: How the holders of a shared GPU use it (WorkloadSpec.sharing).
+SHARING_MODES = ("time-slicing", "mps")
 FAULT_KINDS = (
     "thermal_straggler", "power_cap", "input_starved", "pcie_downgrade", "nvlink_errors", "xid", "rack_cooling",
     "slow_gpu", "thermal_degradation", "power_inefficiency", "hbm_hot",
@@ -110,6 +112,13 @@ class WorkloadSpec:
     load: float = 0.4
     #: Share of 5-minute windows with a load burst (+0.35), inference only.
     burst: float = 0.08
+    #: Several pods sharing each of the workload's GPUs (Kubernetes time-slicing or MPS): (pod-name prefix, share
+    #: of the GPU's activity) per holder, each its own workload; shares below 1 leave the rest to processes of no
+    #: known pod (published as the holder with empty labels). Empty: the GPUs are not shared.
+    sharers: tuple[tuple[str, float], ...] = ()
+    #: "time-slicing" (the holders' kernels take turns) or "mps" (they run at once: per-process utilization adds
+    #: up to more than the GPU's).
+    sharing: str = "time-slicing"
 
 
 @dataclass(frozen=True)
@@ -225,7 +234,7 @@ def _topology(ctx: _Ctx, raw: Any) -> TopologySpec:
 
 
 _WL_KEYS = ("name", "kind", "namespace", "container", "nodes", "gpus", "instances", "mig_profile", "sites",
-            "model", "start", "end", "load", "burst")
+            "model", "start", "end", "load", "burst", "sharers", "sharing")
 
 
 def _workload(ctx: _Ctx, raw: Any, i: int, topo: TopologySpec) -> WorkloadSpec:
@@ -251,7 +260,11 @@ def _workload(ctx: _Ctx, raw: Any, i: int, topo: TopologySpec) -> WorkloadSpec:
         end=ctx.dur(raw["end"], f"{key}.end") if raw.get("end") is not None else None,
         load=ctx.num(raw.get("load", 0.4), f"{key}.load", 0.0, 1.0),
         burst=ctx.num(raw.get("burst", 0.08), f"{key}.burst", 0.0, 1.0),
+        sharers=_sharers(ctx, raw.get("sharers"), f"{key}.sharers"),
+        sharing=ctx.str_(raw.get("sharing", "time-slicing"), f"{key}.sharing", SHARING_MODES),
     )
+    if wl.sharers and (wl.kind == "training" or wl.mig_profile):
+        raise ctx.err(f"{key}.sharers", "only inference, memory_bound and idle_allocated workloads on whole GPUs share")
     sizes = [k for k in ("nodes", "gpus", "instances") if getattr(wl, k)]
     if len(sizes) != 1:
         raise ctx.err(key, "give exactly one of nodes, gpus, instances (> 0)")
@@ -260,6 +273,18 @@ def _workload(ctx: _Ctx, raw: Any, i: int, topo: TopologySpec) -> WorkloadSpec:
     if wl.end is not None and wl.end <= wl.start:
         raise ctx.err(f"{key}.end", "must be after start")
     return wl
+
+
+def _sharers(ctx: _Ctx, raw: Any, key: str) -> tuple[tuple[str, float], ...]:
+    """``{pod-name prefix: share}``: shares in (0, 1] that add up to at most 1."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise ctx.err(key, f"expected a mapping of pod-name prefix to share, got {type(raw).__name__}")
+    out = tuple((ctx.str_(k, f"{key} key"), ctx.num(v, f"{key}.{k}", 0.0, 1.0)) for k, v in raw.items())
+    if len(out) < 2 or any(w <= 0 for _, w in out) or sum(w for _, w in out) > 1.0 + 1e-9:
+        raise ctx.err(key, "give two or more holders with shares > 0 that add up to at most 1")
+    return out
 
 
 def _fill(ctx: _Ctx, raw: Any) -> FillSpec | None:

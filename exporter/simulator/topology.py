@@ -100,6 +100,8 @@ class Job:
     load: float = 0.4
     sites: tuple[str, ...] = ()
     burst: float = 0.08
+    sharers: tuple[tuple[str, float], ...] = ()
+    sharing: str = "time-slicing"
 
 
 @dataclass
@@ -331,7 +333,7 @@ def build_layout(sc: Scenario, seed: int) -> Layout:
     for j, wl in enumerate(specs):
         end = wl.end if wl.end is not None else sc.duration
         jobs.append(Job(wl.name, wl.kind, wl.namespace, wl.container or _CONTAINERS[wl.kind], wl.start, end,
-                        np.flatnonzero(row_job == j), wl.load, wl.sites, wl.burst))
+                        np.flatnonzero(row_job == j), wl.load, wl.sites, wl.burst, wl.sharers, wl.sharing))
     return Layout(gpus, p.nodes, p.node_site, p.node_rack, p.node_model, arr("node", np.int64),
                   arr("phys", np.int64), arr("gidx", np.int64), arr("mkey", np.int64), arr("slice", float),
                   row_job, arr("pod"), jobs, [p.g] * len(p.nodes))

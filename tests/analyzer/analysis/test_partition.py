@@ -64,7 +64,8 @@ def test_parts_add_up_to_every_row(demo):
     total = sum(parts[p] for p in PARTS)
     np.testing.assert_allclose(total, 1.0, atol=1e-9)
     assert all((parts[p] >= -1e-12).all() for p in PARTS)
-    assert set(WASTE) | set(NORMAL) | {"effective", "unclassified", "unknown", "unallocated"} == set(PARTS)
+    assert set(WASTE) | set(NORMAL) | {"effective", "unclassified", "shared_unattributed", "unknown",
+                                       "unallocated"} == set(PARTS)
 
 
 def test_demo_healthy_training_and_inference_gap_is_headroom_not_waste(demo):
