@@ -745,7 +745,8 @@ class NvmlSource(Source):
         def ask(key: str, fn: Callable[..., Any], *args: Any) -> Any:
             return self._call(gpu, key, p.errors, fn, *args)
 
-        for holder, use in (sampler.sample(self._nv, gpu.handle, holders, ask) or {}).items():
+        found = sampler.sample(self._nv, gpu.handle, holders, ask, lambda key: key in gpu.skip) or {}
+        for holder, use in found.items():
             labels = {**gpu.labels, **holder.labels()}
             p.out.append((schema.SHARER_UTILIZATION, labels, use.utilization))
             if use.memory_bytes is not None:

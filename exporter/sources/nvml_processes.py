@@ -14,6 +14,9 @@ GPU's ``lastSeenTimeStamp`` (microseconds) between scrapes and, each scrape:
   each ran); a holder's is the sum over its PIDs, clipped to 1. NVML_ERROR_NOT_FOUND (no sample newer)
   means no process ran a kernel since the last scrape: every holder's utilization is 0. The driver keeps
   seconds of samples, so the first scrape of a newly shared GPU averages what it still holds;
+- where the driver cannot sample per process (NotSupported) but keeps accounting stats (``nvidia-smi
+  -am 1``), a PID's utilization is its accounting ``gpuUtilization``: the share of its lifetime a kernel
+  of it ran (coarser: an average since it started, yet holders still compare by what each ran);
 - a holder's memory is the sum of its processes' ``usedGpuMemory``; unknown (None) when one of them is
   unknown: NVML does not know it, or the PID was sampled but not listed (it exited between the calls,
   or a binding without the MPS call cannot list MPS clients);
@@ -84,18 +87,23 @@ class ProcessSampler:
         self._owners: dict[int, tuple[int, _Owner]] = {}  # pid -> (start time, what its /proc said)
 
     def sample(
-        self, nv: ModuleType, handle: object, holders: Sequence[Allocation], ask: Ask
+        self, nv: ModuleType, handle: object, holders: Sequence[Allocation], ask: Ask,
+        unsupported: Callable[[str], bool] = lambda key: False,
     ) -> dict[Allocation, Use] | None:
         """Each holder's use (``holders`` order, then UNATTRIBUTED when some PID is nobody's); None when NVML
-        could not say (the call was unsupported or failed, ``ask`` dealt with it)."""
+        could not say (the call was unsupported or failed, ``ask`` dealt with it). ``unsupported(key)``: whether
+        ``ask`` gave up on a call for good (then accounting stats stand in, where enabled)."""
         samples = ask("process_utilization", _samples_since, nv, handle, self.last_seen)
-        if samples is None:
+        if samples is None and not (unsupported("process_utilization") and _accounting_on(nv, handle, ask)):
             return None
         memory = _processes(nv, handle, ask)
         if memory is None:
             return None
-        self.last_seen = max((int(s.timeStamp) for s in samples), default=self.last_seen)
-        utilization = _mean_utilization(samples)
+        if samples is None:
+            utilization = _accounting_utilization(nv, handle, memory, ask)
+        else:
+            self.last_seen = max((int(s.timeStamp) for s in samples), default=self.last_seen)
+            utilization = _mean_utilization(samples)
         owners = self._holders_of(memory.keys() | utilization.keys(), holders)
         return _per_holder(holders, owners, memory, utilization)
 
@@ -154,6 +162,31 @@ def _listed(nv: ModuleType, handle: object, ask: Ask, key: str, name: str) -> li
             raise nv.NVMLError(nv.NVML_ERROR_FUNCTION_NOT_FOUND) from None
 
     return ask(key, listed, handle)
+
+
+def _accounting_on(nv: ModuleType, handle: object, ask: Ask) -> bool:
+    """Whether the GPU keeps accounting stats (``nvidia-smi -am 1``; off by default)."""
+    return ask("accounting_mode", nv.nvmlDeviceGetAccountingMode, handle) == nv.NVML_FEATURE_ENABLED
+
+
+def _accounting_utilization(nv: ModuleType, handle: object, pids: Iterable[int], ask: Ask) -> dict[int, float]:
+    """PID -> the share of its lifetime a kernel of it ran (accounting stats' ``gpuUtilization``): coarser than
+    the per-scrape samples (an average since the process started), for GPUs whose driver cannot sample per
+    process. A PID the accounting buffer does not hold, or without the value, is left out (ran nothing known)."""
+    out = {}
+    for pid in pids:
+        stats = ask("accounting_stats", _stats, nv, handle, pid)
+        if stats is not None and 0 <= int(stats.gpuUtilization) <= 100:  # NVML_VALUE_NOT_AVAILABLE: unknown
+            out[pid] = int(stats.gpuUtilization) / 100
+    return out
+
+
+def _stats(nv: ModuleType, handle: object, pid: int) -> Any:
+    """A process's accounting stats; None when the accounting buffer does not hold it (NOT_FOUND)."""
+    try:
+        return nv.nvmlDeviceGetAccountingStats(handle, pid)
+    except nv.NVMLError_NotFound:
+        return None
 
 
 def _mean_utilization(samples: Iterable[Any]) -> dict[int, float]:

@@ -311,6 +311,28 @@ def test_gpu_without_per_process_utilization_publishes_no_sharer_families(kube, 
     assert sum("process_utilization" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_where_the_driver_cannot_sample_per_process_accounting_stats_stand_in(kube, proc: FakeProc) -> None:
+    gpu = h100_sxm(0)
+    gpu.not_supported = {"nvmlDeviceGetProcessUtilization"}
+    gpu.accounting, gpu.accounting_stats = True, {4001: (56, 9 * GIB), 4002: (24, 3 * GIB)}  # lifetime shares
+    _, source, clock = kube([gpu], *sliced(gpu.uuid, "notebook-a", "notebook-b"))
+    proc.pod(4001, "notebook-a")
+    proc.pod(4002, "notebook-b")
+    proc.pod(4003, "notebook-b")  # not in the accounting buffer (yet): ran nothing known
+    gpu.processes = [(4001, 8 * GIB, 0), (4002, 2 * GIB, 0), (4003, GIB, 0)]
+    for _ in range(2):
+        clock.advance(10)
+        reading = source.collect()
+        assert reading.up and reading.errors == []
+        a, b = holder("0", "notebook-a"), holder("0", "notebook-b")
+        assert shares(reading, UTIL) == {a: pytest.approx(0.56), b: pytest.approx(0.24)}
+        assert shares(reading, MEMORY) == {a: 8 * GIB, b: 3 * GIB}  # what they use now, from the process list
+    assert gpu.call_counts["nvmlDeviceGetProcessUtilization"] == 1
+    gpu.accounting = False  # switched off: nothing to say
+    clock.advance(10)
+    assert UTIL not in source.collect().samples
+
+
 def test_pid_reuse_and_churn(kube, proc: FakeProc) -> None:
     gpu = h100_sxm(0)
     fake, source, clock = kube([gpu], *sliced(gpu.uuid, "notebook-a", "notebook-b"))

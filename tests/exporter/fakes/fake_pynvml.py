@@ -166,6 +166,10 @@ class FakeGpu:
     mps_processes: list[tuple[int, int | None, int]] = field(default_factory=list)  # MPS clients, same form
     #: The driver's per-process utilization samples: (time us, pid, smUtil, memUtil), oldest first.
     process_samples: list[tuple[int, int, int, int]] = field(default_factory=list)
+    #: Accounting mode (``nvidia-smi -am 1``; off by default) and its per-PID stats: pid -> (gpuUtilization %
+    #: over the process's lifetime, maxMemoryUsage bytes); a PID not in it is NOT_FOUND, as the driver answers.
+    accounting: bool = False
+    accounting_stats: dict[int, tuple[int, int]] = field(default_factory=dict)
     not_supported: set[str] = field(default_factory=set)  # function names raising NotSupported
     unsupported_fields: set[int] = field(default_factory=set)  # NVML_FI_* answering NOT_SUPPORTED
     field_returns: dict[int, int] = field(default_factory=dict)  # NVML_FI_* -> the nvmlReturn it answers
@@ -655,6 +659,19 @@ class FakeNvml:
             sample.encUtil = sample.decUtil = 0
             out.append(sample)
         return out
+
+    def nvmlDeviceGetAccountingMode(self, handle: object) -> int:
+        gpu = self._dev(handle, "nvmlDeviceGetAccountingMode")
+        return real.NVML_FEATURE_ENABLED if gpu.accounting else real.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetAccountingStats(self, handle: object, pid: int) -> real.c_nvmlAccountingStats_t:
+        gpu = self._dev(handle, "nvmlDeviceGetAccountingStats")
+        if not gpu.accounting or pid not in gpu.accounting_stats:
+            raise _error(real.NVML_ERROR_NOT_FOUND)
+        stats = real.c_nvmlAccountingStats_t()
+        stats.gpuUtilization, stats.maxMemoryUsage = gpu.accounting_stats[pid]
+        stats.isRunning = 1  # time stays 0 while the process runs, as NVML reports it
+        return stats
 
     def _expire_samples(self, gpu: FakeGpu) -> None:
         """The driver keeps the last PROCESS_SAMPLE_SPAN seconds, at most PROCESS_SAMPLE_BUFFER samples."""
