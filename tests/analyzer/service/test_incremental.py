@@ -51,6 +51,9 @@ SCENARIO = {
         # two 3g.40gb slices of one GPU: its uncarved seventh is recomputed over the spliced window
         {"name": "mig-nb", "kind": "idle_allocated", "namespace": "notebooks", "instances": 2,
          "mig_profile": "3g.40gb"},
+        # one GPU time-sliced by two pods: its holders' per-step use is spliced like the rows
+        {"name": "chat-s", "kind": "inference", "namespace": "serving", "gpus": 1,
+         "sharers": {"chat-a": 0.7, "chat-b": 0.3}},
     ],
     "faults": [
         {"kind": "thermal_straggler", "target": {"job": "train-m", "rank": 6}, "start": "20m", "end": "70m",
@@ -94,6 +97,10 @@ def _events(fleet: Fleet) -> pd.DataFrame:
     return fleet.events.sort_values(list(fleet.events.columns)).reset_index(drop=True)
 
 
+def _shares(fleet: Fleet) -> pd.DataFrame:
+    return fleet.shares.sort_values(["timestamp", "hostname", "gpu", "pod"]).reset_index(drop=True)
+
+
 def _findings(findings) -> list[str]:
     return [json.dumps({k: v for k, v in asdict(f).items() if k != "id"}, sort_keys=True, default=str)
             for f in findings]
@@ -105,6 +112,7 @@ def assert_same(kept: Fleet, full: Fleet) -> None:
     assert_frame_equal(_events(kept), _events(full), check_exact=True)
     assert_frame_equal(kept.topology, full.topology)
     assert_frame_equal(kept.accounting, full.accounting)
+    assert_frame_equal(_shares(kept), _shares(full), check_exact=True)
     assert kept.missing == full.missing
 
 
@@ -126,6 +134,7 @@ def test_incremental_window_equals_a_full_reload_at_every_tick(prom) -> None:
     ends = [*range(30, 64), 95]
     good = 0
     uncarved: set[int] = set()  # rows of the MIG GPU's uncarved seventh per tick
+    shared = 0  # ticks whose window holds the time-sliced GPU's holders (dcgm-exporter has no such series)
     for minute in ends:
         now[0] = t0 + minute * MINUTE + 7.0
         target[0] = dead if minute in down else url
@@ -137,11 +146,13 @@ def test_incremental_window_equals_a_full_reload_at_every_tick(prom) -> None:
         assert analysis is not None and analysis.end == t0 + minute * MINUTE
         full = load_prometheus(url, analysis.start, analysis.end, STEP)
         assert_same(analysis.fleet, full)
+        shared += bool(len(analysis.fleet.shares))
         uncarved.add(int((analysis.fleet.frame["gpu_instance"] == UNCARVED).sum()))
         assert _findings(analysis.findings) == _findings(analyze(full).findings), f"tick at {minute} min"
     # The first tick and the one after the outage longer than the window loaded the whole window; every
     # other tick read its new step and the OVERLAP before it, or from a GPU's last row before a gap.
     assert WINDOW / STEP in uncarved  # the MIG GPU (on the node seen from minute 40) over a whole window
+    assert shared >= (10 if analysis.fleet.dialect == "truegpu" else 0)
     assert window.full_loads == 2 and window.incremental_loads == good - 2
     assert window.last_reason == "the window no longer overlaps the kept one"
     whole = [c for c in calls if c[1] - c[0] >= WINDOW]
