@@ -116,8 +116,11 @@ FB_PARTS: dict[str, str] = {n: base for base in (FB_USED, DCGM_FB_FREE, DCGM_FB_
 XID_DCGM: frozenset[str] = frozenset(n for f in S.XID_ERRORS.dcgm for n in f.spellings)
 #: dcgm-exporter's XID count collector (XIDs within a sliding window, per xid label).
 XID_DCGM_COUNT: frozenset[str] = frozenset(S.dcgm_spellings(S.DCGM_XID_COUNT))
+#: Per-holder families of shared GPUs (Fleet.shares).
+SHARE_METRICS: tuple[S.Metric, ...] = (S.SHARER_UTILIZATION, S.SHARER_MEMORY_USED)
+#: Families that are no GPU telemetry rows of their own: identity, placement, who holds a GPU.
 INFO_METRICS: tuple[S.Metric, ...] = (S.GPU_INFO, S.NODE_INFO, S.GPU_TOPOLOGY_INFO, S.GPU_ALLOCATION_INFO,
-                                      S.SLURM_JOB_INFO, S.SHARER_UTILIZATION, S.SHARER_MEMORY_USED)
+                                      S.SLURM_JOB_INFO, *SHARE_METRICS)
 
 
 def needed_names() -> frozenset[str]:

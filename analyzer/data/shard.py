@@ -94,7 +94,8 @@ _EDGE = 0.001
 def context_names() -> frozenset[str]:
     """Input names (both dialects, every spelling) feeding CONTEXT_SIGNALS, plus the info series."""
     feeding = {n for n, srcs in D.SOURCES.items() if any(s.signal.name in CONTEXT_SIGNALS for s in srcs)}
-    return frozenset(feeding | {m.name for m in D.INFO_METRICS})
+    # A shared GPU's holders matter to the shard that owns it only (its scores and costs), never as a reference.
+    return frozenset(feeding | {m.name for m in D.INFO_METRICS if m not in D.SHARE_METRICS})
 
 
 # The rule ------------------------------------------------------------------------------------
