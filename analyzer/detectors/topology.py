@@ -26,8 +26,12 @@ per-node truth of that job), open while the placement lasts. Problems (``evidenc
   no member moves NVLink traffic (``nvlink_bps`` below ``nvlink_traffic_bps`` 1 GB/s, or
   not reported) while some GPU of the fleet does (so the counter is collected and NVLink
   exists): a gang on NVLink moves 10-40 GB/s per GPU, so silence means PCIe-only GPUs (or
-  NCCL P2P disabled: the same fix). dcgm-exporter's default counters omit NVLink bytes:
-  then nothing is claimed.
+  NCCL P2P disabled: the same fix). Only samples with the member at work count (SM activity >=
+  ``work_sm_min`` 0.1 where collected): a gang hung in NCCL after a member died (SM ~0.05, util
+  ~97 %) moves nothing over any link, and its silence says nothing about NVLink (serve's window
+  after an XID 79 or 48 would otherwise tell a healthy HGX gang it talks over PCIe). No sample at
+  work: nothing is claimed. dcgm-exporter's default counters omit NVLink bytes: then nothing is
+  claimed either.
 - ``numa`` (info): a training job's GPUs on one node sit on >= 2 NUMA nodes although they
   fit in one, and the node's current pods could be arranged so: this job inside one NUMA
   node, every other multi-GPU pod that is inside one NUMA node still inside one, single-GPU
@@ -191,6 +195,8 @@ class Topology:
     nvlink_traffic_bps: float = 1e9
     #: Busy/wait phases in step across members that count as communicating (module docstring).
     sync_min: float = 0.5
+    #: SM activity of a member at work, for the NVLink-silence judgement (module docstring).
+    work_sm_min: float = 0.1
 
     def detect(self, fleet: Fleet) -> list[Finding]:
         f = fleet.frame
@@ -280,9 +286,13 @@ class Topology:
         nvlink_used = bool(np.nanmax(nvl, initial=0.0) >= self.nvlink_traffic_bps) if np.isfinite(nvl).any() else False
         if not len(whole) or (not len(topo) and "numa_node" not in a.columns and not nvlink_used):
             return empty, empty
-        # Per (job, node): the most NVLink traffic any member moved (NaN: none reported).
-        whole = whole.assign(nvl=nvl[whole["row"].to_numpy()])
-        job_nvl = whole.groupby(["job", "hostname"])["nvl"].max()
+        # Per (job, node): the most NVLink traffic any member moved while at work (NaN: none reported; absent:
+        # never at work, nothing to judge).
+        rows = whole["row"].to_numpy()
+        sm = column(fleet, "sm_active")[rows]
+        at_work = sm >= self.work_sm_min if fleet.has("sm_active") else np.ones(len(rows), bool)
+        whole = whole.assign(nvl=nvl[rows])
+        job_nvl = whole[at_work].groupby(["job", "hostname"])["nvl"].max()
         bit = np.left_shift(1, whole["gpu"].to_numpy().astype(np.int64))
         own = (whole.assign(bit=bit).drop_duplicates(["job", "hostname", "timestamp", "gpu"])
                .groupby(["job", "hostname", "timestamp"])["bit"].sum().rename("own").reset_index())
@@ -301,7 +311,7 @@ class Topology:
             slow = [(x, y) for i, x in enumerate(gpus) for y in gpus[i + 1:] if (x, y) in pairs]
             if has_nvlink and slow:
                 no_nv.append((job, host, mask))
-            elif host not in host_gpus and nvlink_used \
+            elif host not in host_gpus and nvlink_used and (job, host) in job_nvl.index \
                     and not job_nvl.get((job, host), np.nan) >= self.nvlink_traffic_bps:
                 no_nv.append((job, host, mask))  # no topology: silent NVLink while others talk over it
             groups = numa.get(host)

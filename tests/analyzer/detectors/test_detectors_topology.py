@@ -184,6 +184,11 @@ def test_without_topology_no_nvlink_comes_from_traffic_with_low_confidence() -> 
     # NVLink bytes not collected anywhere (dcgm-exporter default counters): nothing claimed.
     quiet = node("n1", "ok", "ok-worker-0", {**TRAIN, "nvlink_bps": None})
     assert Topology().detect(fleet(gang + quiet)) == []
+    # A gang hung in NCCL (a member died: util ~97 %, SM ~0.05) moves nothing over any link: its silence
+    # says nothing about NVLink, as in serve's window after an XID 79.
+    hung = node("p1", "tp", "tp-worker-0", {**WAITING, "sm_active": 0.05, "tensor_active": 0.0, "nvlink_bps": 0.0},
+                gpus=range(4))
+    assert Topology().detect(fleet(hung + ok)) == []
 
 
 def test_no_nvlink_anywhere_means_nowhere_better_to_go() -> None:
