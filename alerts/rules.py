@@ -581,8 +581,12 @@ def truegpu_recording() -> Group:
     alloc_by = by((*S.GPU_LABELS, S.GPU_INSTANCE, NAMESPACE, WORKLOAD))
     all_, allocated = {ALLOCATION_LABEL: ALLOCATION_ALL}, {ALLOCATION_LABEL: ALLOCATION_ALLOCATED}
 
+    # A shared GPU's holders (time-slicing, MPS) are its sharer series: allocation info names one of them. The
+    # holder with empty labels (processes of no known pod) is nobody's workload.
+    holders = f'{alloc} or ({S.SHARER_UTILIZATION.name}{{{WORKLOAD}!=""}} >= bool 0)'
+
     def per_workload(per_gpu: str) -> str:
-        return (f"avg by ({NAMESPACE}, {WORKLOAD}) (max by ({alloc_by}) ({alloc}) "
+        return (f"avg by ({NAMESPACE}, {WORKLOAD}) (max by ({alloc_by}) ({holders}) "
                 f"* on ({GPU_INSTANCE_BY}) group_left () {per_gpu})")
 
     return Group(name="truegpu-recording", rules=(

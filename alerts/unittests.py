@@ -181,6 +181,27 @@ def truegpu_recording_case() -> dict[str, Any]:
     ])
 
 
+def truegpu_shared_case() -> dict[str, Any]:
+    """A time-sliced GPU: both holders' workloads get its effective utilization (allocation info names one)."""
+    sharer = S.SHARER_UTILIZATION.name
+    a = {"namespace": "serving", "pod": "chat-a-0", "container": "vllm", S.WORKLOAD: "chat-a"}
+    b = {**a, "pod": "chat-b-0", S.WORKLOAD: "chat-b"}
+    nobody = {"namespace": "", "pod": "", "container": "", S.WORKLOAD: ""}
+    return case("recording rules: every holder of a shared GPU, never the unattributed one", [
+        series(S.SM_ACTIVE.name, gpu(0), "0.4x10"),
+        series(S.SM_CLOCK.name, gpu(0), "2000000000x10"),
+        series(S.SM_CLOCK_MAX.name, gpu(0), "2000000000x10"),
+        series(S.GPU_UTILIZATION.name, gpu(0), "0.8x10"),
+        series(S.GPU_ALLOCATION_INFO.name, gpu(0, **a), "1x10"),
+        series(sharer, gpu(0, **a), "0.5x10"),
+        series(sharer, gpu(0, **b), "0x10"),  # held, idle this while: still a holder
+        series(sharer, gpu(0, **nobody), "0.1x10"),
+    ], exprs=[
+        samples(WORKLOAD_EFFECTIVE_UTILIZATION, "5m", ({"namespace": "serving", S.WORKLOAD: "chat-a"}, 0.4),
+                ({"namespace": "serving", S.WORKLOAD: "chat-b"}, 0.4)),
+    ])
+
+
 def truegpu_xid_case() -> dict[str, Any]:
     """GpuXidError by XID class, from the per-code counters."""
     xid = S.XID_ERRORS.name
@@ -523,9 +544,10 @@ def missing_case(metric: str, gpu_labels: Any, instance_label: str, extra: Label
 
 #: truegpu_test.yaml's cases, in file order.
 TRUEGPU_CASES: tuple[Callable[[], dict[str, Any]], ...] = (
-    truegpu_recording_case, truegpu_xid_case, truegpu_owner_case, truegpu_ecc_case, truegpu_remap_case,
-    truegpu_recovery_case, truegpu_thermal_case, truegpu_nvlink_case, truegpu_pcie_case, truegpu_fell_off_bus_case,
-    truegpu_missing_case, truegpu_exporter_down_case, truegpu_collection_case, clusters_case,
+    truegpu_recording_case, truegpu_shared_case, truegpu_xid_case, truegpu_owner_case, truegpu_ecc_case,
+    truegpu_remap_case, truegpu_recovery_case, truegpu_thermal_case, truegpu_nvlink_case, truegpu_pcie_case,
+    truegpu_fell_off_bus_case, truegpu_missing_case, truegpu_exporter_down_case, truegpu_collection_case,
+    clusters_case,
 )
 
 
