@@ -136,3 +136,33 @@ def test_one_job_s_view_of_a_shared_gpu_is_its_share() -> None:
     assert holder_view(fleet, "chat-a").frame["gpu_share"].to_numpy() == pytest.approx([0.7] * 4)
     assert not len(holder_view(fleet, "nobody").frame)
     assert fleet.between(T0 + STEP, T0 + 3 * STEP).shares["timestamp"].nunique() == 2  # windows keep their steps
+
+
+def test_the_api_gives_each_holder_its_share() -> None:
+    """/api/scores by workload, /api/reports/cost and /api/jobs/{name} of the service over the shared-gpus fleet."""
+    import requests
+
+    from analyzer.finops import load_catalog
+    from analyzer.service.app import create_app
+    from analyzer.service.settings import ApiSettings
+    from tests.analyzer.service.kit import AUTH, NOW, TOKEN, WINDOW, new_service, served
+
+    scenario = load_scenario("shared-gpus")
+    service, _ = new_service(Cluster(scenario, start=NOW - float(scenario.duration)))
+    assert service.run_once()
+    hours = WINDOW / 3600.0
+    with served(create_app(service, ApiSettings(token=TOKEN, catalog=load_catalog()))) as url:
+        def get(path: str, **params: str) -> dict:
+            r = requests.get(url + path, params=params, headers=AUTH, timeout=60)
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        scores = {r["workload"]: r for r in get("/api/scores", level="workload", allocated_only="true")["rows"]}
+        groups = {g["group"]: g for g in get("/api/reports/cost", group_by="workload")["report"]["groups"]}
+        for name, share in SHARES.items():
+            want = GPUS[name] * hours * share
+            assert scores[name]["allocated_gpu_hours"] == pytest.approx(want, rel=0.03), name
+            assert groups[name]["gpu_hours"] == pytest.approx(want, rel=0.03), name
+            job = get(f"/api/jobs/{name}")["job"]
+            assert job["cost"]["cost"] == pytest.approx(groups[name]["cost"]), name
+        assert groups[UNATTRIBUTED_SHARE]["gpu_hours"] == pytest.approx(2 * hours * 0.1, rel=0.05)
