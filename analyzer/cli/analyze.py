@@ -447,11 +447,15 @@ def _split_lines(s: dict[str, Any]) -> list[str]:
     def parts(names: tuple[str, ...]) -> str:
         return ", ".join(f"{_hours(p[n])} {n.replace('_', ' ')}" for n in names if p[n] >= 0.05) or "none"
 
-    return [
+    lines = [
         f"recoverable waste: {_hours(s['waste_gpu_hours'])} GPU-hours ({parts(WASTE)})",
         f"normal, not waste: {_hours(s['normal_gpu_hours'])} GPU-hours ({parts(NORMAL)}); "
         f"unclassified workloads: {_hours(s['unclassified_gpu_hours'])} GPU-hours",
     ]
+    if p.get("shared_unattributed", 0.0) >= 0.05:  # only where GPUs are shared
+        lines.append(f"shared GPUs, use no holder's process explains: {_hours(p['shared_unattributed'])} GPU-hours "
+                     "(never spread over the holders)")
+    return lines
 
 
 def format_summary(s: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ import pytest
 from analyzer import pipeline
 from analyzer.analysis.partition import PARTS
 from analyzer.analysis.shares import holder_view, owners
+from analyzer.cli.analyze import build_summary, format_summary
 from analyzer.data.frame import SHARE_COLUMNS
 from analyzer.data.simulated import fleet_from_cluster
 from analyzer.finops.catalog import default_catalog
@@ -87,6 +88,8 @@ def test_the_split_holds_through_the_exporter_families_in_a_history_file(tmp_pat
     _check(_outputs(fleet), cluster.duration / 3600.0)
     # The holder's memory, not the GPU's: what its own processes used.
     result = pipeline.analyze(fleet)
+    text = format_summary(build_summary(fleet, result.scores, result.findings))
+    assert "shared GPUs, use no holder's process explains: 0.4 GPU-hours" in text  # analyze's summary says it
     b = job_report(fleet, result.scores, result.findings, "chat-b")
     a = job_report(fleet, result.scores, result.findings, "chat-a")
     assert b.gpus["memory_used_max_bytes"].max() == pytest.approx(a.gpus["memory_used_max_bytes"].max() * 3 / 7,
