@@ -17,6 +17,7 @@ from typing import Any
 
 from analyzer.analysis.partition import attach
 from analyzer.analysis.scores import Scores, compute_scores
+from analyzer.analysis.shares import name_holders
 from analyzer.data.frame import Fleet
 from analyzer.data.shard import ShardFleet
 from analyzer.detectors import make_detector, run_detectors
@@ -65,6 +66,7 @@ def detect(fleet: Fleet, kinds: Sequence[str] | None = None, site: SiteConfig | 
     findings = run_detectors(shard.whole if shard else fleet, kinds, detector_settings(site, overrides))
     if shard:
         findings = [f for f in findings if shard.owns(f)]
+    name_holders(fleet, findings)
     assign_ids(findings)
     return findings
 

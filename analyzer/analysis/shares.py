@@ -23,7 +23,7 @@ those series). MIG instances are not split (the exporter does not publish sharer
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -32,6 +32,7 @@ import pandas as pd
 from analyzer.analysis.rows import IDLE_UTIL
 from analyzer.data.frame import Fleet
 from analyzer.data.signals import ALLOCATION_COLUMNS
+from analyzer.findings import Finding
 
 
 @dataclass(frozen=True)
@@ -162,4 +163,26 @@ def holder_view(fleet: Fleet, job: str) -> Fleet:
     return replace(fleet, frame=sub, shares=fleet.shares.iloc[:0])
 
 
-__all__ = ["Owners", "holder_view", "owners", "split"]
+def name_holders(fleet: Fleet, findings: Sequence[Finding]) -> None:
+    """Add ``evidence["holders"]`` to each finding on a shared GPU: every holder over the finding's span
+    ("namespace/pod (workload)"). The finding's own workload is the frame's one holder; whoever acts on it
+    (release an idle GPU, fix a masked one) needs all of them."""
+    sh = fleet.shares
+    if not len(sh) or not findings:
+        return
+    named = sh[(sh["job"].astype(str) != "") | (sh["pod"].astype(str) != "")]
+    by_gpu = {k: g for k, g in named.groupby([named["hostname"].astype(str), named["gpu"].astype(str)], sort=False)}
+    for f in findings:
+        g = by_gpu.get((str(f.hostname), str(f.gpu))) if f.hostname and f.gpu is not None else None
+        if g is None:
+            continue
+        end = fleet.end if f.end is None else f.end
+        ts = g["timestamp"].to_numpy(np.float64)
+        during = g[(ts >= f.start) & (ts < end)]
+        cols = (during[c].astype(str) for c in ("namespace", "pod", "job"))
+        holders = sorted({f"{n}/{p} ({j})" for n, p, j in zip(*cols, strict=True)})
+        if len(holders) > 1:
+            f.evidence["holders"] = holders
+
+
+__all__ = ["Owners", "holder_view", "name_holders", "owners", "split"]
