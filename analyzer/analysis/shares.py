@@ -163,6 +163,19 @@ def holder_view(fleet: Fleet, job: str) -> Fleet:
     return replace(fleet, frame=sub, shares=fleet.shares.iloc[:0])
 
 
+def holder_rows(fleet: Fleet, columns: Sequence[str]) -> pd.DataFrame:
+    """The frame's ``columns`` (text) with each shared row replaced by one row per named holder (its allocation
+    labels, the row's other columns; the unattributed rest dropped): who held what when, for listings and
+    scopes that name workloads rather than weigh hours."""
+    fr = fleet.frame
+    keys = {c: fr[c].to_numpy(dtype=object) for c in columns if c in fr.columns}
+    cut = split(fleet, {}, keys)
+    if cut is None:
+        return pd.DataFrame(keys)
+    _, by, rest = cut
+    return pd.DataFrame({c: v[~rest] for c, v in by.items()})
+
+
 def name_holders(fleet: Fleet, findings: Sequence[Finding]) -> None:
     """Add ``evidence["holders"]`` to each finding on a shared GPU: every holder over the finding's span
     ("namespace/pod (workload)"). The finding's own workload is the frame's one holder; whoever acts on it
@@ -185,4 +198,4 @@ def name_holders(fleet: Fleet, findings: Sequence[Finding]) -> None:
             f.evidence["holders"] = holders
 
 
-__all__ = ["Owners", "holder_view", "name_holders", "owners", "split"]
+__all__ = ["Owners", "holder_rows", "holder_view", "name_holders", "owners", "split"]

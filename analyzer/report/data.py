@@ -14,6 +14,7 @@ import pandas as pd
 
 from analyzer.analysis.rows import IDLE_UTIL, allocated_rows, mig_rows
 from analyzer.analysis.scores import Scores
+from analyzer.analysis.shares import holder_rows
 from analyzer.data.frame import UNCARVED, Fleet, instance_rows
 
 #: Most points a time-series chart draws; longer windows are averaged into wider buckets.
@@ -136,7 +137,7 @@ def job_table(fleet: Fleet, scores: Scores) -> pd.DataFrame:
         return pd.DataFrame(columns=["job", "namespace", "bottleneck", "bottleneck_share", "bottleneck_confidence"])
     jobs = jobs.copy()
     jobs["job"] = jobs["job"].astype(str)
-    jobs["namespace"] = jobs["job"].map(job_namespaces(fleet.frame)).fillna("")
+    jobs["namespace"] = jobs["job"].map(job_namespaces(holder_rows(fleet, ("job", "namespace")))).fillna("")
     jobs = jobs.merge(job_bottlenecks(scores), on="job", how="left")
     split = ["waste_gpu_hours", "normal_gpu_hours", "unclassified_gpu_hours"]
     part = scores.partition.job if scores.partition is not None else pd.DataFrame()

@@ -15,10 +15,11 @@ import re
 from email.message import EmailMessage
 from email.utils import formatdate
 
+import numpy as np
 import pandas as pd
 
-from analyzer.analysis.rows import allocated_rows
 from analyzer.analysis.scores import Scores
+from analyzer.analysis.shares import holder_rows
 from analyzer.data.frame import Fleet
 from analyzer.findings import rfc3339
 from analyzer.report.data import job_namespaces
@@ -38,8 +39,8 @@ def job_list(fleet: Fleet, scores: Scores, below: float | None = None, finished:
     jobs = scores.allocated.get("job")
     if jobs is None or jobs.empty or "job" not in fr.columns:
         return pd.DataFrame(columns=list(LIST_COLUMNS))
-    alloc = allocated_rows(fr) & fr["job"].notna().to_numpy()
-    sub = fr.loc[alloc]
+    held = holder_rows(fleet, ("timestamp", "hostname", "gpu", "gpu_instance", "namespace", "job"))
+    sub = held[held["job"].notna()].astype({"timestamp": np.float64})  # a shared GPU's every holder
     key = sub["job"].astype(str)
     span = sub.groupby(key, sort=True)["timestamp"].agg(["min", "max"])
     device = [c for c in ("hostname", "gpu", "gpu_instance") if c in sub.columns]

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
+from analyzer.analysis.shares import holder_rows
 from analyzer.findings import rfc3339
 from analyzer.report.data import namespace_pairs
 from analyzer.service.cost_source import CostSource
@@ -134,7 +135,7 @@ class Scope:
             return None
         out: set[str] = set()
         if t.namespaces:
-            pairs = namespace_pairs(fleet.frame)
+            pairs = namespace_pairs(holder_rows(fleet, ("job", "namespace")))  # a shared GPU's every holder
             seen = pairs["namespace"].map(t.sees).astype(bool)
             out |= set(seen.groupby(pairs["job"]).all().loc[lambda ok: ok].index)
         acct = fleet.accounting

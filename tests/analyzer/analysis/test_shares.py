@@ -169,3 +169,22 @@ def test_the_api_gives_each_holder_its_share() -> None:
             job = get(f"/api/jobs/{name}")["job"]
             assert job["cost"]["cost"] == pytest.approx(groups[name]["cost"]), name
         assert groups[UNATTRIBUTED_SHARE]["gpu_hours"] == pytest.approx(2 * hours * 0.1, rel=0.05)
+
+
+def test_listings_and_scopes_see_every_holder_of_a_shared_gpu() -> None:
+    """The jobs listing (and its mail), the report's job table and a namespace-scoped token see chat-b,
+    which allocation info never names."""
+    from analyzer.report.data import job_table
+    from analyzer.report.job_list import job_list
+    from analyzer.service.deps import Scope
+    from analyzer.site import ScopedToken
+
+    fleet = fleet_from_cluster(Cluster(load_scenario("shared-gpus")), step=60.0)
+    result = pipeline.analyze(fleet)
+    listed = job_list(fleet, result.scores).set_index("job")
+    assert set(SHARES) <= set(listed.index)
+    assert (listed.loc["chat-b", "gpus"], listed.loc["chat-b", "namespace"]) == (4, "serving")
+    assert listed.loc["chat-b", "allocated_gpu_hours"] == pytest.approx(GPUS["chat-b"] * 2.0 * 0.3, rel=0.03)
+    assert job_table(fleet, result.scores).set_index("job").loc["embed-b", "namespace"] == "batch"
+    serving = Scope(ScopedToken(name="serving", digest=b"", namespaces=("serving",)))
+    assert serving.jobs(fleet) == {"chat-a", "chat-b", "solo"}
