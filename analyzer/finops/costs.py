@@ -62,6 +62,7 @@ from analyzer.analysis.partition import (
     split_parts,
 )
 from analyzer.analysis.scores import Scores
+from analyzer.analysis.shares import holder_rows
 from analyzer.data.coverage import Coverage, coverage_unknown
 from analyzer.data.frame import Fleet
 from analyzer.data.signals import ALLOCATION_COLUMN_OF, ALLOCATION_COLUMNS, ALLOCATION_LABELS
@@ -392,7 +393,7 @@ def _tags(fleet: Fleet, group_by: str, groups: list[str], label: str,
     out: dict[str, dict[str, str]] = {}
     job_ns: dict[str, str] = {}
     if group_by == WORKLOAD and {"job", "namespace"} <= set(fr.columns) and len(fr):
-        pairs = fr[["job", "namespace"]].drop_duplicates().dropna()
+        pairs = holder_rows(fleet, ("job", "namespace")).drop_duplicates().dropna()  # a shared GPU's every holder
         for j, ns in pairs.itertuples(index=False):
             job_ns.setdefault(str(j), str(ns))
     for g in groups:

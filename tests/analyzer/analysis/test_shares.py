@@ -172,8 +172,8 @@ def test_the_api_gives_each_holder_its_share() -> None:
 
 
 def test_listings_and_scopes_see_every_holder_of_a_shared_gpu() -> None:
-    """The jobs listing (and its mail), the report's job table and a namespace-scoped token see chat-b,
-    which allocation info never names."""
+    """The jobs listing (and its mail), the report's job table, the cost report's tags and a namespace-scoped
+    token see chat-b, which allocation info never names."""
     from analyzer.report.data import job_table
     from analyzer.report.job_list import job_list
     from analyzer.service.deps import Scope
@@ -186,5 +186,7 @@ def test_listings_and_scopes_see_every_holder_of_a_shared_gpu() -> None:
     assert (listed.loc["chat-b", "gpus"], listed.loc["chat-b", "namespace"]) == (4, "serving")
     assert listed.loc["chat-b", "allocated_gpu_hours"] == pytest.approx(GPUS["chat-b"] * 2.0 * 0.3, rel=0.03)
     assert job_table(fleet, result.scores).set_index("job").loc["embed-b", "namespace"] == "batch"
+    cost = cost_report(fleet, result.scores, result.findings, default_catalog(), group_by="workload")
+    assert cost.tags["chat-b"] == {"workload": "chat-b", "namespace": "serving"}  # FOCUS Tags of the CSV
     serving = Scope(ScopedToken(name="serving", digest=b"", namespaces=("serving",)))
     assert serving.jobs(fleet) == {"chat-a", "chat-b", "solo"}
