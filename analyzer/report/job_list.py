@@ -39,12 +39,12 @@ def job_list(fleet: Fleet, scores: Scores, below: float | None = None, finished:
     jobs = scores.allocated.get("job")
     if jobs is None or jobs.empty or "job" not in fr.columns:
         return pd.DataFrame(columns=list(LIST_COLUMNS))
-    held = holder_rows(fleet, ("timestamp", "hostname", "gpu", "gpu_instance", "namespace", "job"))
+    held = holder_rows(fleet, ("timestamp", "hostname", "gpu", "namespace", "job"))
     sub = held[held["job"].notna()].astype({"timestamp": np.float64})  # a shared GPU's every holder
     key = sub["job"].astype(str)
     span = sub.groupby(key, sort=True)["timestamp"].agg(["min", "max"])
-    device = [c for c in ("hostname", "gpu", "gpu_instance") if c in sub.columns]
-    counts = sub[device].assign(job=key).drop_duplicates().groupby("job", sort=True).size()
+    # Physical GPUs, as the job's report counts them: a job on 8 MIG slices of 4 GPUs holds 4.
+    counts = sub[["hostname", "gpu"]].assign(job=key).drop_duplicates().groupby("job", sort=True).size()
     ns = job_namespaces(sub)
     out = jobs.assign(job=jobs["job"].astype(str)).set_index("job")
     acct = fleet.accounting.assign(job=fleet.accounting["job"].astype(str)).set_index("job")

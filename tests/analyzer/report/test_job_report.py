@@ -184,3 +184,5 @@ def test_a_mig_job_counts_its_gpus_and_its_slices():
     assert (r.physical_gpus, len(r.gpus), r.slices) == (4, 8, "8 MIG slices (3g.40gb)")
     assert "GPUs:      4 as 8 MIG slices (3g.40gb)" in J.format_text(r)
     assert (J.to_json(r)["gpus"], J.to_json(r)["devices"]) == (4, 8)
+    listed = job_list(fleet, result.scores).set_index("job")
+    assert listed.loc["mig-finetune", "gpus"] == 4  # the listing counts GPUs as the report does
