@@ -743,7 +743,7 @@ SHARER_UTILIZATION = Metric(
     "truegpu_gpu_sharer_utilization_ratio", "gauge", "ratio",
     "Fraction of the scrape interval a kernel of this holder's processes ran on a shared GPU (the per-process "
     "share of GPU utilization, summed over the holder's processes).",
-    labels=("namespace", "pod", "container", WORKLOAD),
+    labels=GPU_ALLOCATION_INFO.labels,  # the holder, as allocation info names one
     nvml="nvmlDeviceGetProcessUtilization smUtil / 100, mean of the samples since the last scrape, per PID of "
          "nvmlDeviceGetComputeRunningProcesses / nvmlDeviceGetMPSComputeRunningProcesses, PIDs joined with "
          "their pod or Slurm job through /proc/<pid>",
@@ -751,7 +751,7 @@ SHARER_UTILIZATION = Metric(
 SHARER_MEMORY_USED = Metric(
     "truegpu_gpu_sharer_memory_used_bytes", "gauge", "bytes",
     "GPU memory this holder's processes use on a shared GPU.",
-    labels=("namespace", "pod", "container", WORKLOAD),
+    labels=GPU_ALLOCATION_INFO.labels,
     nvml="usedGpuMemory of nvmlDeviceGetComputeRunningProcesses / nvmlDeviceGetMPSComputeRunningProcesses "
          "entries, summed per holder",
 )

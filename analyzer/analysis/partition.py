@@ -219,13 +219,14 @@ def row_parts(fleet: Fleet, scores: Scores, findings: Sequence[Finding],
     return {k: out[k] for k in PARTS}, alloc, claimed
 
 
-def split_parts(fleet: Fleet, values: dict[str, np.ndarray], keys: dict[str, np.ndarray],
-                suffixes: Sequence[str] = ("_gpu_hours",)) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray],
-                                                                   np.ndarray] | None:
-    """``values`` (per-row ``<part><suffix>`` columns and any others) and ``keys`` with the shared rows split among
-    their holders (analyzer.analysis.shares.split); an unattributed rest keeps its unknown and unallocated hours
-    and holds the rest of its share as ``shared_unattributed``. None when no GPU is shared."""
-    cut = split(fleet, values, keys)
+def split_parts(fleet: Fleet, values: dict[str, np.ndarray], columns: Sequence[str] = (),
+                extra: dict[str, np.ndarray] | None = None, suffixes: Sequence[str] = ("_gpu_hours",)
+                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray] | None:
+    """``values`` (per-row ``<part><suffix>`` columns and any others) and the keys (frame ``columns``, ``extra``)
+    with the shared rows split among their holders (analyzer.analysis.shares.split); an unattributed rest keeps its
+    unknown and unallocated hours and holds the rest of its share as ``shared_unattributed``. None when no GPU is
+    shared."""
+    cut = split(fleet, values, columns, extra)
     if cut is None:
         return None
     out, by, rest = cut
@@ -245,7 +246,7 @@ def part_hours(fleet: Fleet, parts: dict[str, np.ndarray], by: str | None = None
     fr = fleet.frame
     w = fr["gpu_share"].to_numpy(dtype=np.float64) * (fleet.step / 3600.0)
     values = {f"{k}_gpu_hours": v * w for k, v in parts.items()}
-    cut = split_parts(fleet, values, {} if by is None else {by: fr[by].to_numpy(dtype=object)})
+    cut = split_parts(fleet, values, () if by is None else (by,))
     if cut is not None:
         table = pd.DataFrame(cut[0])
         if by is None:

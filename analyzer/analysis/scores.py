@@ -158,8 +158,8 @@ def _grouped(fleet: Fleet, parts: pd.DataFrame, keys: list[str]) -> pd.DataFrame
     fr = fleet.frame
     alloc = allocated_rows(fr)
     dropna = any(k in ALLOCATION_COLUMNS for k in keys)
-    cut = split(fleet, {c: parts[c].to_numpy() for c in parts.columns},
-                {**{k: fr[k].to_numpy(dtype=object) for k in keys}, "_allocated": alloc}) if dropna else None
+    cut = split(fleet, {c: parts[c].to_numpy() for c in parts.columns}, keys, {"_allocated": alloc}) if dropna \
+        else None
     if cut is not None:  # shared GPUs: each holder's entries by what it used (analyzer.analysis.shares)
         values, by, _ = cut
         groups = [pd.Series(by[k], name=k) for k in keys]

@@ -110,17 +110,19 @@ def _busy(fr: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def split(fleet: Fleet, values: Mapping[str, np.ndarray],
-          keys: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray] | None:
-    """Per-row ``values`` and grouping ``keys`` (arrays over the frame's rows) with every shared row replaced by
-    its owners' entries: values times the entry's share, allocation keys (ALLOCATION_COLUMNS) the entry's, other
-    keys the row's. Third: which entries are an unattributed rest (their allocation keys are NaN). None when no
-    GPU is shared (use the rows as they are)."""
+def split(fleet: Fleet, values: Mapping[str, np.ndarray], columns: Sequence[str] = (),
+          extra: Mapping[str, np.ndarray] | None = None
+          ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray] | None:
+    """Per-row ``values`` and grouping keys (the frame's ``columns`` and ``extra`` arrays over its rows) with every
+    shared row replaced by its owners' entries: values times the entry's share, allocation keys
+    (ALLOCATION_COLUMNS) the entry's, other keys the row's. Third: which entries are an unattributed rest (their
+    allocation keys are NaN). None when no GPU is shared (use the rows as they are): then no key is built."""
     own = owners(fleet)
     if own is None:
         return None
-    n = len(fleet.frame)
-    mine = np.ones(n, bool)
+    fr = fleet.frame
+    keys = {**{c: fr[c].to_numpy(dtype=object) for c in columns if c in fr.columns}, **(extra or {})}
+    mine = np.ones(len(fr), bool)
     mine[own.shared] = False
     out_v = {k: np.concatenate([np.asarray(v)[mine], np.asarray(v)[own.row] * own.weight]) for k, v in values.items()}
     out_k = {k: np.concatenate([np.asarray(v, dtype=object)[mine],
@@ -164,14 +166,12 @@ def holder_view(fleet: Fleet, job: str) -> Fleet:
 
 
 def holder_rows(fleet: Fleet, columns: Sequence[str]) -> pd.DataFrame:
-    """The frame's ``columns`` (text) with each shared row replaced by one row per named holder (its allocation
+    """The frame's ``columns`` with each shared row replaced by one row per named holder (its allocation
     labels, the row's other columns; the unattributed rest dropped): who held what when, for listings and
     scopes that name workloads rather than weigh hours."""
-    fr = fleet.frame
-    keys = {c: fr[c].to_numpy(dtype=object) for c in columns if c in fr.columns}
-    cut = split(fleet, {}, keys)
+    cut = split(fleet, {}, columns)
     if cut is None:
-        return pd.DataFrame(keys)
+        return fleet.frame[[c for c in columns if c in fleet.frame.columns]]
     _, by, rest = cut
     return pd.DataFrame({c: v[~rest] for c, v in by.items()})
 

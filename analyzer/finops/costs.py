@@ -333,14 +333,14 @@ def cost_report(
     ts = fr["timestamp"].to_numpy(dtype=np.float64) if len(fr) else np.zeros(0)
     day = np.floor(ts / 86400.0).astype(np.int64)
     model = per_category(fr["model"], str, "") if len(fr) else np.zeros(0, object)
-    labels = {c: fr[c].to_numpy(dtype=object) for c in ALLOCATION_COLUMNS if c in fr.columns}
-    cut = split_parts(fleet, cols, {"group": keys, "day": day, "model": model, "alloc": alloc, **labels},
+    cut = split_parts(fleet, cols, ALLOCATION_COLUMNS, {"group": keys, "day": day, "model": model, "alloc": alloc},
                       suffixes=("_gpu_hours", "_cost"))
     if cut is not None:  # shared GPUs: each holder its share, the unexplained rest its own group
         cols, k, rest = cut
         day, model, keys = k["day"].astype(np.int64), k["model"], k["group"]
         if group_by in HOLDER_GROUP_BY:
-            entries = replace(fleet, frame=pd.DataFrame({c: pd.Categorical(k[c]) for c in labels}))
+            entries = replace(fleet, frame=pd.DataFrame({c: pd.Categorical(k[c]) for c in ALLOCATION_COLUMNS
+                                                         if c in k}))
             keys = np.where(rest, UNATTRIBUTED_SHARE,
                             _group_keys(entries, group_by, k["alloc"].astype(bool), label, team_map))
     if len(keys):

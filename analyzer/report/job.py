@@ -39,7 +39,7 @@ import pandas as pd
 from analyzer.analysis.partition import PARTS, WASTE
 from analyzer.analysis.rows import allocated_rows
 from analyzer.analysis.scores import AGG_COLUMNS, Scores, aggregate
-from analyzer.analysis.shares import holder_view, owners
+from analyzer.analysis.shares import holder_rows, holder_view
 from analyzer.data.frame import Fleet, device_order
 from analyzer.findings import GPU_FAULT, STRAGGLER, THERMAL, Finding, json_ready, rfc3339, sort_findings
 from analyzer.report import data
@@ -131,10 +131,7 @@ def workloads(fleet: Fleet) -> list[str]:
     fr = fleet.frame
     if "job" not in fr.columns:
         return []
-    own = owners(fleet)
-    held = fr["job"].dropna() if own is None else pd.concat([fr["job"].dropna().astype(str),
-                                                             pd.Series(own.labels["job"]).dropna()])
-    return sorted(map(str, pd.unique(held)))
+    return sorted(map(str, pd.unique(holder_rows(fleet, ("job",))["job"].dropna())))
 
 
 def resolve(fleet: Fleet, name: str) -> str:

@@ -1,11 +1,10 @@
 """GPU attribution: who holds each GPU (Kubernetes pod, Slurm job), for truegpu_gpu_allocation_info.
 
-A source calls :func:`attribute` once per collection with the GPUs (and MIG instances)
-it saw; that refreshes the attributor (cached for ttl seconds, never raises), counts its
-errors without marking the source down, and adds truegpu_gpu_allocation_info for every
-held device. A source that needs the holders while it reads the GPUs (the NVML source's
-per-holder use of shared GPUs) calls the two halves itself: :func:`refresh_attribution`
-before, :func:`publish_allocations` after.
+A source calls :func:`refresh_attribution` once per collection before it reads its GPUs
+(it re-reads the attributor, cached for ttl seconds, never raises, and counts its errors
+without marking the source down; the NVML source asks for a shared GPU's holders while it
+reads it) and :func:`publish_allocations` after, with the GPUs (and MIG instances) it saw:
+truegpu_gpu_allocation_info for every held device.
 
 Importing this package is cheap: grpc is only imported when a KubernetesAttributor
 first refreshes, requests on the first pod-label lookup, yaml when a job map is loaded.
@@ -41,7 +40,6 @@ __all__ = [
     "KubeApiPodLabels",
     "KubernetesAttributor",
     "SlurmAttributor",
-    "attribute",
     "build_attributor",
     "derive_job",
     "load_job_map",
@@ -125,12 +123,6 @@ def load_job_map(path: str) -> dict[str, str]:
             raise ValueError(f"job map {path}: job for {key!r} must be a non-empty string, got {job!r}")
         jobs[key] = str(job).strip()
     return jobs
-
-
-def attribute(reading: Reading, attributor: Attributor, devices: Iterable[Device]) -> None:
-    """Add who holds each device to ``reading``; attribution trouble is counted, not fatal."""
-    refresh_attribution(reading, attributor)
-    publish_allocations(reading, attributor, devices)
 
 
 def refresh_attribution(reading: Reading, attributor: Attributor) -> None:

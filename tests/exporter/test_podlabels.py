@@ -290,7 +290,7 @@ def test_no_cluster_no_url(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_build_attributor_end_to_end(api: ApiServer, token: str, kubelet, tmp_path: Path) -> None:
-    from exporter.attribution import attribute
+    from exporter.attribution import publish_allocations, refresh_attribution
     from exporter.sources.base import Reading
 
     servicer, _, path = kubelet
@@ -302,8 +302,9 @@ def test_build_attributor_end_to_end(api: ApiServer, token: str, kubelet, tmp_pa
                                   kube_api=api.url, kube_token_file=token)
     assert isinstance(attributor, CompositeAttributor)
     reading = Reading()
-    attribute(reading, attributor, [({"gpu": "0", "UUID": GPU0}, GPU0, "0", None, None),
-                                    ({"gpu": "9", "UUID": "GPU-pinned"}, "GPU-pinned", "9", None, None)])
+    refresh_attribution(reading, attributor)
+    publish_allocations(reading, attributor, [({"gpu": "0", "UUID": GPU0}, GPU0, "0", None, None),
+                                              ({"gpu": "9", "UUID": "GPU-pinned"}, "GPU-pinned", "9", None, None)])
     jobs = {labels["pod"]: labels["workload"] for samples in reading.samples.values() for labels, _ in samples}
     assert jobs == {"llama-worker-0": "nlp", "pinned": "hand-made"}
     assert "/api/v1/namespaces/dev/pods/pinned" not in api.paths()  # the job map needs no lookup
