@@ -80,7 +80,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         print("truegpu simulate: error: --out DIR is required (or --list)", file=sys.stderr)
         return 2
     from exporter.simulator.dcgm_dialect import DcgmOptions
-    from exporter.simulator.history import sample_times, write_history
+    from exporter.simulator.history import Mess, sample_times, write_history
     from exporter.simulator.model import Cluster
 
     try:
@@ -102,7 +102,10 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     metrics_path = outdir / ("metrics.om.gz" if args.gzip else "metrics.om")
     opts = DcgmOptions(args.dcgm_counters, args.dcgm_hostname_label, args.dcgm_legacy)
     t0 = time.perf_counter()
-    stats = write_history(metrics_path, cluster, start, end, args.step, dialect=args.dialect, dcgm_options=opts)
+    # The scenario's ingestion mess (gaps, restarts, repeats, HA replicas) is written as evaluate writes it.
+    mess = Mess(**scenario.mess) if scenario.mess else None
+    stats = write_history(metrics_path, cluster, start, end, args.step, dialect=args.dialect, dcgm_options=opts,
+                          mess=mess)
     took = time.perf_counter() - t0
 
     truth = [_truth_record(r, end) for r in cluster.ground_truth() if r["start"] < end]

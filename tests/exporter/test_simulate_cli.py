@@ -161,3 +161,20 @@ def test_subprocess(tmp_path):
     )
     assert bad.returncode == 2
     assert "bad duration 'forever'" in bad.stderr
+
+
+def test_the_scenario_s_mess_is_written(tmp_path, capsys):
+    """A scenario's ``mess:`` (here a whole-node scrape gap) reaches the history file, as evaluate writes it."""
+    scenario = tmp_path / "gap.yaml"
+    scenario.write_text(
+        "name: gap\ndescription: a node gap\nseed: 3\nduration: 30m\n"
+        "topology: {sites: [dc1], racks_per_site: 1, nodes_per_rack: 2, model: H100}\n"
+        "workloads: [{name: train, kind: training, namespace: ml, nodes: 2}]\n"
+        "mess: {node_gaps: [{host: dc1-r1-n01, start: 10m, duration: 5m}]}\n")
+    out = tmp_path / "out"
+    assert main(["simulate", "--scenario", str(scenario), "--step", "60s", "--out", str(out)]) == 0
+    capsys.readouterr()
+    util = [line for line in (out / "metrics.om").read_text().splitlines()
+            if line.startswith("truegpu_gpu_utilization_ratio{") and 'gpu="0"' in line]
+    per_host = {h: sum(f'hostname="{h}"' in line for line in util) for h in ("dc1-r1-n01", "dc1-r1-n02")}
+    assert per_host == {"dc1-r1-n01": 25, "dc1-r1-n02": 30}  # 5 of 30 one-minute scrapes missing on the gapped node
