@@ -17,8 +17,10 @@ row's hours with :func:`owners`, per step of a whole GPU:
 * A step where the GPU did nothing (``max(U, sum p)`` < IDLE_UTIL) is held idle by its named holders
   together: equal shares, nothing unattributed.
 
-Steps of a GPU without sharer series keep the frame's holder (an unshared GPU, or a scrape gap of
-those series). MIG instances are not split (the exporter does not publish sharers for them).
+Steps of a GPU without sharer series keep the frame's holder (an unshared GPU, or a holder gone),
+except steps without any telemetry after shared ones (a scrape gap, a lost GPU): those keep the last
+known holders and shares, as allocations are held, so their unknown hours are the holders'. MIG
+instances are not split (the exporter does not publish sharers for them).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def _owners(fleet: Fleet) -> Owners | None:
     e = sh.astype({"hostname": str, "gpu": str}).merge(keys, on=["timestamp", "hostname", "gpu"], how="inner")
     if not len(e):
         return None
+    e = pd.concat([e, _held_over_gaps(e, keys, np.isnan(_busy(fr, cand)))], ignore_index=True)
     row = e["_row"].to_numpy(np.int64)
     p = np.clip(e["utilization"].to_numpy(np.float64), 0.0, 1.0)
     named = ((e["job"].astype(str) != "") | (e["pod"].astype(str) != "")).to_numpy()
@@ -98,6 +101,23 @@ def _owners(fleet: Fleet) -> Owners | None:
         labels=labels,
         memory=np.concatenate([e["memory"].to_numpy(np.float64)[keep], np.full(int(has_rest.sum()), np.nan)]),
     )
+
+
+def _held_over_gaps(e: pd.DataFrame, keys: pd.DataFrame, unknown: np.ndarray) -> pd.DataFrame:
+    """The holders of a shared GPU's last step with sharer rows, carried over the steps after it with no telemetry
+    (a scrape gap, a lost GPU) until the GPU reports again, as allocations are held: the unknown hours of a
+    shared GPU are its holders', in their last known shares, not the one holder allocation info names."""
+    k = keys.assign(_has=keys["_row"].isin(e["_row"]).to_numpy(), _unknown=unknown)
+    k = k.sort_values(["hostname", "gpu", "timestamp"])
+    src = k["_row"].where(k["_has"], np.where(k["_unknown"], np.nan, -1.0))  # -1: a known step ends the carry
+    src = src.groupby([k["hostname"], k["gpu"]], sort=False).ffill()
+    carry = ~k["_has"] & k["_unknown"] & (src >= 0)
+    if not carry.any():
+        return e.iloc[:0]
+    to = pd.DataFrame({"_src": src[carry].astype(np.int64).to_numpy(), "_to": k.loc[carry, "_row"].to_numpy(),
+                       "_t": k.loc[carry, "timestamp"].to_numpy()})
+    out = e.merge(to, left_on="_row", right_on="_src")
+    return out.assign(_row=out["_to"], timestamp=out["_t"])[e.columns]
 
 
 def _busy(fr: pd.DataFrame, rows: np.ndarray) -> np.ndarray:

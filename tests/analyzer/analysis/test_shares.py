@@ -96,8 +96,9 @@ def test_the_split_holds_through_the_exporter_families_in_a_history_file(tmp_pat
                                                                    rel=0.05)
 
 
-def _shared(util: list[float], holders: dict[str, list[float | None]], steps: int = 4):
-    fleet = timeline([{"gpu": 0, "gpu_util": util, "sm_active": [u / 2 for u in util], "job": "chat-a",
+def _shared(util: list[float | None], holders: dict[str, list[float | None]], steps: int = 4):
+    fleet = timeline([{"gpu": 0, "gpu_util": util, "sm_active": [None if u is None else u / 2 for u in util],
+                       "job": "chat-a",
                        "namespace": "ns", "pod": "chat-a-0"}], steps)
     rows = [{"timestamp": T0 + t * STEP, "hostname": "node-a", "gpu": "0", "namespace": "ns" if name else "",
              "pod": f"{name}-0" if name else "", "container": "", "job": name, "utilization": v, "memory": np.nan}
@@ -128,6 +129,16 @@ def test_the_rule_busy_idle_concurrent_unexplained_and_unshared_steps() -> None:
     w = _weights(_shared([0.8] * 4, {"chat-a": [0.4] * 4, "chat-b": [0.2] * 4, "": [0.1] * 4}))
     assert w[(0, "chat-a")] == pytest.approx(0.5) and w[(0, "chat-b")] == pytest.approx(0.25)
     assert w[(0, "(rest)")] == pytest.approx(0.25)
+
+
+def test_a_scrape_gap_keeps_the_last_known_holders_until_the_gpu_reports_again() -> None:
+    # steps 0-1 shared 70/30; 2-3 no telemetry at all (gap); 4 reports with no sharer series (one holder left)
+    fleet = _shared([0.8, 0.8, None, None, 0.8], {"chat-a": [0.56, 0.56, None, None, None],
+                                                "chat-b": [0.24, 0.24, None, None, None]}, steps=5)
+    w = _weights(fleet)
+    for r in (2, 3):
+        assert w[(r, "chat-a")] == pytest.approx(0.7) and w[(r, "chat-b")] == pytest.approx(0.3)
+    assert not any(r == 4 for r, _ in w)  # the GPU reports again: the row's holder keeps it
 
 
 def test_one_job_s_view_of_a_shared_gpu_is_its_share() -> None:
