@@ -11,6 +11,10 @@ A pod never moves between nodes, so each pod name maps to one node, and the old 
 of a roll both map to the same node: their series join into one node history. A pod name
 listed on several nodes over the range (a reused name, two clusters in one query) takes the
 node of its latest sample and is named in a note; pods without kube_pod_info keep their name.
+
+Where a node is: kube-state-metrics' ``kube_node_labels`` with the zone label allowlisted gives
+each node's zone (``node_zones``), the node's site where no truegpu node info names one, so a
+dcgm-exporter fleet's training jobs split across zones are found too.
 """
 
 from __future__ import annotations
@@ -24,7 +28,15 @@ from analyzer.data import dialects as D
 from analyzer.data.ingest import IngestReport, PrometheusClient
 from analyzer.data.ingest._common import FrameBuilder
 from analyzer.data.ingest.prometheus import duration, selector
-from exporter.schema import DCGM_EXPORTER_POD, KUBE_POD_INFO, KUBE_POD_INFO_NODE, KUBE_POD_INFO_POD
+from exporter.schema import (
+    DCGM_EXPORTER_POD,
+    KUBE_NODE_LABELS,
+    KUBE_NODE_LABELS_NODE,
+    KUBE_NODE_ZONE_LABELS,
+    KUBE_POD_INFO,
+    KUBE_POD_INFO_NODE,
+    KUBE_POD_INFO_POD,
+)
 
 #: Pod names per kube_pod_info query: keeps the regex matcher well under server limits.
 QUERY_BATCH = 500
@@ -64,15 +76,29 @@ def query_pod_info(
     """kube_pod_info of ``pods`` over [start, end] every ``step`` s, as long-frame rows (metric, timestamp,
     value, pod, node) that normalize turns into the host mapping; one query per QUERY_BATCH pods."""
     pods = sorted(set(pods))
+    return _query_info(client, KUBE_POD_INFO, [pod_info_query(pods[first:first + QUERY_BATCH], step)
+                                               for first in range(0, len(pods), QUERY_BATCH)], start, end, step)
+
+
+def query_node_zones(client: PrometheusClient, start: float, end: float, step: float) -> tuple[pd.DataFrame,
+                                                                                               IngestReport]:
+    """kube_node_labels' zones over [start, end] every ``step`` s, as long-frame rows (one series per node
+    and zone: small); none where kube-state-metrics does not export the zone."""
+    by = ", ".join((KUBE_NODE_LABELS_NODE, *KUBE_NODE_ZONE_LABELS))
+    promql = f"max by ({by}) (last_over_time({KUBE_NODE_LABELS}[{duration(step)}]))"
+    return _query_info(client, KUBE_NODE_LABELS, [promql], start, end, step)
+
+
+def _query_info(client: PrometheusClient, metric: str, queries: list[str], start: float, end: float,
+                step: float) -> tuple[pd.DataFrame, IngestReport]:
     report = IngestReport()
     builder = FrameBuilder(report)
-    for first in range(0, len(pods), QUERY_BATCH):
-        promql = pod_info_query(pods[first:first + QUERY_BATCH], step)
-        report.queries.setdefault(KUBE_POD_INFO, promql)
+    for promql in queries:
+        report.queries.setdefault(metric, promql)
         result = client.query_range(promql, start, end, step)
-        report.warnings.extend(f"{KUBE_POD_INFO}: {w}" for w in result.warnings)
-        for labels, ts, vals in result.series:  # one series per (pod, node)
-            sid = builder.series_id(KUBE_POD_INFO, labels.items())
+        report.warnings.extend(f"{metric}: {w}" for w in result.warnings)
+        for labels, ts, vals in result.series:
+            sid = builder.series_id(metric, labels.items())
             builder.add(np.full(len(ts), sid, dtype=np.int64), ts, vals)
     return builder.build(), report
 
@@ -140,9 +166,24 @@ def map_exporter_pods(host: np.ndarray, info: pd.DataFrame) -> tuple[np.ndarray,
     return np.where(found, mapped, host).astype(object), notes
 
 
+def node_zones(long: pd.DataFrame) -> dict[str, str]:
+    """node -> zone of the kube_node_labels samples of a long frame (a node's latest zone); empty when none."""
+    zone = [c for c in KUBE_NODE_ZONE_LABELS if c in long.columns]
+    if not zone or any(c not in long.columns for c in ("metric", "timestamp", "value", KUBE_NODE_LABELS_NODE)):
+        return {}
+    rows = long.loc[np.asarray(long["metric"] == KUBE_NODE_LABELS, dtype=bool)]
+    value = rows[zone[0]].astype(object).where(rows[zone[0]].notna(), "")
+    for c in zone[1:]:  # the older spelling where the current one is empty
+        value = value.where(value != "", rows[c].astype(object).where(rows[c].notna(), ""))
+    keep = (rows["value"] > 0).to_numpy() & (value != "").to_numpy() & rows[KUBE_NODE_LABELS_NODE].notna().to_numpy()
+    table = pd.DataFrame({"node": rows[KUBE_NODE_LABELS_NODE].astype(str).to_numpy()[keep],
+                          "zone": value.astype(str).to_numpy()[keep], "t": rows["timestamp"].to_numpy()[keep]})
+    return table.sort_values(["t", "zone"], kind="stable").groupby("node")["zone"].last().to_dict()
+
+
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
 
-__all__ = ["QUERY_BATCH", "exporter_pods", "host_values", "map_exporter_pods", "pod_info", "pod_info_query",
-           "query_pod_info"]
+__all__ = ["QUERY_BATCH", "exporter_pods", "host_values", "map_exporter_pods", "node_zones", "pod_info",
+           "pod_info_query", "query_node_zones", "query_pod_info"]

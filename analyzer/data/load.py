@@ -24,7 +24,7 @@ from typing import Any
 from analyzer.data import dialects as D
 from analyzer.data.budget import check_window
 from analyzer.data.frame import Fleet
-from analyzer.data.hosts import exporter_pods, host_values, query_pod_info
+from analyzer.data.hosts import exporter_pods, host_values, query_node_zones, query_pod_info
 from analyzer.data.ingest import (
     IngestReport,
     LabelSets,
@@ -48,9 +48,9 @@ class NoTelemetry(ValueError):
 
 
 def metric_filter() -> MetricFilter:
-    """The families normalize reads, in both dialects and both dcgm-exporter spellings, and
-    kube_pod_info (it maps dcgm-exporter pod names in the host label to nodes: analyzer.data.hosts)."""
-    return MetricFilter(D.needed_names(), optional=frozenset({S.KUBE_POD_INFO}))
+    """The families normalize reads, in both dialects and both dcgm-exporter spellings, kube_pod_info (it
+    maps dcgm-exporter pod names in the host label to nodes) and kube_node_labels (zones: analyzer.data.hosts)."""
+    return MetricFilter(D.needed_names(), optional=frozenset({S.KUBE_POD_INFO, S.KUBE_NODE_LABELS}))
 
 
 def load_files(
@@ -181,6 +181,10 @@ def load_prometheus(
         if pods:
             long, report = query_pod_info(client, pods, start + step - _EDGE, end + step - _EDGE, step)
             parts.append(Samples.from_frame(long))  # one series per pod: small
+            reports.append(report)
+        if S.NODE_INFO.name not in found:  # where nodes are: their zones, if kube-state-metrics exports them
+            long, report = query_node_zones(client, start + step - _EDGE, end + step - _EDGE, step)
+            parts.append(Samples.from_frame(long))  # one series per node: small
             reports.append(report)
     try:
         return normalize(Samples.concat(parts), step=step, start=start, end=end, job_label=job_label,

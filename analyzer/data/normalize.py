@@ -4,7 +4,8 @@ Input: the Samples of analyzer.data.ingest (a series table and per-metric sample
 frame of ``metric``, ``timestamp``, ``value`` + one column per label is turned into Samples
 first), from truegpu's exporter, from NVIDIA dcgm-exporter (current or 1.x spelling) or both,
 plus kube-state-metrics' ``kube_pod_info`` where present (it maps dcgm-exporter pod names in the
-host label to their nodes: analyzer.data.hosts). Output: analyzer.data.frame.Fleet on a regular
+host label to their nodes: analyzer.data.hosts) and ``kube_node_labels`` (a node's zone is its site
+where truegpu's node info names none). Output: analyzer.data.frame.Fleet on a regular
 grid of ``step`` seconds, the same frame analyzer.data.simulated.fleet_from_cluster builds
 straight from the simulator.
 
@@ -53,7 +54,7 @@ from analyzer.data.frame import (
     gpu_share,
     merged_accounting,
 )
-from analyzer.data.hosts import map_exporter_pods, pod_info
+from analyzer.data.hosts import map_exporter_pods, node_zones, pod_info
 from analyzer.data.ingest import IngestReport, Samples
 from analyzer.data.ingest.samples import Block
 from analyzer.data.mig import with_uncarved
@@ -95,7 +96,8 @@ def normalize(
     """
     samples = _samples(long)
     notes = _report_notes(report)
-    data = _Input(samples, job_label, pod_info(samples.frame([S.KUBE_POD_INFO])))
+    data = _Input(samples, job_label, pod_info(samples.frame([S.KUBE_POD_INFO])),
+                  node_zones(samples.frame([S.KUBE_NODE_LABELS])))
     absent = _absent(report.missing, data.dialect) if report is not None else []
     if absent:
         notes.append(f"queried but absent from the source: {', '.join(absent)}")
@@ -229,9 +231,11 @@ class _Input:
     """A series table with canonical labels and timelines (metric, device, contract labels), and the
     needed metrics' sample blocks, read through ``picks``."""
 
-    def __init__(self, samples: Samples, job_label: str | None, pods: pd.DataFrame) -> None:
-        """``pods``: kube_pod_info rows (analyzer.data.hosts.pod_info) naming dcgm-exporter pods' nodes."""
+    def __init__(self, samples: Samples, job_label: str | None, pods: pd.DataFrame, zones: dict[str, str]) -> None:
+        """``pods``: kube_pod_info rows (analyzer.data.hosts.pod_info) naming dcgm-exporter pods' nodes;
+        ``zones``: node -> zone (kube_node_labels), a node's site where node info names none."""
         self.job_label = job_label
+        self.zones = zones
         blocks = [b for b in samples.blocks if b.metric in _NEEDED]
         if not blocks:
             found = ", ".join(sorted(b.metric for b in samples.blocks)[:10]) or "nothing"
@@ -809,7 +813,8 @@ class _State:
         n = self.d.n_series
         site = dict(zip(self.d.lab["hostname"][sel], t.get("site", _blank(n))[sel], strict=True))
         rack = dict(zip(self.d.lab["hostname"][sel], t.get("rack", _blank(n))[sel], strict=True))
-        return (np.array([site.get(h, "") for h in hosts], dtype=object),
+        zones = self.d.zones
+        return (np.array([site.get(h) or zones.get(h, "") for h in hosts], dtype=object),
                 np.array([rack.get(h, "") for h in hosts], dtype=object))
 
     def _allocation(self) -> dict[str, pd.Categorical]:

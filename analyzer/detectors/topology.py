@@ -47,7 +47,10 @@ per-node truth of that job), open while the placement lasts. Problems (``evidenc
   else, on a node whose topology is all NVLink (NVLink hides the PCIe tree), from the
   HGX/DGX board layout: the lower half of the GPU indexes on CPU socket 0, the upper half
   on socket 1 (DGX A100 and H100 both; ``assume_socket_halves``, confidence "low").
-  Without topology (dcgm-exporter input) NUMA is unknown and never guessed.
+  Without topology (dcgm-exporter input) a node is taken for such a board only where its GPUs
+  move NVLink traffic (``nvlink_traffic_bps``, in dcgm-exporter's default counters), its GPUs
+  those the data shows on it; a node without NVLink traffic (PCIe cards, or nothing at work)
+  is never guessed.
 
 What is a training job: only members that synchronize suffer from slow links. Inference
 Deployments and StatefulSets spread over nodes, sites or NUMA nodes are normal (replicas do
@@ -300,7 +303,7 @@ class Topology:
         if not len(own):
             return empty, empty
         links, host_gpus = self._links(topo)
-        numa = self._numa_groups(a, links, host_gpus)
+        numa = self._numa_groups(a, links, {**self._nvlink_boards(fleet, set(host_gpus)), **host_gpus})
         has_nvlink = bool(len(topo)) and bool((topo["link"] == "nvlink").any())
         combos = own[["job", "hostname", "own"]].drop_duplicates()
         no_nv, spread = [], []
@@ -369,6 +372,24 @@ class Topology:
             d = links.setdefault(str(h), {})
             d[(int(x), int(y))] = d[(int(y), int(x))] = str(kind)
         return links, host_gpus
+
+    def _nvlink_boards(self, fleet: Fleet, known: set[str]) -> dict[str, list[int]]:
+        """hostname -> its whole GPUs, for nodes without topology whose GPUs moved NVLink traffic (an
+        NVLink board, whose layout ``_numa_groups`` may assume); empty unless ``assume_socket_halves``."""
+        nvl = column(fleet, "nvlink_bps")
+        if not self.assume_socket_halves or not np.isfinite(nvl).any():
+            return {}
+        f = fleet.frame
+        g = _gpu_index(f["gpu"])
+        whole = np.isfinite(g)
+        if "mig_profile" in f.columns:
+            whole &= f["mig_profile"].isna().to_numpy() | (f["mig_profile"].astype(object) == "").to_numpy()
+        rows = pd.DataFrame({"h": f["hostname"].astype(object).to_numpy()[whole], "g": g[whole],
+                             "nvl": nvl[whole] >= self.nvlink_traffic_bps})
+        rows = rows[~rows["h"].isin(known)]
+        talking = rows.groupby("h")["nvl"].any()
+        gpus = rows[rows["h"].isin(talking.index[talking])].drop_duplicates(["h", "g"])
+        return {str(h): sorted(int(x) for x in part) for h, part in gpus.groupby("h")["g"]}
 
     def _numa_groups(self, a: pd.DataFrame, links: dict[str, dict[tuple[int, int], str]],
                      host_gpus: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -552,7 +573,8 @@ class Topology:
         f = fleet.frame
         gaps = []
         if not len(fleet.topology):
-            gaps.append("no GPU topology (NUMA placement not checked, missing NVLink judged from traffic only)")
+            gaps.append("no GPU topology (NUMA placement assumed from the HGX board layout on nodes moving NVLink "
+                        "traffic only, missing NVLink judged from traffic)")
         if "site" not in f.columns or not (f["site"].astype(object).fillna("") != "").any():
             gaps.append("no site labels (jobs split across sites not checked)")
         if gaps:

@@ -35,6 +35,7 @@ from exporter.schema import (
     MEMORY_TOTAL,
     MEMORY_USED,
     MIB,
+    NODE_INFO,
     NVLINK_BYTES,
     DcgmField,
     Metric,
@@ -58,6 +59,9 @@ class DcgmOptions:
     hostname_label: str = "Hostname"
     #: dcgm-exporter 1.x: lowercase names, ``uuid``, ``pod_name``/``pod_namespace``/``container_name``.
     legacy: bool = False
+    #: Beside it, kube-state-metrics' ``kube_node_labels`` with the node's zone (the site) allowlisted, as
+    #: a Kubernetes fleet has it (cloud providers label every node's zone).
+    node_zones: bool = True
 
     def enabled(self, field: str) -> bool:
         return self.counters == "all" or field in DCGM_DEFAULT_FIELDS
@@ -290,7 +294,8 @@ def to_dcgm(
     """Contract series (grouped by metric) -> dcgm-exporter series, grouped by family.
 
     Contract families without a dcgm field (NVLink link states, info series, exporter
-    self-metrics) have no dcgm-exporter counterpart and are dropped.
+    self-metrics) have no dcgm-exporter counterpart and are dropped; node info's site becomes
+    kube-state-metrics' node zone (``options.node_zones``).
     """
     opts = options or DcgmOptions()
     times = np.asarray(times, dtype=np.float64)
@@ -334,6 +339,18 @@ def to_dcgm(
                 for labels, values in items:
                     for out_labels, out_values in labeller.split(labels, values):
                         yield family, out_labels, out_values
+    if opts.node_zones:
+        yield from _node_zones(buffered.get(NODE_INFO, ()))
+
+
+def _node_zones(rows: Iterable[tuple[Mapping[str, str], np.ndarray]]) -> Iterator[tuple[DcgmFamily, dict[str, str],
+                                                                                       np.ndarray]]:
+    family = DcgmFamily(schema.KUBE_NODE_LABELS, "gauge", "kube-state-metrics: Kubernetes labels converted to "
+                        "Prometheus labels (the allowlisted zone).")
+    for labels, values in rows:
+        if labels.get("site"):
+            yield family, {schema.KUBE_NODE_LABELS_NODE: labels[schema.HOSTNAME],
+                           schema.KUBE_NODE_ZONE_LABELS[0]: labels["site"]}, values
 
 
 __all__ = ["DCGM_DEFAULT_FIELDS", "DcgmFamily", "DcgmOptions", "to_dcgm"]

@@ -1,5 +1,6 @@
-"""dcgm-exporter pod names in the host label -> nodes via kube-state-metrics' kube_pod_info
-(analyzer.data.hosts), from an OpenMetrics file and from a REAL Prometheus backfilled by promtool.
+"""dcgm-exporter pod names in the host label -> nodes via kube-state-metrics' kube_pod_info, and
+nodes' zones (their site) via its kube_node_labels (analyzer.data.hosts), from an OpenMetrics file
+and from a REAL Prometheus backfilled by promtool.
 
 The history: node-a's two GPUs are served by dcgm-exporter-wwwjh, then (after a DaemonSet roll
 half-way) by dcgm-exporter-x7k2p; node-b's GPU by nvidia-dcgm-exporter-7xk2p all along. GPU 0 of
@@ -41,14 +42,18 @@ PODS = (
     (OLD, "node-a", T0, ROLL), (NEW, "node-a", ROLL, T0 + N * SAMPLE), (OTHER, "node-b", T0, T0 + N * SAMPLE),
     (UNUSED, "node-c", T0, T0 + N * SAMPLE), ("trainer-0", "node-b", T0, T0 + N * SAMPLE),
 )  # fmt: skip
+#: kube_node_labels: (node, zone label, zone); node-b's cluster predates topology.kubernetes.io/zone.
+ZONES = (("node-a", S.KUBE_NODE_ZONE_LABELS[0], "eu-1a"), ("node-b", S.KUBE_NODE_ZONE_LABELS[1], "eu-1b"),
+         ("node-c", S.KUBE_NODE_ZONE_LABELS[0], "eu-1c"))
 
 
 def _times(first: float, stop: float) -> np.ndarray:
     return np.arange(first, stop, SAMPLE)
 
 
-def history(pods=PODS, shift: float = 0.0) -> str:
-    """OpenMetrics text (seconds, ``# EOF``) of GPUS and, for each of ``pods``, kube_pod_info."""
+def history(pods=PODS, shift: float = 0.0, zones=ZONES) -> str:
+    """OpenMetrics text (seconds, ``# EOF``) of GPUS and, for each of ``pods``, kube_pod_info, for each of
+    ``zones`` kube_node_labels."""
     out = []
     for name, unit_value in ((UTIL, lambda u: u), (TEMP, lambda u: 30.0 + u / 10)):
         out.append(f"# TYPE {name} gauge")
@@ -64,6 +69,11 @@ def history(pods=PODS, shift: float = 0.0) -> str:
                       f'created_by_kind="DaemonSet",created_by_name="nvidia-dcgm-exporter"')
             for t in _times(first, stop):
                 out.append(f"{S.KUBE_POD_INFO}{{{labels}}} 1 {t + shift:.0f}")
+    if zones:
+        out.append(f"# TYPE {S.KUBE_NODE_LABELS} gauge")
+        for node, label, zone in zones:
+            for t in _times(T0, T0 + N * SAMPLE):
+                out.append(f'{S.KUBE_NODE_LABELS}{{node="{node}",{label}="{zone}"}} 1 {t + shift:.0f}')
     out.append("# EOF")
     return "\n".join(out) + "\n"
 
@@ -88,6 +98,9 @@ def assert_nodes(fleet) -> None:
     assert set(b["pod"].astype(str)) == {"trainer-0"} and set(b["namespace"].astype(str)) == {"ml"}
     assert "host label held dcgm-exporter pod names; mapped 3 pods to 2 nodes via kube_pod_info" in fleet.notes
     assert not any("was missing" in n or "more than one node" in n for n in fleet.notes), fleet.notes
+    # the nodes' zones are their sites (either zone label spelling)
+    assert dict(zip(f["hostname"].astype(str), f["site"].astype(str), strict=True)) == {"node-a": "eu-1a",
+                                                                                         "node-b": "eu-1b"}
 
 
 def test_openmetrics_file_with_kube_pod_info_maps_pods_to_nodes(tmp_path: Path):
@@ -139,6 +152,23 @@ def test_map_exporter_pods_per_series_values():
     assert pod_info(pd.DataFrame({"metric": ["x"], "timestamp": [0.0], "value": [1.0]})).empty
 
 
+def test_node_zones_latest_per_node_either_spelling_and_never_over_node_info(tmp_path: Path):
+    cur, old = S.KUBE_NODE_ZONE_LABELS
+    long = pd.DataFrame({"metric": [S.KUBE_NODE_LABELS] * 5 + ["x"], "timestamp": [1.0, 2.0, 1.0, 1.0, 3.0, 9.0],
+                         "value": [1.0, 1.0, 1.0, 1.0, 0.0, 1.0], "node": ["a", "a", "b", "c", "c", "a"],
+                         cur: ["z1", "z2", None, "", "z9", "zx"], old: [None, None, "zb", None, None, None]})
+    assert hosts.node_zones(long) == {"a": "z2", "b": "zb"}  # c: no zone; a value 0 is no label
+    assert hosts.node_zones(pd.DataFrame({"metric": ["x"], "timestamp": [0.0], "value": [1.0]})) == {}
+    # truegpu's node info names a site: it wins over the zone
+    path = tmp_path / "h.om"
+    text = history().replace("# EOF\n", f'# TYPE {S.NODE_INFO.name} gauge\n'
+                             f'{S.NODE_INFO.name}{{hostname="node-b",site="dc1",rack="r1"}} 1 {T0:.0f}\n# EOF\n')
+    path.write_text(text)
+    f = load_files(path, step=STEP).frame
+    assert dict(zip(f["hostname"].astype(str), f["site"].astype(str), strict=True)) == {"node-a": "eu-1a",
+                                                                                         "node-b": "dc1"}
+
+
 def test_pod_info_query_escapes_and_matches_only_the_pods():
     q = pod_info_query([OLD, 'a"}) or vector(1) #'], 60.0)
     assert q == ('max by (pod, node) (last_over_time(kube_pod_info{pod=~"dcgm-exporter-wwwjh|'
@@ -152,7 +182,7 @@ def prom_url(tmp_path_factory, promtool, prometheus_bin):
     tmp = tmp_path_factory.mktemp("prom-hosts")
     files = [tmp / "day1.om", tmp / "day2.om"]
     files[0].write_text(history())
-    files[1].write_text(history(pods=(), shift=86_400.0))
+    files[1].write_text(history(pods=(), shift=86_400.0, zones=()))
     with backfilled_prometheus(tmp, files, promtool, prometheus_bin) as url:
         yield url
 
@@ -169,3 +199,4 @@ def test_prometheus_without_kube_pod_info_in_range_keeps_pod_names(prom_url):
     assert sorted(set(fleet.frame["hostname"].astype(str))) == [OLD, NEW, OTHER]
     assert _util(fleet, NEW, "1")[5:] == [0.9] * 5
     assert any(f"kube_pod_info was missing for them ({OLD}, {NEW}, {OTHER})" in n for n in fleet.notes)
+    assert set(fleet.frame["site"].astype(str)) == {""}  # day 2 has no kube_node_labels either

@@ -289,6 +289,21 @@ def test_numa_on_nvlink_boards_uses_the_socket_halves_with_low_confidence() -> N
     assert Topology().detect(fleet(same_socket, topo("n1", 8, "nvlink"))) == []
 
 
+def test_numa_without_topology_only_on_boards_moving_nvlink_traffic() -> None:
+    """dcgm-exporter input (no topology): a node whose GPUs move NVLink traffic is an NVLink board and takes the
+    socket halves (low confidence); PCIe cards, or NVLink bytes not collected, are never guessed."""
+    def board(nvl: float | None) -> list[dict]:
+        job = node("n1", "job2", "job2-worker-0", {**TRAIN, "nvlink_bps": nvl}, gpus=range(3, 5))
+        return job + node("n1", None, None, {"gpu_util": 0.0, "sm_active": 0.0, "nvlink_bps": None if nvl is None
+                                             else 0.0}, gpus=[0, 1, 2, 5, 6, 7])
+    (f,) = Topology().detect(fleet(board(3e10)))
+    assert (f.job, f.evidence["problem"], f.confidence) == ("job2", "numa", "low")
+    assert f.evidence["per_host_gpus"] == {"n1": [3, 4]}
+    assert Topology().detect(fleet(board(0.0))) == []  # PCIe cards: the layout is unknown
+    assert Topology().detect(fleet(board(None))) == []  # NVLink bytes not collected
+    assert Topology(assume_socket_halves=False).detect(fleet(board(3e10))) == []
+
+
 def test_runner_and_empty_inputs() -> None:
     assert run_detectors(wan_fleet(), [TOPOLOGY])[0].job == "split"
     empty = timeline([{"gpu": 0, **TRAIN}], 10)
@@ -312,9 +327,18 @@ def test_scenario_dcgm_default_counters_no_false_findings(name: str) -> None:
     assert r["kinds"][TOPOLOGY]["fp"] == 0, r["kinds"][TOPOLOGY]["false_findings"]
 
 
+@pytest.mark.parametrize("counters", ["all", "default"])
+@pytest.mark.parametrize("name", ["topology-mistakes", "wan-split"])
+def test_scenario_quality_dcgm(name: str, counters: str) -> None:
+    """dcgm-exporter has no topology: sites come from kube-state-metrics' node zones, NUMA from the board layout
+    of nodes moving NVLink traffic (in its default counters too)."""
+    (r,) = evaluate_scenarios([name], "dcgm", 60.0, kinds=[TOPOLOGY], dcgm_counters=counters)
+    k = r["kinds"][TOPOLOGY]
+    assert k["precision"] >= 0.95 and k["recall"] >= 0.95, (k["false_findings"], k["missed_truth"])
+
+
 @pytest.mark.parametrize("name", list_scenarios())
-def test_scenario_dcgm_degrades_without_false_findings(name: str) -> None:
-    """dcgm-exporter has no topology and no site labels: MIG training and NVLink-silent gangs only, nothing false."""
+def test_scenario_dcgm_without_false_findings(name: str) -> None:
     (r,) = evaluate_scenarios([name], "dcgm", 60.0, kinds=[TOPOLOGY])
     k = r["kinds"][TOPOLOGY]
     assert k["fp"] == 0, k["false_findings"]
