@@ -61,11 +61,11 @@ def _contract():
     return rows
 
 
-def _convert(**opts):
-    """{name: [(labels, values)]} of the dcgm output."""
+def _convert(zones: bool = False, **opts):
+    """{name: [(labels, values)]} of the dcgm output (``zones``: with kube-state-metrics' node zones)."""
     out: dict[str, list[tuple[dict, np.ndarray]]] = {}
     order = []
-    for family, labels, values in to_dcgm(_contract(), TIMES, DcgmOptions(**opts)):
+    for family, labels, values in to_dcgm(_contract(), TIMES, DcgmOptions(node_zones=zones, **opts)):
         if not order or order[-1] != family.name:
             assert family.name not in order, "families must be contiguous"
             order.append(family.name)
@@ -180,6 +180,13 @@ def test_pod_labels_only_while_allocated():
     assert "job" not in pod_l
     assert (~np.isnan(free_v)).tolist() == [True, False, False, False, False]  # t4 is NaN in the input
     assert (~np.isnan(pod_v)).tolist() == [False, True, True, True, False]
+
+
+def test_node_info_site_becomes_kube_state_metrics_node_zone():
+    zones = _convert(zones=True)[schema.KUBE_NODE_LABELS]
+    nodes = [lab for lab, _ in zones]
+    assert nodes and all(set(lab) == {schema.KUBE_NODE_LABELS_NODE, schema.KUBE_NODE_ZONE_LABELS[0]} for lab in nodes)
+    assert schema.KUBE_NODE_LABELS not in _convert()
 
 
 def test_legacy_1x_names_and_labels():

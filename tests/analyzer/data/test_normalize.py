@@ -58,8 +58,9 @@ def test_dcgm_history_equals_simulator_fleet(tmp_path, name, opts):
         assert set(model) == {""}  # 1.x prints no modelName
     else:
         np.testing.assert_array_equal(model, _strings(want.frame["model"]))
-    # dcgm-exporter knows nothing of sites, racks, topology or NVLink link states
-    assert set(_strings(got.frame["site"])) == {""}
+    # dcgm-exporter knows nothing of racks, topology or NVLink link states; sites are kube-state-metrics' node zones
+    np.testing.assert_array_equal(_strings(got.frame["site"]), _strings(want.frame["site"]))
+    assert set(_strings(got.frame["rack"])) == {""}
     assert got.topology.empty
     assert set(got.missing) == {"nvlink_links_up", "nvlink_links_down"}
     assert "dcgm-exporter has no field" in got.missing["nvlink_links_up"]
