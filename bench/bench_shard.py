@@ -11,13 +11,14 @@
     unsharded_seconds N             load_prometheus + analysis, wall time
     unsharded_peak_rss_mb N
 
-    .venv/bin/python bench/bench_shard.py [--gpus 1000] [--shards 4] [--hours 1] [--step 15]
+    .venv/bin/python bench/bench_shard.py [--gpus 2048] [--shards 4] [--hours 1] [--step 15]
 
-The fleet is fixtures/shard/fleet.yaml (the sharding test's) rescaled to ``--gpus`` (5 racks of
-8-GPU nodes; a multiple of 40) at a 15 s scrape, analyzed at ``--step``. The runs go one after the
+The fleet is fixtures/shard/fleet.yaml (the sharding test's) rescaled to ``--gpus`` (racks of 8
+8-GPU nodes, a multiple of 64) at a 15 s scrape, analyzed at ``--step``. The runs go one after the
 other, each in a child process so its peak is its own; other work on the machine makes the seconds
-noisy. Per-shard numbers go to stderr. A shard reads its hosts whole and every other host's context
-families (analyzer.data.shard): its cost is about context + the rest / n, not 1 / n.
+noisy. Per-shard numbers go to stderr. A shard reads its hosts whole, the fleet's reference sample
+(64 hosts per model) with the context families and its racks' other nodes with the thermal ones
+(analyzer.data.shard): about 1/n plus a part that stops growing with the fleet.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 SCENARIO = ROOT / "fixtures" / "shard" / "fleet.yaml"
-GPUS_PER_NODE, RACKS, SCRAPE = 8, 5, 15.0
+GPUS_PER_NODE, NODES_PER_RACK, SCRAPE = 8, 8, 15.0
 
 
 def measure(url: str, start: float, end: float, step: float, shard: str, out: Path) -> None:
@@ -61,9 +62,10 @@ def run(gpus: int, shards: int, hours: float, step: float) -> None:
     from exporter.simulator import Cluster, load_scenario
 
     nodes = gpus // GPUS_PER_NODE
-    if gpus % (GPUS_PER_NODE * RACKS):
-        raise SystemExit(f"--gpus {gpus}: give a multiple of {GPUS_PER_NODE * RACKS} ({RACKS} racks of 8-GPU nodes)")
-    sim = Cluster(load_scenario(str(SCENARIO), racks=RACKS, nodes_per_rack=nodes // RACKS,
+    if gpus % (GPUS_PER_NODE * NODES_PER_RACK):
+        raise SystemExit(f"--gpus {gpus}: give a multiple of {GPUS_PER_NODE * NODES_PER_RACK} (racks of "
+                         f"{NODES_PER_RACK} 8-GPU nodes)")
+    sim = Cluster(load_scenario(str(SCENARIO), racks=nodes // NODES_PER_RACK, nodes_per_rack=NODES_PER_RACK,
                                 gpus_per_node=GPUS_PER_NODE, duration=f"{hours * 3600 + SCRAPE:g}s"))
     start, end = sim.start, sim.start + hours * 3600
     with tempfile.TemporaryDirectory(prefix="bench-shard-") as tmp:
@@ -97,7 +99,7 @@ def run(gpus: int, shards: int, hours: float, step: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpus", type=int, default=1000, help="fleet size, a multiple of 40 (default 1000)")
+    ap.add_argument("--gpus", type=int, default=2048, help="fleet size, a multiple of 64 (default 2048)")
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--step", type=float, default=15.0, help="analysis step in seconds (default 15)")

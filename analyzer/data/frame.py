@@ -104,6 +104,43 @@ class Fleet:
                        shares=timed_between(self.shares, start, end), start=float(start), end=float(end),
                        notes=list(self.notes), missing=dict(self.missing))
 
+    def reference_rows(self) -> np.ndarray:
+        """Per frame row: does its host feed the fleet-wide references (analyzer.data.reference)? Memoized."""
+        return self.memo(("reference",), self._reference)[1]
+
+    def reference_hosts(self) -> frozenset[str]:
+        """The hosts feeding the fleet-wide references (analyzer.data.reference). Memoized."""
+        return self.memo(("reference",), self._reference)[0]
+
+    def placements(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Distinct (host, model, rack) of the frame's rows ("" where unknown), and each row's index into
+        them. Memoized."""
+        return self.memo(("placements",), self._placements)
+
+    def _placements(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        f = self.frame
+        cols = [c for c in ("hostname", "model", "rack") if c in f.columns]
+        if not len(f) or not cols:
+            blank = np.zeros(0, dtype=object)
+            return blank, blank, blank, np.zeros(len(f), np.int64)
+        codes = np.column_stack([category_codes(f[c]) for c in cols])
+        keys, first, inverse = np.unique(codes, axis=0, return_index=True, return_inverse=True)
+
+        def text(c: str) -> np.ndarray:
+            if c not in f.columns:
+                return np.full(len(keys), "", dtype=object)
+            v = f[c].iloc[first].astype(object)
+            return v.where(v.notna(), "").astype(str).to_numpy(dtype=object)
+
+        return text("hostname"), text("model"), text("rack"), inverse.reshape(-1)
+
+    def _reference(self) -> tuple[frozenset[str], np.ndarray]:
+        from analyzer.data.reference import reference_hosts
+
+        hosts, models, racks, inverse = self.placements()
+        chosen = reference_hosts(hosts, models, racks)
+        return chosen, np.isin(hosts, list(chosen))[inverse] if len(hosts) else np.zeros(len(self.frame), bool)
+
     def gpu_count(self) -> int:
         """Physical GPUs: distinct (host, gpu index), not UUIDs (a page may lack or repeat them)."""
         fr = self.frame

@@ -14,25 +14,28 @@ keep their ids in one replica).
 Why read-only context too. Some comparisons reach outside any unit, to the whole fleet of a GPU
 model: thermal's thermal resistance per model and its racks-versus-other-racks (and, without rack
 labels, nodes-versus-fleet) references, degraded_gpu's robust fits and medians per model, topology's
-healthy-training activity per model and "NVLink is used somewhere", and the straggler's per-model
-maximum SM clock where none is reported. A shard therefore also reads the families those
-references need (``CONTEXT_SIGNALS``, plus the info series) for every host it does not own, runs
-the detectors on owned + context, and keeps only the findings it owns: a finding naming a host
-(GPU, node or node-of-a-job findings) belongs to that host's shard; a job-level finding to its
-job's shard; a rack-level finding to the shard of the rack's smallest node; anything else to
-shard 0. Scores and the GPU-hour partition are computed on the owned rows only, so every GPU-hour
-is counted by exactly one shard. The context is the price of exactness: per shard about
-``context share + (1 - context share) / n`` of an unsharded read (the context families are about
-45 % of truegpu's series); detectors taking those fleet references from a small sample of hosts
-would shrink it to ~1/n.
+healthy-training activity per model and "NVLink is in use", and the straggler's per-model maximum SM
+clock where none is reported. They come from the fleet's reference hosts (analyzer.data.reference: a
+stable sample of at most 64 hosts per model, whole racks, the same in every shard and in the unsharded
+analysis), so a shard reads those hosts' families (``CONTEXT_SIGNALS``, plus the info series) whatever
+it owns; and thermal compares a node with the other nodes of its rack and judges a rack on all its
+nodes, so a shard reads the other nodes of its own nodes' racks too, with the few families thermal
+reads there (``RACK_SIGNALS``). It runs the detectors on owned + context and keeps only the findings it
+owns: a finding naming a host (GPU, node or node-of-a-job findings) belongs to that host's shard; a
+job-level finding to its job's shard; a rack-level finding to the shard of the rack's smallest node;
+anything else to shard 0. Scores and the GPU-hour partition are computed on the owned rows only, so
+every GPU-hour is counted by exactly one shard. Per shard that is ~1/n of an unsharded read, plus the
+reference sample (bounded, whatever the fleet's size) and the thermal families of its racks' other nodes.
 
 Discovery (Prometheus) is an index lookup, no samples: the host label values of every family the
 analysis reads, and the series (label sets) of the families that carry the GPU and its workload
-(memory used on every GPU and MIG instance, in both dialects; truegpu's allocation info). Workloads
+(memory used on every GPU and MIG instance, in both dialects; truegpu's allocation info, GPU info for the
+models and node info for the racks, which rank the reference sample). Workloads
 are named as normalize names them (``_workloads`` mirrors its precedence; after loading,
-``ShardFleet`` checks that no workload spans two shards and fails loudly if one does). Then two
-reads: the owned hosts with every family, and the other discovered hosts with the context
-families only, merged row-wise into one fleet on one grid.
+``ShardFleet`` checks that no workload spans two shards and fails loudly if one does, and
+``check_reference`` that the sample read is the one the whole fleet gives). Then up to three reads:
+the owned hosts with every family, the reference sample's other hosts with the context families, the
+racks' other nodes with the rack families, merged row-wise into one fleet on one grid.
 
 Merging the shards' outputs: findings and the job tables are disjoint (union); GPU-hours (every
 part of the partition, fleet and namespace, and the score tables' hours) add up, e.g.
@@ -53,11 +56,13 @@ import numpy as np
 import pandas as pd
 
 from analyzer.data import dialects as D
+from analyzer.data import reference
 from analyzer.data.frame import Fleet, device_order, empty_frame, merged_accounting
 from analyzer.data.hosts import exporter_pods, map_exporter_pods, pod_info, query_pod_info
 from analyzer.data.ingest import PrometheusClient
 from analyzer.data.ingest.prometheus import Matcher, MatcherValue, selector
 from analyzer.data.load import NoTelemetry, load_prometheus
+from analyzer.data.reference import ranked_units, sample
 from analyzer.findings import Finding
 from exporter import schema as S
 from exporter.attribution.jobs import KNOWN_JOB_LABELS, derive_job, sanitized_job_labels
@@ -79,11 +84,16 @@ CONTEXT_SIGNALS: dict[str, str] = {
     "sm_clock_max": "degraded_gpu: clock ratio vs the model's median",
     "nvlink_bps": "topology: whether NVLink is used anywhere, and who communicates",
 }
+#: Signals of the other nodes of a shard's racks that thermal reads (a rack's level and findings, a node's rack
+#: peers, the GPU findings a rack finding folds in). A subset of CONTEXT_SIGNALS.
+RACK_SIGNALS: tuple[str, ...] = ("temp", "mem_temp", "power", "thermal_throttle", "sm_clock", "sm_clock_max")
 #: Families that name every GPU and MIG instance, and its workload, in both dialects (discovery).
 _CARRIERS: tuple[str, ...] = (
     *sorted({n for n, srcs in D.SOURCES.items() if any(s.signal.name == "mem_used" for s in srcs)}),
     S.GPU_ALLOCATION_INFO.name,
 )
+#: Families naming every GPU's model and every node's rack (truegpu; dcgm-exporter's carriers name the model).
+_PLACES: tuple[str, ...] = (S.GPU_INFO.name, S.NODE_INFO.name)
 _HOST_LABELS = D.LABEL_ALIASES["hostname"]
 _JOB_LABELS = tuple(zip(KNOWN_JOB_LABELS * 2, sanitized_job_labels(), strict=True))
 _ORDINAL = re.compile(r"^(?:.+-)?(\d+)$")
@@ -91,9 +101,10 @@ _ORDINAL = re.compile(r"^(?:.+-)?(\d+)$")
 _EDGE = 0.001
 
 
-def context_names() -> frozenset[str]:
-    """Input names (both dialects, every spelling) feeding CONTEXT_SIGNALS, plus the info series."""
-    feeding = {n for n, srcs in D.SOURCES.items() if any(s.signal.name in CONTEXT_SIGNALS for s in srcs)}
+def context_names(signals: Iterable[str] = tuple(CONTEXT_SIGNALS)) -> frozenset[str]:
+    """Input names (both dialects, every spelling) feeding ``signals`` (CONTEXT_SIGNALS), plus the info series."""
+    signals = set(signals)
+    feeding = {n for n, srcs in D.SOURCES.items() if any(s.signal.name in signals for s in srcs)}
     # A shared GPU's holders matter to the shard that owns it only (its scores and costs), never as a reference.
     return frozenset(feeding | {m.name for m in D.INFO_METRICS if m not in D.SHARE_METRICS})
 
@@ -251,6 +262,21 @@ class Discovery:
     host_labels: tuple[str, ...]
     raw: Mapping[str, tuple[str, ...]]
     unit: Mapping[str, str]
+    #: node -> its GPUs' models ("" where none is named) and its rack ("" unknown), as normalize reads them.
+    models: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    racks: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def unplaced(self) -> set[str]:
+        """Nodes whose GPUs discovery saw no model of (no memory-used or GPU info series): read as reference
+        candidates whatever their rank."""
+        return {n for n in self.unit if not self.models.get(n)}
+
+    def ranked(self) -> pd.DataFrame:
+        """The nodes as analyzer.data.reference ranks them."""
+        pairs = [(n, m) for n, ms in self.models.items() for m in ms]
+        return ranked_units(np.array([n for n, _ in pairs], dtype=object), np.array([m for _, m in pairs],
+                            dtype=object), np.array([self.racks.get(n, "") for n, _ in pairs], dtype=object))
 
     def matchers(self, nodes: Iterable[str]) -> dict[str, MatcherValue]:
         """Label matchers selecting the series of ``nodes`` (every host spelling in use: a series must
@@ -273,7 +299,7 @@ def discover(client: PrometheusClient, start: float, end: float, step: float, *,
         found = [v for v in body.get("data") or [] if isinstance(v, str) and v]
         if found:
             values[label] = found
-    series = client.series([selector(n, matchers) for n in _CARRIERS], lo, hi)
+    series = client.series([selector(n, matchers) for n in (*_CARRIERS, *_PLACES)], lo, hi)
     hostless = [s for s in series if s.get(S.GPU) and not any(s.get(k) for k in _HOST_LABELS)]
     if hostless:
         raise ValueError(f"sharding needs a host label ({' or '.join(_HOST_LABELS)}) on every GPU series; "
@@ -288,11 +314,24 @@ def discover(client: PrometheusClient, start: float, end: float, step: float, *,
     for r, n in node.items():
         raw.setdefault(n, []).append(r)
     groups: dict[str, set[str]] = {}
+    models: dict[tuple[str, str], str] = {}
+    racks: dict[str, str] = {}
     for s, names in zip(series, _workloads(series, job_label), strict=True):
         host = next((s[k] for k in _HOST_LABELS if s.get(k)), None)
-        for name in names if host in node else ():
+        if host not in node:
+            continue
+        for name in names:
             groups.setdefault(name, set()).add(node[host])
-    return Discovery(tuple(values), {n: tuple(v) for n, v in raw.items()}, units(raw, groups.values()))
+        if s.get(S.GPU):  # a GPU's model: the first named (normalize: its own series, else its GPU's)
+            got = next((s[k] for k in D.LABEL_ALIASES["model"] if s.get(k)), "")
+            models[(node[host], s[S.GPU])] = models.get((node[host], s[S.GPU])) or got
+        if s.get("__name__") == S.NODE_INFO.name and s.get("rack"):
+            racks[node[host]] = s["rack"]
+    per_node: dict[str, set[str]] = {n: set() for n in raw}
+    for (n, _), m in models.items():
+        per_node[n].add(m)
+    return Discovery(tuple(values), {n: tuple(v) for n, v in raw.items()}, units(raw, groups.values()),
+                     {n: tuple(sorted(ms)) for n, ms in per_node.items()}, racks)
 
 
 def _nodes(client: PrometheusClient, raw: list[str], lo: float, hi: float, step: float) -> list[str]:
@@ -349,19 +388,55 @@ def load_shard(url: str, start: float, end: float, step: float, shard: Shard, *,
     with PrometheusClient(url, **client_kwargs) as client:
         found = discover(client, start, end, step, matchers=matchers, job_label=job_label)
     own = Ownership(shard, found.unit)
-    others = sorted(set(found.unit) - own.nodes)
+    picked, mates = context_nodes(found, own.nodes)
 
     def load(nodes: Iterable[str], names: Iterable[str] | None = None) -> Fleet:
         return load_prometheus(url, start, end, step, matchers={**matchers, **found.matchers(nodes)},
                                job_label=job_label, names=names, **client_kwargs)
 
     owned = load(sorted(own.nodes)) if own.nodes else None
-    context = load(others, context_names()) if others else None
+    rack_names = context_names(RACK_SIGNALS) - {S.GPU_TOPOLOGY_INFO.name}  # thermal reads no topology
+    reads = [load(sorted(nodes), names) for nodes, names in ((picked, context_names()), (mates, rack_names))
+             if nodes]
+    context = reads[0] if len(reads) == 1 else merge(*reads) if reads else None
     if owned is None:  # an empty shard still serves (health, no findings) on the window's grid
         owned = Fleet(frame=empty_frame(), step=float(step), start=float(start), end=context.end,
                       dialect=context.dialect)
     whole = merge(owned, context) if context is not None else owned
-    return ShardFleet.of(owned, whole, own, _about(own, owned.frame, context_nodes=len(others)))
+    check_reference(whole, found)
+    return ShardFleet.of(owned, whole, own, _about(own, owned.frame, context_nodes=len(picked) + len(mates)))
+
+
+#: Hosts per model read beyond the reference sample: a few discovered hosts may have no sample in the window.
+REFERENCE_MARGIN = 8
+
+
+def context_nodes(found: Discovery, owned: Iterable[str]) -> tuple[set[str], set[str]]:
+    """The nodes a shard reads as context, not its own: the candidates of the fleet's reference sample
+    (analyzer.data.reference, ``REFERENCE_MARGIN`` more hosts per model), read with every context family; and
+    the other nodes of its own nodes' racks (a rack's level and a node's rack peers are all of its nodes), with
+    the RACK_SIGNALS families."""
+    owned = set(owned)
+    picked = (set(sample(found.ranked(), reference.REFERENCE_HOSTS + REFERENCE_MARGIN)["host"])
+              | found.unplaced) - owned
+    mine = {found.racks[n] for n in owned if found.racks.get(n)}
+    return picked, {n for n, r in found.racks.items() if r in mine} - owned - picked
+
+
+def check_reference(whole: Fleet, found: Discovery) -> None:
+    """Fail loudly where a shard's read could give another reference sample than the unsharded read: a
+    unit of the sample ranks past the candidates read (more than REFERENCE_MARGIN discovered hosts of a
+    model had no data in the window), unless discovery saw no model on its hosts (they were all read)."""
+    hosts, models, racks, _ = whole.placements()
+    used = sample(ranked_units(hosts, models, racks))
+    last = sample(found.ranked(), reference.REFERENCE_HOSTS + REFERENCE_MARGIN).groupby("model")["rank"].max()
+    both = used.merge(last.rename("last").reset_index(), on="model", how="left")
+    beyond = both[~(both["rank"] <= both["last"]) & ~both["host"].isin(list(found.unplaced))]
+    if len(beyond):
+        raise ValueError(f"sharding: the fleet's reference sample reaches {beyond['host'].iloc[0]!r} "
+                         f"({beyond['model'].iloc[0]}) past the hosts this shard read: more than {REFERENCE_MARGIN} "
+                         "discovered hosts of the model had no data in the window, or discovery named no such model; "
+                         "please report it")
 
 
 def shard_loader(url: str, step: float, shard: Shard, *, matchers: Mapping[str, MatcherValue] | None = None,

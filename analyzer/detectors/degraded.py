@@ -47,7 +47,9 @@ group has no verdict on temperatures (inlet unknown). A GPU model with fewer tha
 Model: per GPU model a :class:`sklearn.covariance.MinCovDet` (robust location/scatter,
 breakdown ~50%) on the soft features scaled by their floors; it is fitted on the fleet
 itself, so up to ~half the GPUs may be bad without masking the outliers (the regressions
-before it are Huber fits, the peer baselines medians, all robust the same way). A window
+before it are Huber fits, the peer baselines medians, all robust the same way). "The fleet"
+of the fits, medians and gate is its reference hosts (analyzer.data.reference: every host up
+to 64 per model), and every GPU is judged against them. A window
 counts when its robust Mahalanobis distance exceeds the chi^2 ``outlier_quantile`` *and*
 a feature's excess passes its practical floor (statistically and practically off).
 
@@ -245,6 +247,7 @@ class DegradedGpu:
         rows = np.flatnonzero(valid)[first_row[1]]
         for c in ("hostname", "gpu", "model"):
             ident[c] = f[c].astype(str).to_numpy()[rows] if c in f.columns else ""
+        ident["reference"] = fleet.reference_rows()[rows]
         win = win.merge(ident, on="uuid_code", how="left")
         # Job per (GPU, window): any job seen there (the highest category code).
         if "job" in f.columns:
@@ -257,8 +260,9 @@ class DegradedGpu:
         return win, row_win
 
     # ---------------------------------------------------------------------------------------
-    def _robust_fit(self, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Huber regression of y on X (IRLS on a fixed-seed subsample); predictions for every row.
+    def _robust_fit(self, X: np.ndarray, y: np.ndarray, fit: np.ndarray) -> np.ndarray:
+        """Huber regression of y on X over the ``fit`` rows (IRLS on a fixed-seed subsample); predictions for
+        every row.
 
         Huber weights (k = 1.345 robust sd, 95% efficiency on clean data) bound the pull of bad
         GPUs on the fit; a few iteratively reweighted least squares are milliseconds, where an
@@ -266,9 +270,9 @@ class DegradedGpu:
         """
         ok = ~np.isnan(y) & ~np.isnan(X).any(axis=1)
         pred = np.full(len(y), np.nan)
-        if ok.sum() < max(10, 3 * X.shape[1]):
+        if (ok & fit).sum() < max(10, 3 * X.shape[1]):
             return pred
-        idx = np.flatnonzero(ok)
+        idx = np.flatnonzero(ok & fit)
         if len(idx) > _MAX_FIT:
             idx = np.sort(np.random.default_rng(self.random_state).choice(idx, _MAX_FIT, replace=False))
         A = np.column_stack([np.ones(len(idx)), X[idx]])
@@ -294,7 +298,8 @@ class DegradedGpu:
         win["model_ok"] = False
         for model, idx in win.groupby("model", sort=True, observed=True).indices.items():
             sub = win.iloc[idx]
-            n_gpu = sub["uuid_code"].nunique()
+            ref = sub["reference"].to_numpy()  # fitted on the fleet's reference hosts, applied to every GPU
+            n_gpu = sub.loc[ref, "uuid_code"].nunique()
             if n_gpu < self.min_model_gpus:
                 notes.append(f"degraded_gpu: only {n_gpu} {model} GPU(s) (< {self.min_model_gpus}): no peer "
                              f"baseline, no verdict for them")
@@ -302,25 +307,25 @@ class DegradedGpu:
             win.loc[win.index[idx], "model_ok"] = True
             # Temperature ~ power (die = inlet + R * power).
             pw = sub["power"].to_numpy()
-            win.loc[win.index[idx], "temp_res"] = sub["temp"].to_numpy() - self._robust_fit(pw[:, None],
-                                                                                          sub["temp"].to_numpy())
+            win.loc[win.index[idx], "temp_res"] = sub["temp"].to_numpy() - self._robust_fit(
+                pw[:, None], sub["temp"].to_numpy(), ref)
             # HBM ~ die temperature + DRAM activity.
             dram = sub["dram_active"].to_numpy()
             X = sub[["temp"]].to_numpy() if np.isnan(dram).mean() > 0.5 else np.column_stack([sub["temp"], dram])
-            win.loc[win.index[idx], "mem_res"] = sub["mem_temp"].to_numpy() - self._robust_fit(X, sub["mem_temp"]
-                                                                                               .to_numpy())
+            win.loc[win.index[idx], "mem_res"] = sub["mem_temp"].to_numpy() - self._robust_fit(
+                X, sub["mem_temp"].to_numpy(), ref)
             # Power ~ activity (the activity signals this input has).
-            acts = [a for a in _ACTIVITY if sub[a].notna().mean() > 0.5]
+            acts = [a for a in _ACTIVITY if sub.loc[ref, a].notna().mean() > 0.5]
             if acts:
-                pred = self._robust_fit(sub[acts].to_numpy(), pw)
+                pred = self._robust_fit(sub[acts].to_numpy(), pw, ref)
                 with np.errstate(invalid="ignore", divide="ignore"):
                     win.loc[win.index[idx], "pow_res"] = np.where(pred > 1.0, pw / pred - 1.0, np.nan)
             # Clocks and power limit vs the model's median.
             cr = sub["clock_ratio"].to_numpy()
-            med_cr = np.nanmedian(cr) if np.isfinite(cr).any() else np.nan
+            med_cr = np.nanmedian(cr[ref]) if np.isfinite(cr[ref]).any() else np.nan
             win.loc[win.index[idx], "clk_res"] = 1.0 - cr / med_cr
             lim = sub["power_limit"].to_numpy()
-            med_lim = np.nanmedian(lim) if np.isfinite(lim).any() else np.nan
+            med_lim = np.nanmedian(lim[ref]) if np.isfinite(lim[ref]).any() else np.nan
             win.loc[win.index[idx], "cap_deficit"] = 1.0 - lim / med_lim
             win.loc[win.index[idx], "peer_limit"] = med_lim
         for c in ("temp_res", "mem_res", "pow_res", "clk_res", "peer_limit"):
@@ -368,8 +373,9 @@ class DegradedGpu:
         floors = self.floors()
         scaled = np.column_stack([win[c].to_numpy() / floors[c] for c in SOFT])
         gate = np.zeros(len(win), bool)
+        ref = win["reference"].to_numpy()
         for _, idx in win.groupby("model", sort=True, observed=True).indices.items():
-            gate[idx] = self._mcd_gate(scaled[idx])
+            gate[idx] = self._mcd_gate(scaled[idx], ref[idx])
         level = np.column_stack([win[c].to_numpy() / floors[c] for c in LEVEL])
         soft = np.where(np.isnan(level), -np.inf, level).max(axis=1)
         soft = np.where(np.isnan(level).all(axis=1), np.nan, np.where(gate, np.maximum(soft, 0.0), 0.0))
@@ -418,14 +424,15 @@ class DegradedGpu:
             shift = np.where((tau[:, None] >= 0) & (cols >= tau[:, None]), X - base[:, None], np.nan)
             win[f"{c}_shift"] = shift[gi, w]
 
-    def _mcd_gate(self, X: np.ndarray) -> np.ndarray:
-        """Windows whose robust Mahalanobis distance (MinCovDet on the features present) is outlying."""
-        cols = [j for j in range(X.shape[1]) if np.isfinite(X[:, j]).mean() > 0.2]
+    def _mcd_gate(self, X: np.ndarray, fit: np.ndarray) -> np.ndarray:
+        """Windows whose robust Mahalanobis distance (MinCovDet on the features present, fitted on the ``fit``
+        windows) is outlying."""
         out = np.zeros(len(X), bool)
+        cols = [j for j in range(X.shape[1]) if np.isfinite(X[fit, j]).mean() > 0.2] if fit.any() else []
         if not cols:
             return out
         Z = X[:, cols]
-        full = np.isfinite(Z).all(axis=1)
+        full = np.isfinite(Z).all(axis=1) & fit
         idx = np.flatnonzero(full)
         if len(idx) < max(20, 5 * len(cols)):
             return out

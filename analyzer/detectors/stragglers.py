@@ -748,8 +748,9 @@ def _fill_gaps(mask: np.ndarray, n: int) -> np.ndarray:
 
 def _clock_max(fleet: Fleet) -> np.ndarray:
     """Per row: the GPU's max SM clock; where not reported (dcgm-exporter's default counters lack
-    DCGM_FI_DEV_MAX_SM_CLOCK), the highest SM clock any GPU of the same model reached in the data:
-    busy GPUs of one model boost to the same clock, so that is their unthrottled clock."""
+    DCGM_FI_DEV_MAX_SM_CLOCK), the highest SM clock any GPU of the same model reached in the data of the
+    fleet's reference hosts (analyzer.data.reference): busy GPUs of one model boost to the same clock, so
+    that is their unthrottled clock."""
     mx = column(fleet, "sm_clock_max")
     missing = np.isnan(mx)
     if not missing.any() or not fleet.has("sm_clock"):
@@ -758,7 +759,7 @@ def _clock_max(fleet: Fleet) -> np.ndarray:
     f = fleet.frame
     model = f["model"] if "model" in f.columns else pd.Series(np.zeros(len(f)))
     codes = pd.factorize(model)[0]
-    best = pd.Series(clk).groupby(codes).max()
+    best = pd.Series(np.where(fleet.reference_rows(), clk, np.nan)).groupby(codes).max()
     return np.where(missing, best.reindex(codes).to_numpy(dtype=np.float64), mx)
 
 

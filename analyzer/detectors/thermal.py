@@ -52,7 +52,9 @@ same 5 C / urgency / 5 min rules on the group's hottest GPU and the slope of the
 excess; a rack is urgent only through two of its nodes (the second-hottest node near the limit,
 or two nodes at it): one GPU throttling for a fault of its own in a rack that runs a few degrees
 warm is that GPU's finding, not a rack's (7 false critical rack findings over 20 never-used seeds
-before). Without rack labels (dcgm-exporter data) nodes are compared with the fleet's.
+before). Without rack labels (dcgm-exporter data) nodes are compared with the fleet's. "The fleet"
+(R, the nodes and racks compared with) is its reference hosts (analyzer.data.reference: all of
+them up to 64 hosts per model), so a sharded analyzer reads a bounded sample, not every host.
 Several nodes of one rack found hot together become one rack finding. GPU-level findings
 inside a node or rack finding (same host/rack, overlapping in time) are folded into it and
 listed in its evidence: one cooling problem, one finding. A node or rack finding starts where its
@@ -143,10 +145,20 @@ def _others_median(m: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple[np
     return out, np.where(np.isnan(m), 0, cnt)
 
 
-def _peer_reference(level: np.ndarray, parent: np.ndarray, n_parents: int) -> np.ndarray:
-    """Per unit and time: the median level of the other units sharing ``parent`` (-1 = none), NaN alone."""
-    ref, _ = _others_median(level, parent, n_parents)
-    return ref
+def _peer_reference(level: np.ndarray, parent: np.ndarray, n_parents: int,
+                    reference: np.ndarray | None = None) -> np.ndarray:
+    """Per unit and time: the median level of the other units sharing ``parent`` (-1 = none), NaN alone;
+    with ``reference`` (per unit), of the other reference units only (analyzer.data.reference)."""
+    if reference is None or reference.all():
+        ref, _ = _others_median(level, parent, n_parents)
+        return ref
+    out = np.full(level.shape, np.nan)
+    sel = reference & (parent >= 0)
+    out[sel], _ = _others_median(level[sel], parent[sel], n_parents)
+    med, _ = _group_median(level[sel], parent[sel], n_parents)
+    rest = ~reference & (parent >= 0)
+    out[rest] = med[parent[rest]]
+    return out
 
 
 def _rolling_slope(y: np.ndarray, t: np.ndarray, k: int) -> np.ndarray:
@@ -390,7 +402,8 @@ class Thermal:
 
         # Power-corrected temperature (the inlet-related part) and peers at the same load.
         usable = ~limit & ~np.isnan(temp) & ~np.isnan(power)
-        R = self._resistance(g, temp, power, usable)
+        ref_dev = np.isin(g.host.astype(str), list(fleet.reference_hosts()))  # the fleet's references' hosts
+        R = self._resistance(g, temp, power, usable & ref_dev[:, None])
         r_dev = np.array([R[str(m)] for m in g.model])
         # With R 0 (no power spread to learn it from) peers are compared on raw temperature.
         level = np.where(r_dev[:, None] > 0, temp - r_dev[:, None] * power, temp)
@@ -433,7 +446,7 @@ class Thermal:
             else np.zeros(n_node, bool)
         node_parent = np.where(has_rack_peers, node_rack, -1)
         node_ref = _peer_reference(node_med, node_parent, n_rack)
-        fleet_ref = _peer_reference(node_med, node_model, int(model_key.max()) + 1)
+        fleet_ref = _peer_reference(node_med, node_model, int(model_key.max()) + 1, ref_dev[node_dev])
         node_ref = np.where(node_parent[:, None] >= 0, node_ref, fleet_ref)
         node_excess = node_med - node_ref
 
@@ -454,7 +467,9 @@ class Thermal:
             rack_level, _ = _group_median(node_med[node_rack >= 0], node_rack[node_rack >= 0], n_rack)
             rack_model = np.zeros(n_rack, np.int64)
             rack_model[node_rack[node_rack >= 0]] = node_model[node_rack >= 0]
-            rack_ref = _peer_reference(rack_level, rack_model, int(model_key.max()) + 1)
+            rack_is_ref = np.zeros(n_rack, bool)
+            rack_is_ref[node_rack[(node_rack >= 0) & ref_dev[node_dev]]] = True
+            rack_ref = _peer_reference(rack_level, rack_model, int(model_key.max()) + 1, rack_is_ref)
             rack_excess = rack_level - rack_ref
             rk_dev = np.where(rack_known, rack_key, n_rack)
             hot_by_rack = _group_reduce(temp, rk_dev, n_rack + 1, "max")[:n_rack]

@@ -286,8 +286,9 @@ class Topology:
         topo = fleet.topology
         whole = a[~a["mig"] & np.isfinite(a["gpu"])]
         nvl = column(fleet, "nvlink_bps")
-        nvlink_used = bool(np.nanmax(nvl, initial=0.0) >= self.nvlink_traffic_bps) if np.isfinite(nvl).any() else False
-        if not len(whole) or (not len(topo) and "numa_node" not in a.columns and not nvlink_used):
+        ref = nvl[fleet.reference_rows()]  # "in use in the fleet": on its reference hosts (analyzer.data.reference)
+        nvlink_used = bool(np.nanmax(ref, initial=0.0) >= self.nvlink_traffic_bps) if np.isfinite(ref).any() else False
+        if not len(whole):
             return empty, empty
         # Per (job, node): the most NVLink traffic any member moved while at work (NaN: none reported; absent:
         # never at work, nothing to judge).
@@ -304,7 +305,8 @@ class Topology:
             return empty, empty
         links, host_gpus = self._links(topo)
         numa = self._numa_groups(a, links, {**self._nvlink_boards(fleet, set(host_gpus)), **host_gpus})
-        has_nvlink = bool(len(topo)) and bool((topo["link"] == "nvlink").any())
+        known = topo[topo["hostname"].astype(str).isin(list(fleet.reference_hosts()))] if len(topo) else topo
+        has_nvlink = bool(len(known)) and bool((known["link"] == "nvlink").any())  # in the fleet: its reference
         combos = own[["job", "hostname", "own"]].drop_duplicates()
         no_nv, spread = [], []
         held: pd.DataFrame | None = None
@@ -447,10 +449,12 @@ class Topology:
         """Per-row activity, its signal, and healthy-training activity per GPU model.
 
         The level is the median of per-job mean activity over training jobs on whole GPUs that
-        have no topology problem: the same model, code path and fleet, so the gap is placement.
+        have no topology problem: the same model, code path and fleet (its reference hosts,
+        analyzer.data.reference), so the gap is placement.
         """
         act, name = self._job_sm(fleet, a)
-        healthy = ~a["job"].isin(list(flagged)).to_numpy() & ~a["mig"].to_numpy() & np.isfinite(act)
+        healthy = ~a["job"].isin(list(flagged)).to_numpy() & ~a["mig"].to_numpy() & np.isfinite(act) \
+            & fleet.reference_rows()[a["row"].to_numpy()]
         levels: dict[str, float] = {}
         fleet_level = None
         if healthy.any():
@@ -515,8 +519,10 @@ class Topology:
         severity = SEVERITY[problem]
         if problem == NO_NVLINK and comm_share is not None and comm_share >= self.comm_warning_share:
             severity = "warning"
-        low = confidence == "low" or (problem == NUMA and not self._numa_measured(fleet, a)) \
-            or (problem == NO_NVLINK and not len(fleet.topology))
+        topo = fleet.topology
+        topo = topo[topo["hostname"].astype(str).isin(list(set(rows["hostname"])))] if len(topo) else topo
+        low = confidence == "low" or (problem == NUMA and not self._numa_measured(topo, a)) \
+            or (problem == NO_NVLINK and not len(topo))
         ns = rows["namespace"].iloc[0] or None
         return Finding(
             kind=self.kind, severity=severity, summary=self._summary(problem, job, evidence, ep),
@@ -533,9 +539,10 @@ class Topology:
         return f"busy/wait phases in step, sync {c.sync:.2f}" if c.sync is not None else c.evidence
 
     @staticmethod
-    def _numa_measured(fleet: Fleet, a: pd.DataFrame) -> bool:
-        """NUMA nodes read from data (a numa_node column or non-NVLink topology), not the board layout."""
-        return "numa_node" in a.columns or bool(len(fleet.topology) and (fleet.topology["link"] != "nvlink").any())
+    def _numa_measured(topo: pd.DataFrame, a: pd.DataFrame) -> bool:
+        """NUMA nodes read from data (a numa_node column or the job's nodes' non-NVLink topology), not the
+        board layout."""
+        return "numa_node" in a.columns or bool(len(topo) and (topo["link"] != "nvlink").any())
 
     @staticmethod
     def _summary(problem: str, job: str, ev: dict[str, Any], ep: dict[str, Any]) -> str:

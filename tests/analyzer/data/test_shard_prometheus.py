@@ -17,6 +17,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from analyzer import output_schema as O
+from analyzer.data import reference
 from analyzer.data.shard import Shard, shard_loader
 from analyzer.service import AnalyzerService, prometheus_loader
 from analyzer.service.metrics import build_registry
@@ -48,8 +49,13 @@ def _analyze(capsys, url: str, start: float, end: float, *extra: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def test_four_shards_give_exactly_the_unsharded_findings_and_totals(prom, capsys):
+@pytest.mark.parametrize("sample", [None, 6])
+def test_four_shards_give_exactly_the_unsharded_findings_and_totals(prom, capsys, monkeypatch, sample):
+    """``sample`` 6: the fleet's references from 6+ of its 25 hosts (two racks in truegpu's data), so each
+    shard reads its own hosts, that sample and its racks' other nodes, not the whole fleet."""
     url, start, end = prom
+    if sample is not None:
+        monkeypatch.setattr(reference, "REFERENCE_HOSTS", sample)
     whole = _analyze(capsys, url, start, end)
     shards = [_analyze(capsys, url, start, end, "--shard", f"{i}/{SHARDS}") for i in range(SHARDS)]
     kinds = Counter(f["kind"] for f in whole["findings"])
@@ -64,6 +70,8 @@ def test_four_shards_give_exactly_the_unsharded_findings_and_totals(prom, capsys
     assert Counter(union) == Counter(key(f) for f in whole["findings"])  # each finding once, every field equal
     about = [s["summary"]["shard"] for s in shards]
     assert all(a["nodes"] > 0 for a in about), about  # every shard holds hosts: the union means something
+    if sample is not None:  # the sample and the racks' other nodes, not every other host
+        assert any(a["nodes"] + a["context_nodes"] < 25 for a in about), about
     assert sum(a["nodes"] for a in about) == whole["summary"]["nodes"]
     assert sum(a["gpus"] for a in about) == whole["summary"]["gpus"] == 200
     for name in HOURS:
