@@ -87,6 +87,9 @@ CONTEXT_SIGNALS: dict[str, str] = {
 #: Signals of the other nodes of a shard's racks that thermal reads (a rack's level and findings, a node's rack
 #: peers, the GPU findings a rack finding folds in). A subset of CONTEXT_SIGNALS.
 RACK_SIGNALS: tuple[str, ...] = ("temp", "mem_temp", "power", "thermal_throttle", "sm_clock", "sm_clock_max")
+#: ... and of their clock-event reasons (one series each in truegpu's data) only the thermal ones; a series
+#: without the label (dcgm-exporter's bitmask, every other family) still matches.
+_THERMAL_ONLY: dict[str, MatcherValue] = {S.CLOCK_EVENT_ACTIVE.labels[0]: [*S.THERMAL_REASONS, ""]}
 #: Families that name every GPU and MIG instance, and its workload, in both dialects (discovery).
 _CARRIERS: tuple[str, ...] = (
     *sorted({n for n, srcs in D.SOURCES.items() if any(s.signal.name == "mem_used" for s in srcs)}),
@@ -390,14 +393,15 @@ def load_shard(url: str, start: float, end: float, step: float, shard: Shard, *,
     own = Ownership(shard, found.unit)
     picked, mates = context_nodes(found, own.nodes)
 
-    def load(nodes: Iterable[str], names: Iterable[str] | None = None) -> Fleet:
-        return load_prometheus(url, start, end, step, matchers={**matchers, **found.matchers(nodes)},
+    def load(nodes: Iterable[str], names: Iterable[str] | None = None,
+             narrow: Mapping[str, MatcherValue] | None = None) -> Fleet:
+        return load_prometheus(url, start, end, step, matchers={**matchers, **found.matchers(nodes), **(narrow or {})},
                                job_label=job_label, names=names, **client_kwargs)
 
     owned = load(sorted(own.nodes)) if own.nodes else None
     rack_names = context_names(RACK_SIGNALS) - {S.GPU_TOPOLOGY_INFO.name}  # thermal reads no topology
-    reads = [load(sorted(nodes), names) for nodes, names in ((picked, context_names()), (mates, rack_names))
-             if nodes]
+    reads = [load(sorted(nodes), names, narrow) for nodes, names, narrow in (
+        (picked, context_names(), None), (mates, rack_names, _THERMAL_ONLY)) if nodes]
     context = reads[0] if len(reads) == 1 else merge(*reads) if reads else None
     if owned is None:  # an empty shard still serves (health, no findings) on the window's grid
         owned = Fleet(frame=empty_frame(), step=float(step), start=float(start), end=context.end,

@@ -49,13 +49,17 @@ def _analyze(capsys, url: str, start: float, end: float, *extra: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("sample", [None, 6])
+@pytest.mark.parametrize("sample", [None, "6", "6, hot rack last"])
 def test_four_shards_give_exactly_the_unsharded_findings_and_totals(prom, capsys, monkeypatch, sample):
     """``sample`` 6: the fleet's references from 6+ of its 25 hosts (two racks in truegpu's data), so each
-    shard reads its own hosts, that sample and its racks' other nodes, not the whole fleet."""
+    shard reads its own hosts, that sample and its racks' other nodes, not the whole fleet; with the hot rack
+    ranked last it is outside the sample, read only as the racks' other nodes (thermal's families)."""
     url, start, end = prom
     if sample is not None:
-        monkeypatch.setattr(reference, "REFERENCE_HOSTS", sample)
+        monkeypatch.setattr(reference, "REFERENCE_HOSTS", 6)
+    if sample == "6, hot rack last":
+        rank = reference.unit_rank
+        monkeypatch.setattr(reference, "unit_rank", lambda key: 2**52 if key == "rack:dc1-r3" else rank(key))
     whole = _analyze(capsys, url, start, end)
     shards = [_analyze(capsys, url, start, end, "--shard", f"{i}/{SHARDS}") for i in range(SHARDS)]
     kinds = Counter(f["kind"] for f in whole["findings"])
