@@ -112,34 +112,47 @@ class Fleet:
         """The hosts feeding the fleet-wide references (analyzer.data.reference). Memoized."""
         return self.memo(("reference",), self._reference)[0]
 
-    def placements(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Distinct (host, model, rack) of the frame's rows ("" where unknown), and each row's index into
-        them. Memoized."""
-        return self.memo(("placements",), self._placements)
+    def placements(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Distinct (host, model, rack) of the frame's rows ("" where unknown). Memoized."""
+        return self.memo(("placements",), lambda: self._placements()[:3])
 
-    def _placements(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _placements(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(hosts, models, racks) as ``placements``, and the rows as runs: each run's index into them and its
+        length. Rows come device by device, so the work is per run of rows, not per row."""
         f = self.frame
         cols = [c for c in ("hostname", "model", "rack") if c in f.columns]
         if not len(f) or not cols:
             blank = np.zeros(0, dtype=object)
-            return blank, blank, blank, np.zeros(len(f), np.int64)
-        codes = np.column_stack([category_codes(f[c]) for c in cols])
-        keys, first, inverse = np.unique(codes, axis=0, return_index=True, return_inverse=True)
+            return blank, blank, blank, np.zeros(0, np.int64), np.zeros(0, np.int64)
+        codes = [f[c].cat.codes.to_numpy() if isinstance(f[c].dtype, pd.CategoricalDtype) else category_codes(f[c])
+                 for c in cols]
+        change = np.zeros(len(f), bool)
+        change[0] = True
+        for c in codes:
+            change[1:] |= c[1:] != c[:-1]
+        starts = np.flatnonzero(change)
+        key = np.zeros(len(starts), np.int64)
+        for c in codes:  # one int64 key per run (codes from -1)
+            at = c[starts].astype(np.int64) + 1
+            key = key * (int(c.max()) + 2) + at
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        rows = starts[first]
 
         def text(c: str) -> np.ndarray:
             if c not in f.columns:
-                return np.full(len(keys), "", dtype=object)
-            v = f[c].iloc[first].astype(object)
+                return np.full(len(rows), "", dtype=object)
+            v = f[c].iloc[rows].astype(object)
             return v.where(v.notna(), "").astype(str).to_numpy(dtype=object)
 
-        return text("hostname"), text("model"), text("rack"), inverse.reshape(-1)
+        return text("hostname"), text("model"), text("rack"), inverse.reshape(-1), np.diff(np.r_[starts, len(f)])
 
     def _reference(self) -> tuple[frozenset[str], np.ndarray]:
         from analyzer.data.reference import reference_hosts
 
-        hosts, models, racks, inverse = self.placements()
+        hosts, models, racks, run_of, run_len = self._placements()
+        self._memo[("placements",)] = (hosts, models, racks)
         chosen = reference_hosts(hosts, models, racks)
-        return chosen, np.isin(hosts, list(chosen))[inverse] if len(hosts) else np.zeros(len(self.frame), bool)
+        return chosen, np.repeat(np.isin(hosts, list(chosen))[run_of], run_len)
 
     def gpu_count(self) -> int:
         """Physical GPUs: distinct (host, gpu index), not UUIDs (a page may lack or repeat them)."""

@@ -431,7 +431,7 @@ def check_reference(whole: Fleet, found: Discovery) -> None:
     """Fail loudly where a shard's read could give another reference sample than the unsharded read: a
     unit of the sample ranks past the candidates read (more than REFERENCE_MARGIN discovered hosts of a
     model had no data in the window), unless discovery saw no model on its hosts (they were all read)."""
-    hosts, models, racks, _ = whole.placements()
+    hosts, models, racks = whole.placements()
     used = sample(ranked_units(hosts, models, racks))
     last = sample(found.ranked(), reference.REFERENCE_HOSTS + REFERENCE_MARGIN).groupby("model")["rank"].max()
     both = used.merge(last.rename("last").reset_index(), on="model", how="left")

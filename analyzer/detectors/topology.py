@@ -382,16 +382,24 @@ class Topology:
         if not self.assume_socket_halves or not np.isfinite(nvl).any():
             return {}
         f = fleet.frame
+        host = f["hostname"].astype("category")
+        names = host.cat.categories.astype(str)
+        unknown = ~np.isin(names, list(known))  # per host code: no topology
+        if not unknown.any():
+            return {}
+        hc = host.cat.codes.to_numpy(dtype=np.int64)
         g = _gpu_index(f["gpu"])
-        whole = np.isfinite(g)
+        sel = np.isfinite(g) & (hc >= 0)
         if "mig_profile" in f.columns:
-            whole &= f["mig_profile"].isna().to_numpy() | (f["mig_profile"].astype(object) == "").to_numpy()
-        rows = pd.DataFrame({"h": f["hostname"].astype(object).to_numpy()[whole], "g": g[whole],
-                             "nvl": nvl[whole] >= self.nvlink_traffic_bps})
-        rows = rows[~rows["h"].isin(known)]
-        talking = rows.groupby("h")["nvl"].any()
-        gpus = rows[rows["h"].isin(talking.index[talking])].drop_duplicates(["h", "g"])
-        return {str(h): sorted(int(x) for x in part) for h, part in gpus.groupby("h")["g"]}
+            sel &= f["mig_profile"].isna().to_numpy() | (f["mig_profile"].astype(object) == "").to_numpy()
+        sel &= unknown[np.maximum(hc, 0)]
+        talking = np.bincount(hc[sel & (nvl >= self.nvlink_traffic_bps)], minlength=len(names)) > 0
+        sel &= talking[np.maximum(hc, 0)]
+        pairs = np.unique(hc[sel] * 4096 + g[sel].astype(np.int64))  # (host, GPU index) pairs, whole GPUs
+        out: dict[str, list[int]] = {}
+        for code, gpu in zip((pairs // 4096).tolist(), (pairs % 4096).tolist(), strict=True):
+            out.setdefault(str(names[code]), []).append(int(gpu))
+        return out
 
     def _numa_groups(self, a: pd.DataFrame, links: dict[str, dict[tuple[int, int], str]],
                      host_gpus: dict[str, list[int]]) -> dict[str, list[int]]:
