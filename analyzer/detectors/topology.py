@@ -27,10 +27,14 @@ per-node truth of that job), open while the placement lasts. Problems (``evidenc
   not reported) while some GPU of the fleet does (so the counter is collected and NVLink
   exists): a gang on NVLink moves 10-40 GB/s per GPU, so silence means PCIe-only GPUs (or
   NCCL P2P disabled: the same fix). Only samples with the member at work count (SM activity >=
-  ``work_sm_min`` 0.1 where collected): a gang hung in NCCL after a member died (SM ~0.05, util
-  ~97 %) moves nothing over any link, and its silence says nothing about NVLink (serve's window
-  after an XID 79 or 48 would otherwise tell a healthy HGX gang it talks over PCIe). No sample at
-  work: nothing is claimed. dcgm-exporter's default counters omit NVLink bytes: then nothing is
+  ``work_sm_min`` 0.1; where SM is not collected, as in dcgm-exporter's default counters, any
+  tensor work, >= ``work_tensor_min`` 0.02: a gang slowed by PCIe still does a third to a half of
+  its tensor work, a hung one none; neither collected: nothing is claimed): a gang hung in NCCL
+  after a member died (SM ~0.05, no tensor work, util ~97 %) or waiting at its first barrier while
+  members load (the same) moves nothing over any link, and its silence says nothing about NVLink
+  (serve's window after an XID 79 or 48 would otherwise tell a healthy HGX gang it talks over
+  PCIe: 3 such info findings in the replay with the default counters before tensor activity stood
+  in). No sample at work: nothing is claimed. NVLink bytes not collected anywhere: nothing is
   claimed either.
 - ``numa`` (info): a training job's GPUs on one node sit on >= 2 NUMA nodes although they
   fit in one, and the node's current pods could be arranged so: this job inside one NUMA
@@ -200,6 +204,8 @@ class Topology:
     sync_min: float = 0.5
     #: SM activity of a member at work, for the NVLink-silence judgement (module docstring).
     work_sm_min: float = 0.1
+    #: ... and its tensor activity where SM is not collected (any tensor work).
+    work_tensor_min: float = 0.02
 
     def detect(self, fleet: Fleet) -> list[Finding]:
         f = fleet.frame
@@ -294,7 +300,9 @@ class Topology:
         # never at work, nothing to judge).
         rows = whole["row"].to_numpy()
         sm = column(fleet, "sm_active")[rows]
-        at_work = sm >= self.work_sm_min if fleet.has("sm_active") else np.ones(len(rows), bool)
+        at_work = sm >= self.work_sm_min
+        if not fleet.has("sm_active"):  # dcgm-exporter's default counters: any tensor work tells a gang at work
+            at_work = column(fleet, "tensor_active")[rows] >= self.work_tensor_min
         whole = whole.assign(nvl=nvl[rows])
         job_nvl = whole[at_work].groupby(["job", "hostname"])["nvl"].max()
         bit = np.left_shift(1, whole["gpu"].to_numpy().astype(np.int64))

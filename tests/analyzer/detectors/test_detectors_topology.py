@@ -189,6 +189,12 @@ def test_without_topology_no_nvlink_comes_from_traffic_with_low_confidence() -> 
     hung = node("p1", "tp", "tp-worker-0", {**WAITING, "sm_active": 0.05, "tensor_active": 0.0, "nvlink_bps": 0.0},
                 gpus=range(4))
     assert Topology().detect(fleet(hung + ok)) == []
+    # dcgm-exporter's default counters (no SM activity): tensor work tells a gang at work; a hung one has none
+    def no_sm(devices: list[dict]) -> list[dict]:
+        return [{k: v for k, v in d.items() if k != "sm_active"} for d in devices]
+    (f,) = Topology().detect(fleet(no_sm(gang + ok)))
+    assert (f.job, f.evidence["problem"]) == ("tp", "no_nvlink")
+    assert Topology().detect(fleet(no_sm(hung + ok))) == []
 
 
 def test_no_nvlink_anywhere_means_nowhere_better_to_go() -> None:
