@@ -599,7 +599,8 @@ class Topology:
             gaps.append("no GPU topology (NUMA placement assumed from the HGX board layout on nodes moving NVLink "
                         "traffic only, missing NVLink judged from traffic)")
         if "site" not in f.columns or not (f["site"].astype(object).fillna("") != "").any():
-            gaps.append("no site labels (jobs split across sites not checked)")
+            gaps.append("no site labels (jobs split across sites not checked: they come from truegpu's node info, or "
+                        "kube-state-metrics' kube_node_labels with topology.kubernetes.io/zone allowlisted)")
         if gaps:
             note = "topology: " + "; ".join(gaps) + "; training on MIG slices is still checked"
             if note not in fleet.notes:
