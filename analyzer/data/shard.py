@@ -33,7 +33,8 @@ analysis reads, and the series (label sets) of the families that carry the GPU a
 models and node info for the racks, which rank the reference sample). Workloads
 are named as normalize names them (``_workloads`` mirrors its precedence; after loading,
 ``ShardFleet`` checks that no workload spans two shards and fails loudly if one does, and
-``check_reference`` that the sample read is the one the whole fleet gives). Then up to three reads:
+``reference_read`` that the sample read is the one the whole fleet gives: where it is not, a rack
+coming up with no data yet, the shard reads further down the ranking). Then up to three reads:
 the owned hosts with every family, the reference sample's other hosts with the context families, the
 racks' other nodes with the rack families, merged row-wise into one fleet on one grid.
 
@@ -391,7 +392,6 @@ def load_shard(url: str, start: float, end: float, step: float, shard: Shard, *,
     with PrometheusClient(url, **client_kwargs) as client:
         found = discover(client, start, end, step, matchers=matchers, job_label=job_label)
     own = Ownership(shard, found.unit)
-    picked, mates = context_nodes(found, own.nodes)
 
     def load(nodes: Iterable[str], names: Iterable[str] | None = None,
              narrow: Mapping[str, MatcherValue] | None = None) -> Fleet:
@@ -400,14 +400,19 @@ def load_shard(url: str, start: float, end: float, step: float, shard: Shard, *,
 
     owned = load(sorted(own.nodes)) if own.nodes else None
     rack_names = context_names(RACK_SIGNALS) - {S.GPU_TOPOLOGY_INFO.name}  # thermal reads no topology
-    reads = [load(sorted(nodes), names, narrow) for nodes, names, narrow in (
-        (picked, context_names(), None), (mates, rack_names, _THERMAL_ONLY)) if nodes]
-    context = reads[0] if len(reads) == 1 else merge(*reads) if reads else None
-    if owned is None:  # an empty shard still serves (health, no findings) on the window's grid
-        owned = Fleet(frame=empty_frame(), step=float(step), start=float(start), end=context.end,
-                      dialect=context.dialect)
-    whole = merge(owned, context) if context is not None else owned
-    check_reference(whole, found)
+    margin = REFERENCE_MARGIN
+    while True:
+        picked, mates = context_nodes(found, own.nodes, margin)
+        reads = [load(sorted(nodes), names, narrow) for nodes, names, narrow in (
+            (picked, context_names(), None), (mates, rack_names, _THERMAL_ONLY)) if nodes]
+        context = reads[0] if len(reads) == 1 else merge(*reads) if reads else None
+        if owned is None:  # an empty shard still serves (health, no findings) on the window's grid
+            owned = Fleet(frame=empty_frame(), step=float(step), start=float(start), end=context.end,
+                          dialect=context.dialect)
+        whole = merge(owned, context) if context is not None else owned
+        if reference_read(whole, found, margin) or margin >= len(found.unit):
+            break
+        margin *= 4  # more discovered hosts than the margin had no data (a rack coming up): read further
     return ShardFleet.of(owned, whole, own, _about(own, owned.frame, context_nodes=len(picked) + len(mates)))
 
 
@@ -415,32 +420,26 @@ def load_shard(url: str, start: float, end: float, step: float, shard: Shard, *,
 REFERENCE_MARGIN = 8
 
 
-def context_nodes(found: Discovery, owned: Iterable[str]) -> tuple[set[str], set[str]]:
+def context_nodes(found: Discovery, owned: Iterable[str], margin: int = REFERENCE_MARGIN) -> tuple[set[str], set[str]]:
     """The nodes a shard reads as context, not its own: the candidates of the fleet's reference sample
-    (analyzer.data.reference, ``REFERENCE_MARGIN`` more hosts per model), read with every context family; and
-    the other nodes of its own nodes' racks (a rack's level and a node's rack peers are all of its nodes), with
-    the RACK_SIGNALS families."""
+    (analyzer.data.reference, ``margin`` more hosts per model), read with every context family; and the other
+    nodes of its own nodes' racks (a rack's level and a node's rack peers are all of its nodes), with the
+    RACK_SIGNALS families."""
     owned = set(owned)
-    picked = (set(sample(found.ranked(), reference.REFERENCE_HOSTS + REFERENCE_MARGIN)["host"])
-              | found.unplaced) - owned
+    picked = (set(sample(found.ranked(), reference.REFERENCE_HOSTS + margin)["host"]) | found.unplaced) - owned
     mine = {found.racks[n] for n in owned if found.racks.get(n)}
     return picked, {n for n, r in found.racks.items() if r in mine} - owned - picked
 
 
-def check_reference(whole: Fleet, found: Discovery) -> None:
-    """Fail loudly where a shard's read could give another reference sample than the unsharded read: a
-    unit of the sample ranks past the candidates read (more than REFERENCE_MARGIN discovered hosts of a
-    model had no data in the window), unless discovery saw no model on its hosts (they were all read)."""
+def reference_read(whole: Fleet, found: Discovery, margin: int = REFERENCE_MARGIN) -> bool:
+    """Is the reference sample of what a shard read the one the whole fleet gives? Not where a unit of it ranks
+    past the candidates read (more than ``margin`` discovered hosts of a model had no data in the window),
+    unless discovery saw no model on its hosts (they were all read)."""
     hosts, models, racks = whole.placements()
     used = sample(ranked_units(hosts, models, racks))
-    last = sample(found.ranked(), reference.REFERENCE_HOSTS + REFERENCE_MARGIN).groupby("model")["rank"].max()
+    last = sample(found.ranked(), reference.REFERENCE_HOSTS + margin).groupby("model")["rank"].max()
     both = used.merge(last.rename("last").reset_index(), on="model", how="left")
-    beyond = both[~(both["rank"] <= both["last"]) & ~both["host"].isin(list(found.unplaced))]
-    if len(beyond):
-        raise ValueError(f"sharding: the fleet's reference sample reaches {beyond['host'].iloc[0]!r} "
-                         f"({beyond['model'].iloc[0]}) past the hosts this shard read: more than {REFERENCE_MARGIN} "
-                         "discovered hosts of the model had no data in the window, or discovery named no such model; "
-                         "please report it")
+    return not (~(both["rank"] <= both["last"]) & ~both["host"].isin(list(found.unplaced))).any()
 
 
 def shard_loader(url: str, step: float, shard: Shard, *, matchers: Mapping[str, MatcherValue] | None = None,

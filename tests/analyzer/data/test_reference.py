@@ -77,3 +77,26 @@ def test_the_model_clock_where_none_is_reported_comes_from_the_reference(monkeyp
         assert got == {1980.0 if first != "c" else 2100.0}
     else:
         assert got == {2100.0}
+
+
+def test_a_shard_reads_further_where_discovered_hosts_had_no_data(monkeypatch):
+    """A rack that discovery lists but that has no data in the window (coming up) and ranks first: the sample of
+    what was read must reach past it, or the shard's reference would differ from the whole fleet's."""
+    from analyzer.data.shard import Discovery, context_nodes, reference_read
+
+    fleet = fleet_from_cluster(Cluster(load_scenario(str(ROOT / "fixtures" / "shard" / "fleet.yaml"))), step=60.0)
+    monkeypatch.setattr(reference, "REFERENCE_HOSTS", 6)
+    rank = reference.unit_rank
+    monkeypatch.setattr(reference, "unit_rank", lambda key: 0 if key == "rack:ghost" else rank(key))
+    hosts, models, racks = fleet.placements()
+    ghosts = [f"ghost-n{i}" for i in range(5)]
+    nodes = [*map(str, hosts), *ghosts]
+    found = Discovery(("hostname",), {n: (n,) for n in nodes}, {n: n for n in nodes},
+                      {**{str(h): (str(m),) for h, m in zip(hosts, models, strict=True)},
+                       **{g: (str(models[0]),) for g in ghosts}},
+                      {**{str(h): str(r) for h, r in zip(hosts, racks, strict=True)}, **{g: "ghost" for g in ghosts}})
+    picked, _ = context_nodes(found, [], 0)
+    assert set(ghosts) <= picked and len(picked) == 10  # the ghost rack and one real one
+    assert not reference_read(fleet, found, 0)  # the fleet's sample takes a second real rack, not read
+    picked, _ = context_nodes(found, [], 8)
+    assert len(picked) == 15 and reference_read(fleet, found, 8)
