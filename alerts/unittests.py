@@ -70,6 +70,12 @@ def gpu(n: int, host: str = HOST, **extra: str) -> Labels:
     return {S.HOSTNAME: host, S.GPU: str(n), S.UUID: f"GPU-{host}-{n}", **extra}
 
 
+def sm_series(labels: Labels, sm: str, clock_hz: str, max_hz: str = "2000000000", n: int = 10) -> list[dict[str, str]]:
+    """A GPU's effective-utilization inputs (SM activity, SM clock, max SM clock), each held for ``n`` steps."""
+    return [series(S.SM_ACTIVE.name, labels, f"{sm}x{n}"), series(S.SM_CLOCK.name, labels, f"{clock_hz}x{n}"),
+            series(S.SM_CLOCK_MAX.name, labels, f"{max_hz}x{n}")]
+
+
 def ref(n: int, host: str = HOST) -> str:
     return f"GPU {n} (GPU-{host}-{n}) on {host}"
 
@@ -147,14 +153,10 @@ def truegpu_recording_case() -> dict[str, Any]:
     train = {"namespace": "ml", "pod": "train-0", "container": "main", S.WORKLOAD: "train"}
     serve = {"namespace": "inf", "pod": "serve-0", "container": "main", S.WORKLOAD: "serve"}
     return case("recording rules: effective utilization and masking gap at every level", [
-        series(S.SM_ACTIVE.name, gpu(0), "0.5x10"),
-        series(S.SM_CLOCK.name, gpu(0), "1500000000x10"),
-        series(S.SM_CLOCK_MAX.name, gpu(0), "2000000000x10"),
+        *sm_series(gpu(0), "0.5", "1500000000"),
         series(S.GPU_UTILIZATION.name, gpu(0), "0.9x10"),
         series(S.GPU_ALLOCATION_INFO.name, gpu(0, **train), "1x10"),
-        series(S.SM_ACTIVE.name, gpu(1), "0.25x10"),
-        series(S.SM_CLOCK.name, gpu(1), "2000000000x10"),
-        series(S.SM_CLOCK_MAX.name, gpu(1), "2000000000x10"),
+        *sm_series(gpu(1), "0.25", "2000000000"),
         series(S.GPU_UTILIZATION.name, gpu(1), "0.75x10"),
         # a MIG GPU: SM activity per instance, no GPU utilization, clocks per GPU
         series(S.SM_ACTIVE.name, gpu(2, **mig1), "0.6x10"),
@@ -188,9 +190,7 @@ def truegpu_shared_case() -> dict[str, Any]:
     b = {**a, "pod": "chat-b-0", S.WORKLOAD: "chat-b"}
     nobody = {"namespace": "", "pod": "", "container": "", S.WORKLOAD: ""}
     return case("recording rules: every holder of a shared GPU, never the unattributed one", [
-        series(S.SM_ACTIVE.name, gpu(0), "0.4x10"),
-        series(S.SM_CLOCK.name, gpu(0), "2000000000x10"),
-        series(S.SM_CLOCK_MAX.name, gpu(0), "2000000000x10"),
+        *sm_series(gpu(0), "0.4", "2000000000"),
         series(S.GPU_UTILIZATION.name, gpu(0), "0.8x10"),
         series(S.GPU_ALLOCATION_INFO.name, gpu(0, **a), "1x10"),
         series(sharer, gpu(0, **a), "0.5x10"),
@@ -503,9 +503,7 @@ def clusters_case() -> dict[str, Any]:
     for c, n_gpus, sm in (("a", 3, "0.3"), ("b", 4, "0.6")):
         for n in range(n_gpus):
             inputs += [series(S.MEMORY_USED.name, gpu(n, cluster=c), "1x30"),
-                       series(S.SM_ACTIVE.name, gpu(n, cluster=c), f"{sm}x30"),
-                       series(S.SM_CLOCK.name, gpu(n, cluster=c), "1980000000x30"),
-                       series(S.SM_CLOCK_MAX.name, gpu(n, cluster=c), "1980000000x30")]
+                       *sm_series(gpu(n, cluster=c), sm, "1980000000", "1980000000", 30)]
     return case("Two clusters, same host names: recording rules and GpuMissing per cluster", inputs, alerts=[
         check("20m", GPU_MISSING, expect({KUBE_NODE_LABEL: HOST, S.HOSTNAME: HOST, "cluster": "a"}, "critical",
                                          "training", annotations(
