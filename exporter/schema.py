@@ -871,11 +871,13 @@ KUBE_POD_INFO = "kube_pod_info"
 KUBE_POD_INFO_POD = "pod"
 KUBE_POD_INFO_NODE = "node"
 #: kube-state-metrics' ``kube_node_labels{node, label_<label>="..."} 1``: the node labels it is allowed to
-#: export (``--metric-labels-allowlist=nodes=[topology.kubernetes.io/zone]``). Its zone is a node's site
-#: where no truegpu node info names one (dcgm-exporter input), as OpenCost reads a node's zone.
+#: export (``--metric-labels-allowlist=nodes=[topology.kubernetes.io/zone]``: KUBE_NODE_ZONE). Its zone is a
+#: node's site where no truegpu node info names one (dcgm-exporter input), as OpenCost reads a node's zone.
 KUBE_NODE_LABELS = "kube_node_labels"
 KUBE_NODE_LABELS_NODE = "node"
-#: The zone label, current spelling first (failure-domain.beta.kubernetes.io/zone before Kubernetes 1.17).
+#: The Kubernetes node label of a node's zone, and its kube_node_labels spellings, current first
+#: (failure-domain.beta.kubernetes.io/zone before Kubernetes 1.17).
+KUBE_NODE_ZONE = "topology.kubernetes.io/zone"
 KUBE_NODE_ZONE_LABELS = ("label_topology_kubernetes_io_zone", "label_failure_domain_beta_kubernetes_io_zone")
 #: dcgm-exporter's XID count collector (when enabled): XIDs within a sliding window, one series per
 #: ``xid`` label. Unlike the last-XID gauge, it sees the same XID repeating.

@@ -25,10 +25,15 @@ import pandas as pd
 REFERENCE_HOSTS = 64
 
 
+def stable_hash(key: str) -> int:
+    """64 bits of sha256: the same in every process and on every machine (Python's ``hash()`` is salted per
+    process), for what every replica must work out alike (this sample, a shard's owner)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+
+
 def unit_rank(key: str) -> int:
-    """The place of a rack or host in the sample's order: sha256 (52 bits: exact as a float too), the same in
-    every process."""
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") >> 12
+    """The place of a rack or host in the sample's order: ``stable_hash`` (52 bits: exact as a float too)."""
+    return stable_hash(key) >> 12
 
 
 def ranked_units(hosts: np.ndarray, models: np.ndarray, racks: np.ndarray) -> pd.DataFrame:
@@ -47,15 +52,9 @@ def sample(units: pd.DataFrame, limit: int | None = None) -> pd.DataFrame:
     """The rows of ``ranked_units`` in the sample: per model, whole units in rank order while fewer than
     ``limit`` (default REFERENCE_HOSTS) hosts of the model are taken."""
     limit = REFERENCE_HOSTS if limit is None else int(limit)
-    if not len(units):
-        return units
-    first = ~units.duplicated(["model", "unit"])
-    sizes = units.groupby(["model", "unit"], sort=False).size()
-    per_unit = units.loc[first, ["model", "unit"]].assign(size=sizes.reindex(
-        pd.MultiIndex.from_frame(units.loc[first, ["model", "unit"]])).to_numpy())
-    before = per_unit.groupby("model", sort=False)["size"].cumsum() - per_unit["size"]
-    taken = per_unit.loc[before.to_numpy() < limit, ["model", "unit"]]
-    return units.merge(taken, on=["model", "unit"])
+    per_unit = units.groupby(["model", "unit"], sort=False).size().rename("hosts").reset_index()  # in rank order
+    before = per_unit.groupby("model", sort=False)["hosts"].cumsum() - per_unit["hosts"]
+    return units.merge(per_unit.loc[before < limit, ["model", "unit"]], on=["model", "unit"])
 
 
 def reference_hosts(hosts: np.ndarray, models: np.ndarray, racks: np.ndarray,
@@ -64,4 +63,4 @@ def reference_hosts(hosts: np.ndarray, models: np.ndarray, racks: np.ndarray,
     return frozenset(sample(ranked_units(hosts, models, racks), limit)["host"])
 
 
-__all__ = ["REFERENCE_HOSTS", "ranked_units", "reference_hosts", "sample", "unit_rank"]
+__all__ = ["REFERENCE_HOSTS", "ranked_units", "reference_hosts", "sample", "stable_hash", "unit_rank"]

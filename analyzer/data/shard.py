@@ -46,7 +46,6 @@ shard's own (weighted by its hours).
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -63,7 +62,7 @@ from analyzer.data.hosts import exporter_pods, map_exporter_pods, pod_info, quer
 from analyzer.data.ingest import PrometheusClient
 from analyzer.data.ingest.prometheus import Matcher, MatcherValue, selector
 from analyzer.data.load import NoTelemetry, load_prometheus
-from analyzer.data.reference import ranked_units, sample
+from analyzer.data.reference import ranked_units, sample, stable_hash
 from analyzer.findings import Finding
 from exporter import schema as S
 from exporter.attribution.jobs import KNOWN_JOB_LABELS, derive_job, sanitized_job_labels
@@ -138,8 +137,8 @@ class Shard:
 
 
 def shard_of(key: str, count: int) -> int:
-    """The shard of a unit key: sha256, the same in every process and on every machine."""
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % count
+    """The shard of a unit key: ``stable_hash``, the same in every process and on every machine."""
+    return stable_hash(key) % count
 
 
 def units(nodes: Iterable[str], workloads: Iterable[Iterable[str]]) -> dict[str, str]:
@@ -270,12 +269,13 @@ class Discovery:
     models: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     racks: Mapping[str, str] = field(default_factory=dict)
 
-    @property
-    def unplaced(self) -> set[str]:
+    @cached_property
+    def unplaced(self) -> frozenset[str]:
         """Nodes whose GPUs discovery saw no model of (no memory-used or GPU info series): read as reference
         candidates whatever their rank."""
-        return {n for n in self.unit if not self.models.get(n)}
+        return frozenset(n for n in self.unit if not self.models.get(n))
 
+    @cached_property
     def ranked(self) -> pd.DataFrame:
         """The nodes as analyzer.data.reference ranks them."""
         pairs = [(n, m) for n, ms in self.models.items() for m in ms]
@@ -426,7 +426,7 @@ def context_nodes(found: Discovery, owned: Iterable[str], margin: int = REFERENC
     nodes of its own nodes' racks (a rack's level and a node's rack peers are all of its nodes), with the
     RACK_SIGNALS families."""
     owned = set(owned)
-    picked = (set(sample(found.ranked(), reference.REFERENCE_HOSTS + margin)["host"]) | found.unplaced) - owned
+    picked = (set(sample(found.ranked, reference.REFERENCE_HOSTS + margin)["host"]) | found.unplaced) - owned
     mine = {found.racks[n] for n in owned if found.racks.get(n)}
     return picked, {n for n, r in found.racks.items() if r in mine} - owned - picked
 
@@ -437,7 +437,7 @@ def reference_read(whole: Fleet, found: Discovery, margin: int = REFERENCE_MARGI
     unless discovery saw no model on its hosts (they were all read)."""
     hosts, models, racks = whole.placements()
     used = sample(ranked_units(hosts, models, racks))
-    last = sample(found.ranked(), reference.REFERENCE_HOSTS + margin).groupby("model")["rank"].max()
+    last = sample(found.ranked, reference.REFERENCE_HOSTS + margin).groupby("model")["rank"].max()
     both = used.merge(last.rename("last").reset_index(), on="model", how="left")
     return not (~(both["rank"] <= both["last"]) & ~both["host"].isin(list(found.unplaced))).any()
 

@@ -97,10 +97,12 @@ import pandas as pd
 
 from analyzer.analysis.bottleneck import CLASSES, COMM, classify
 from analyzer.analysis.episodes import MAX_UNKNOWN_S, bridge_steps, column, format_duration
+from analyzer.analysis.rows import mig_rows
 from analyzer.data.frame import Fleet
 from analyzer.detectors import gpu_busy, register
 from analyzer.detectors._peers import GANG_POD, Communication, communicating
 from analyzer.findings import TOPOLOGY, Finding, Severity
+from exporter import schema as S
 
 WAN, MIG, NO_NVLINK, NUMA = "wan", "mig", "no_nvlink", "numa"
 #: A Deployment's pods: <deployment>-<pod-template-hash>-<5-char suffix>.
@@ -298,12 +300,9 @@ class Topology:
             return empty, empty
         # Per (job, node): the most NVLink traffic any member moved while at work (NaN: none reported; absent:
         # never at work, nothing to judge).
-        rows = whole["row"].to_numpy()
-        sm = column(fleet, "sm_active")[rows]
-        at_work = sm >= self.work_sm_min
-        if not fleet.has("sm_active"):  # dcgm-exporter's default counters: any tensor work tells a gang at work
-            at_work = column(fleet, "tensor_active")[rows] >= self.work_tensor_min
-        whole = whole.assign(nvl=nvl[rows])
+        act, signal = self._job_sm(fleet, whole)  # tensor where SM is not collected (dcgm-exporter's defaults)
+        at_work = act >= (self.work_sm_min if signal == "sm_active" else self.work_tensor_min)
+        whole = whole.assign(nvl=nvl[whole["row"].to_numpy()])
         job_nvl = whole[at_work].groupby(["job", "hostname"])["nvl"].max()
         bit = np.left_shift(1, whole["gpu"].to_numpy().astype(np.int64))
         own = (whole.assign(bit=bit).drop_duplicates(["job", "hostname", "timestamp", "gpu"])
@@ -397,9 +396,7 @@ class Topology:
             return {}
         hc = host.cat.codes.to_numpy(dtype=np.int64)
         g = _gpu_index(f["gpu"])
-        sel = np.isfinite(g) & (hc >= 0)
-        if "mig_profile" in f.columns:
-            sel &= f["mig_profile"].isna().to_numpy() | (f["mig_profile"].astype(object) == "").to_numpy()
+        sel = np.isfinite(g) & (hc >= 0) & ~mig_rows(f)  # whole GPUs
         sel &= unknown[np.maximum(hc, 0)]
         talking = np.bincount(hc[sel & (nvl >= self.nvlink_traffic_bps)], minlength=len(names)) > 0
         sel &= talking[np.maximum(hc, 0)]
@@ -599,8 +596,9 @@ class Topology:
             gaps.append("no GPU topology (NUMA placement assumed from the HGX board layout on nodes moving NVLink "
                         "traffic only, missing NVLink judged from traffic)")
         if "site" not in f.columns or not (f["site"].astype(object).fillna("") != "").any():
-            gaps.append("no site labels (jobs split across sites not checked: they come from truegpu's node info, or "
-                        "kube-state-metrics' kube_node_labels with topology.kubernetes.io/zone allowlisted)")
+            gaps.append(f"no site labels (jobs split across sites not checked: they come from truegpu's "
+                        f"{S.NODE_INFO.name}, or kube-state-metrics' {S.KUBE_NODE_LABELS} with "
+                        f"{S.KUBE_NODE_ZONE} allowlisted)")
         if gaps:
             note = "topology: " + "; ".join(gaps) + "; training on MIG slices is still checked"
             if note not in fleet.notes:
