@@ -33,7 +33,8 @@ import gzip
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from itertools import compress
+from itertools import chain, compress, groupby, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -62,6 +63,10 @@ BUILDER_BATCH = 1 << 16
 
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_RE = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,?)[ \t]*', re.S)
+#: A key the careful parser reads the same way: no escapes, no whitespace around its parts (duplicates checked after).
+_SIMPLE_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"'
+_SIMPLE_KEY_RE = re.compile(rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{{((?:{_SIMPLE_LABEL}(?:,{_SIMPLE_LABEL})*,?)?)\}})?")
+_SIMPLE_LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 _ESCAPE_RE = re.compile(r"\\(.)", re.S)
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 #: What a plain decimal number token is made of (JSON whitespace included: CRLF files end
@@ -117,6 +122,25 @@ def parse_series(text: str, pos: int = 0) -> tuple[str, list[tuple[str, str]], i
                     break
                 raise ParseError(f"expected ',' or '}}' at column {pos + 1}")
     return name, labels, pos
+
+
+def parse_key(key: bytes) -> tuple[str, list[tuple[str, str]]] | None:
+    """A whole series key's name and labels, or None where it is not one. Keys without escapes or
+    spaces (nearly all) are read by two C-speed regexes, ~4x faster than the careful parser."""
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    m = _SIMPLE_KEY_RE.fullmatch(text)
+    if m is not None:
+        labels = _SIMPLE_LABEL_RE.findall(m.group(2)) if m.group(2) else []
+        if len({k for k, _ in labels}) == len(labels):
+            return m.group(1), labels
+    try:
+        name, labels, end = parse_series(text)
+    except ParseError:
+        return None
+    return (name, labels) if end == len(text) else None
 
 
 def _parse_float(token: str, what: str) -> float:
@@ -187,8 +211,10 @@ def _open_binary(path: Path) -> BinaryIO:
     return raw
 
 
-def _read_blocks(f: BinaryIO, chunk_bytes: int) -> Iterator[bytes]:
-    """Yield blocks of complete lines (without the last newline) of roughly ``chunk_bytes`` each."""
+def _read_blocks(f: BinaryIO, chunk_bytes: int) -> Iterator[tuple[bytes, int, int]]:
+    """Yield ``(buffer, start, end)``: complete lines ``buffer[start:end]`` (without the last newline) of roughly
+    ``chunk_bytes`` each. Each read is yielded as it is (copying it into a block of whole lines was a tenth of
+    the read): the line a read cut comes whole in a small buffer of its own."""
     carry = b""
     while True:
         data = f.read(chunk_bytes)
@@ -198,20 +224,24 @@ def _read_blocks(f: BinaryIO, chunk_bytes: int) -> Iterator[bytes]:
         if cut < 0:
             carry += data
             continue
-        block = carry + data[:cut] if carry else data[:cut]
+        start = 0
+        if carry:
+            start = data.find(b"\n") + 1
+            yield carry + data[: start - 1], 0, len(carry) + start - 1
+        if start <= cut:
+            yield data, start, cut
         carry = data[cut + 1 :]
-        yield block
     if carry:
-        yield carry
+        yield carry, 0, len(carry)
 
 
-def _comment_line(block: bytes, pos: int) -> int:
-    """Start of the first line at or after ``pos`` (a line start) that begins with '#', or -1.
+def _comment_line(block: bytes, pos: int, end: int) -> int:
+    """Start of the first line in ``block[pos:end]`` (``pos`` a line start) that begins with '#', or -1.
 
     Looks for '#' alone (a memchr-fast search; a two-byte one is ~30x slower) and skips the few
     inside lines (exemplars, label values)."""
     while True:
-        i = block.find(b"#", pos)
+        i = block.find(b"#", pos, end)
         if i <= pos or block[i - 1] == 0x0A:  # none, at ``pos`` itself, or just after a newline
             return i
         pos = i + 1
@@ -224,20 +254,26 @@ class _KeyCache(dict[bytes, int]):
     line-by-line parser, which reports them.
     """
 
-    def __init__(self, key_id: Callable[[str, list[tuple[str, str]]], int]) -> None:
+    def __init__(self, key_ids: Callable[[list[tuple[str, list[tuple[str, str]]]]], list[int]]) -> None:
         super().__init__()
-        self._key_id = key_id
+        self._key_ids = key_ids
 
     def __missing__(self, key: bytes) -> int:
-        try:
-            text = key.decode("utf-8")
-            name, labels, end = parse_series(text)
-        except (ParseError, UnicodeDecodeError):
-            return _INVALID
-        if end != len(text):
-            return _INVALID
-        sid = self[key] = self._key_id(name, labels)
-        return sid
+        return self.learn([key])[0]
+
+    def learn(self, keys: list[bytes]) -> list[int]:
+        """Ids of distinct keys not cached yet, numbered together: a 10,000-GPU file brings ~600 k series,
+        and numbering them one call each was a tenth of its read."""
+        out = [_INVALID] * len(keys)
+        at, parsed = [], []
+        for i, key in enumerate(keys):
+            series = parse_key(key)
+            if series is not None:
+                at.append(i)
+                parsed.append(series)
+        for i, sid in zip(at, self._key_ids(parsed), strict=True):
+            out[i] = self[keys[i]] = sid
+        return out
 
 
 class _FileState:
@@ -298,7 +334,7 @@ class OpenMetricsReader:
         self.chunk_bytes = chunk_bytes
         self.report = IngestReport(max_examples=max_bad_examples)
         self.builder = FrameBuilder(self.report, sentinels=sentinels)
-        self._keys = _KeyCache(self._key_id)
+        self._keys = _KeyCache(self._key_ids)
         self._seen_names: set[str] = set()
         self._pending_bad: list[tuple[int, str, str, bytes]] = []
 
@@ -311,8 +347,8 @@ class OpenMetricsReader:
         lineno = 0
         with _open_binary(path) as f:
             try:
-                for block in _read_blocks(f, self.chunk_bytes):
-                    lineno += self._parse_block(block, lineno, state)
+                for buffer, start, end in _read_blocks(f, self.chunk_bytes):
+                    lineno += self._parse_block(buffer, start, end, lineno, state)
             except (OSError, EOFError, zlib.error) as e:  # truncated or corrupt gzip
                 self.report.add_bad(source, lineno + 1, f"unreadable from here on: {type(e).__name__}: {e}", b"")
         self._finish_file(state)
@@ -338,18 +374,18 @@ class OpenMetricsReader:
             self.report.add_bad(source, line_number, reason, text)
         self._pending_bad.clear()
 
-    def _parse_block(self, block: bytes, first_lineno: int, state: _FileState) -> int:
-        """Parse one block of lines; return how many lines it had. Comment lines (family headers,
+    def _parse_block(self, block: bytes, pos: int, size: int, first_lineno: int, state: _FileState) -> int:
+        """Parse the lines of ``block[pos:size]``; return how many there were. Comment lines (family headers,
         # EOF) cut it into runs of samples."""
         try:
-            pos, lineno, size = 0, first_lineno, len(block)
+            lineno = first_lineno
             while True:
-                start = _comment_line(block, pos)
+                start = _comment_line(block, pos, size)
                 if start < 0:
-                    return lineno + self._parse_run(block[pos:], lineno, state) - first_lineno
+                    return lineno + self._parse_run(block, pos, size, lineno, state) - first_lineno
                 if start > pos:
-                    lineno += self._parse_run(block[pos : start - 1], lineno, state)
-                end = block.find(b"\n", start)
+                    lineno += self._parse_run(block, pos, start - 1, lineno, state)
+                end = block.find(b"\n", start, size)
                 end = size if end < 0 else end
                 self._parse_lines([block[start:end]], lineno, state)
                 lineno += 1
@@ -359,13 +395,14 @@ class OpenMetricsReader:
         finally:
             self._flush_bad()
 
-    def _parse_run(self, run: bytes, first_lineno: int, state: _FileState) -> int:
-        """Lines without comments, FAST_BYTES at a time: the bulk path, or line by line where it cannot."""
-        bulk = not state.eof_line and b"\x00" not in run
-        lineno, pos, size = first_lineno, 0, len(run)
+    def _parse_run(self, block: bytes, pos: int, size: int, first_lineno: int, state: _FileState) -> int:
+        """The lines of ``block[pos:size]``, without comments, FAST_BYTES at a time: the bulk path, or line by
+        line where it cannot."""
+        bulk = not state.eof_line and block.find(b"\x00", pos, size) < 0
+        lineno = first_lineno
         while True:
-            end = run.find(b"\n", pos + FAST_BYTES) if size - pos > FAST_BYTES else -1
-            piece = run[pos:] if end < 0 else run[pos:end]
+            end = block.find(b"\n", pos + FAST_BYTES, size) if size - pos > FAST_BYTES else -1
+            piece = block[pos:size] if end < 0 else block[pos:end]
             n = self._fast_run(piece, state) if bulk else 0
             if not n:
                 lines = piece.split(b"\n")
@@ -417,7 +454,7 @@ class OpenMetricsReader:
         a new 100-byte token for the dict); the rest is looked up token by token.
         """
         n = len(keys)
-        sids = np.empty(n, dtype=np.int64)
+        runs: list[tuple[int, int]] = []  # (start, end) of each run of one key
         i = 0
         while i < n:
             key = keys[i]
@@ -429,10 +466,18 @@ class OpenMetricsReader:
                 else:
                     hi = mid
             if lo - i < MIN_RUN or keys[i:lo].count(key) != lo - i:
-                sids[i:] = np.fromiter(map(self._keys.__getitem__, keys[i:]), np.int64, n - i)  # new: __missing__
                 break
-            sids[i:lo] = self._keys[key]
+            runs.append((i, lo))
             i = lo
+        heads, rest = [keys[a] for a, _ in runs], keys[i:]
+        known = self._keys.get
+        if _MISS in map(known, chain(heads, rest), repeat(_MISS)):  # new keys: numbered together
+            self._keys.learn([k for k in dict.fromkeys(chain(heads, rest)) if k not in self._keys])
+        sids = np.empty(n, dtype=np.int64)
+        for (a, b), key in zip(runs, heads, strict=True):
+            sids[a:b] = known(key, _INVALID)
+        if rest:
+            sids[i:] = np.fromiter(map(known, rest, repeat(_INVALID)), np.int64, n - i)
         return sids
 
     def _parse_lines(self, lines: list[bytes], first_lineno: int, state: _FileState) -> None:
@@ -540,7 +585,7 @@ class OpenMetricsReader:
             return _SKIP, None
         if exemplar:
             self.report.exemplars_ignored += 1
-        sid = self._key_id(name, labels)
+        sid = self._key_ids([(name, labels)])[0]
         if sid < 0:
             return sid, None
         if timestamp is None and self.default_timestamp is None:
@@ -548,11 +593,18 @@ class OpenMetricsReader:
             return _SKIP, None
         return sid, (value, timestamp)
 
-    def _key_id(self, name: str, labels: list[tuple[str, str]]) -> int:
-        if self.filter is not None and not self.filter.matches(name):
-            return _FILTERED
-        self._seen_names.add(name)
-        return self.builder.series_id(name, labels)
+    def _key_ids(self, keys: list[tuple[str, list[tuple[str, str]]]]) -> list[int]:
+        """Series ids (or _FILTERED) of parsed keys, each run of one metric's numbered in one call."""
+        out: list[int] = []
+        canon = self.builder.labelsets.get
+        for name, run in groupby(keys, key=itemgetter(0)):
+            labels = [canon(tuple(labels)) for _, labels in run]
+            if self.filter is not None and not self.filter.matches(name):
+                out.extend([_FILTERED] * len(labels))
+                continue
+            self._seen_names.add(name)
+            out.extend(self.builder.series_ids(name, labels))
+        return out
 
     def _comment(self, text: str, lineno: int, state: _FileState) -> None:
         if text == "# EOF":

@@ -17,8 +17,9 @@ from analyzer.data.ingest.openmetrics import ParseError, parse_sample_line
 
 T0 = 1_700_000_000
 
-# Keys the fast paths must read (or hand on) exactly as the careful parser does: label values with a
-# space, '}', '"', '\\', '#', ',', an escaped newline, non-ASCII, empty values, spaces in the label set.
+# Keys the fast paths (the simple-key regex too) must read (or hand on) exactly as the careful parser does:
+# label values with a space, '}', '"', '\\', '#', ',', an escaped newline, non-ASCII, empty values, spaces
+# in the label set.
 _KEYS = [
     "m",
     "x:y_total",
@@ -35,6 +36,9 @@ _KEYS = [
     'm{a="1",}',
     'm{a="x",a="y"}',  # duplicate label: bad
     'm{a="open}',  # unterminated: bad
+    'm{a="1"b="2"}',  # no comma between labels: bad
+    "m{,}",  # a comma and no label: bad
+    'm{a="tab\there",b="=,{}"}',
     "9m",  # no metric name: bad
 ]
 _VALUES = st.one_of(
