@@ -16,7 +16,11 @@ fleet size:
     serve_full_reload_rss_mb_first N
     serve_full_reload_rss_mb_last N
 
-    .venv/bin/python bench/bench_serve.py [--gpus 256,1000] [--ticks 100] [--full-ticks 100]
+and with ``--shard I/N`` the same for that shard's replica (``serve --shard``: its reads kept between
+ticks, analyzer.data.shard.KeptReads), prefixed ``serve_shard_`` and ``serve_shard_full_reload_``, with
+``serve_shard_gpus`` (the GPUs it owns) and ``serve_shard_full_loads`` (its reads' whole-window loads).
+
+    .venv/bin/python bench/bench_serve.py [--gpus 256,1000] [--ticks 100] [--full-ticks 100] [--shard I/N]
 
 The fleet is healthy-fleet rescaled to 8-GPU nodes (256 is the nearest to 250) scraped every
 ``--scrape`` s; the service analyzes the default 30-minute window at a 60 s step every 60 s. The
@@ -44,15 +48,20 @@ WINDOW = 1800.0
 STEP = 60.0
 
 
-def measure(url: str, start: float, interval: float, ticks: int, mode: str, gpus: int) -> None:
+def measure(url: str, start: float, interval: float, ticks: int, mode: str, gpus: int, shard: str) -> None:
     """The measured part (in the child): ``ticks`` service runs, then the numbers."""
+    from analyzer.data.shard import KeptReads, Shard, shard_loader
     from analyzer.data.window import WindowLoader
     from analyzer.service import AnalyzerService, prometheus_loader
     from bench.benchutil import status_mb
 
     incremental = mode == "incremental"  # as serve runs: its ticks' loader keeps the series' label sets
-    plain = prometheus_loader(url, STEP, timeout=600.0, remember=incremental)
-    loader = WindowLoader(plain) if incremental else plain
+    kept = KeptReads() if incremental and shard else None
+    if shard:
+        loader = shard_loader(url, STEP, Shard.parse(shard), kept=kept, timeout=600.0)
+    else:
+        plain = prometheus_loader(url, STEP, timeout=600.0, remember=incremental)
+        loader = WindowLoader(plain) if incremental else plain
     now = [0.0]
     service = AnalyzerService(loader, url=url, interval=interval, window=WINDOW, step=STEP, clock=lambda: now[0])
     seconds, rss = [], []
@@ -65,19 +74,23 @@ def measure(url: str, start: float, interval: float, ticks: int, mode: str, gpus
         if not ok:
             raise SystemExit(f"tick {i} failed: {service.health_json()['last_error']}")
     fleet = service.snapshot().analysis.fleet
-    assert fleet is not None and fleet.gpu_count() == gpus, (fleet and fleet.gpu_count(), gpus)
-    name = "serve" if incremental else "serve_full_reload"
+    name = ("serve_shard" if shard else "serve") + ("" if incremental else "_full_reload")
+    if shard:
+        print(f"serve_shard_gpus {fleet.gpu_count()}")
+    else:
+        assert fleet is not None and fleet.gpu_count() == gpus, (fleet and fleet.gpu_count(), gpus)
     print(f"{name}_tick_seconds_p50 {np.median(seconds):.2f}")
     print(f"{name}_tick_seconds_max {max(seconds):.2f}")
     print(f"{name}_rss_mb_first {rss[0]:.0f}")
     print(f"{name}_rss_mb_last {rss[-1]:.0f}")
     if incremental:
-        print(f"serve_full_loads {loader.full_loads}")
-    print(f"# {mode}: {ticks} ticks, RSS min/max {min(rss):.0f}/{max(rss):.0f} MB, peak {status_mb('VmHWM'):.0f} MB",
+        loads = sum(w.full_loads for w in kept.windows.values()) if kept else loader.full_loads
+        print(f"{'serve_shard' if shard else 'serve'}_full_loads {loads}")
+    print(f"# {name}: {ticks} ticks, RSS min/max {min(rss):.0f}/{max(rss):.0f} MB, peak {status_mb('VmHWM'):.0f} MB",
           file=sys.stderr)
 
 
-def run(gpus: int, ticks: int, full_ticks: int, interval: float, scrape: float) -> None:
+def run(gpus: int, ticks: int, full_ticks: int, interval: float, scrape: float, shard: str) -> None:
     from bench.benchutil import healthy_cluster, simulated_prometheus
 
     history = WINDOW + max(ticks, full_ticks) * interval + STEP
@@ -88,10 +101,11 @@ def run(gpus: int, ticks: int, full_ticks: int, interval: float, scrape: float) 
         with simulated_prometheus(sim, sim.start, sim.start + history + scrape, scrape, Path(tmp)) as url:
             print(f"serve_backfill_seconds {time.perf_counter() - t0:.1f}", flush=True)
             print(f"serve_gpus {n}", flush=True)
-            for mode, count in (("incremental", ticks), ("full", full_ticks)):
-                if count:
-                    subprocess.run([sys.executable, __file__, "--measure", url, repr(sim.start), repr(interval),
-                                    str(count), mode, str(n)], check=True)  # fmt: skip
+            for part in ("", shard) if shard else ("",):
+                for mode, count in (("incremental", ticks), ("full", full_ticks)):
+                    if count:
+                        subprocess.run([sys.executable, __file__, "--measure", url, repr(sim.start), repr(interval),
+                                        str(count), mode, str(n), part], check=True)  # fmt: skip
 
 
 def main() -> None:
@@ -101,15 +115,16 @@ def main() -> None:
     ap.add_argument("--full-ticks", type=int, default=100, help="full-reload ticks (default 100; 0: skip)")
     ap.add_argument("--interval", type=float, default=60.0, help="seconds between ticks (default 60)")
     ap.add_argument("--scrape", type=float, default=15.0, help="history sample interval in seconds (default 15)")
-    ap.add_argument("--measure", nargs=6, metavar=("URL", "START", "INTERVAL", "TICKS", "MODE", "GPUS"),
+    ap.add_argument("--shard", default="", metavar="I/N", help="also replay this shard's replica's ticks")
+    ap.add_argument("--measure", nargs=7, metavar=("URL", "START", "INTERVAL", "TICKS", "MODE", "GPUS", "SHARD"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure:
-        url, start, interval, ticks, mode, gpus = args.measure
-        measure(url, float(start), float(interval), int(ticks), mode, int(gpus))
+        url, start, interval, ticks, mode, gpus, shard = args.measure
+        measure(url, float(start), float(interval), int(ticks), mode, int(gpus), shard)
         return
     for gpus in (int(g) for g in args.gpus.split(",")):
-        run(gpus, args.ticks, args.full_ticks, args.interval, args.scrape)
+        run(gpus, args.ticks, args.full_ticks, args.interval, args.scrape, args.shard)
 
 
 if __name__ == "__main__":

@@ -192,7 +192,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
         check_window(*(fixed or (now - args.window, now)), args.step)  # refuse at start, not at the first tick
         reading = {"matchers": dict(args.matcher) or None, "job_label": args.job_label, **_client_kwargs(args)}
         if args.shard:  # one replica of N: its workloads and hosts (analyzer.data.shard)
-            from analyzer.data.shard import shard_loader
+            from analyzer.data.shard import KeptReads, shard_loader
 
             loader = shard_loader(args.prometheus, args.step, args.shard, **reading)
         else:
@@ -207,7 +207,9 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
         web = load_web_config(args.web_config_file)
         settings, rollup = api_settings(args, loader, site)  # the rollups read whole days: the plain loader
         ticks = loader
-        if fixed is None and not args.shard:  # each tick reads only its new steps; a shard's hosts follow the window
+        if fixed is None and args.shard:  # each tick reads only its new steps (each of the shard's reads)
+            ticks = shard_loader(args.prometheus, args.step, args.shard, kept=KeptReads(), **reading)
+        elif fixed is None:
             from analyzer.data.window import WindowLoader
 
             ticks = WindowLoader(prometheus_loader(args.prometheus, args.step, remember=True, **reading))

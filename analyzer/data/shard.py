@@ -36,7 +36,8 @@ are named as normalize names them (``_workloads`` mirrors its precedence; after 
 ``reference_read`` that the sample read is the one the whole fleet gives: where it is not, a rack
 coming up with no data yet, the shard reads further down the ranking). Then up to three reads:
 the owned hosts with every family, the reference sample's other hosts with the context families, the
-racks' other nodes with the rack families, merged row-wise into one fleet on one grid.
+racks' other nodes with the rack families, merged row-wise into one fleet on one grid. serve's ticks
+keep each of those reads' window between ticks (``KeptReads``): a tick loads only its new steps.
 
 Merging the shards' outputs: findings and the job tables are disjoint (union); GPU-hours (every
 part of the partition, fleet and namespace, and the score tables' hours) add up, e.g.
@@ -59,10 +60,11 @@ from analyzer.data import dialects as D
 from analyzer.data import reference
 from analyzer.data.frame import Fleet, device_order, empty_frame, merged_accounting
 from analyzer.data.hosts import exporter_pods, map_exporter_pods, pod_info, query_pod_info
-from analyzer.data.ingest import PrometheusClient
+from analyzer.data.ingest import LabelSets, PrometheusClient
 from analyzer.data.ingest.prometheus import Matcher, MatcherValue, selector
 from analyzer.data.load import NoTelemetry, load_prometheus
 from analyzer.data.reference import ranked_units, sample, stable_hash
+from analyzer.data.window import WindowLoader
 from analyzer.findings import Finding
 from exporter import schema as S
 from exporter.attribution.jobs import KNOWN_JOB_LABELS, derive_job, sanitized_job_labels
@@ -382,9 +384,10 @@ def _workloads(series: list[dict[str, str]], job_label: str | None) -> list[set[
 # Loading (Prometheus) ----------------------------------------------------------------------------
 def load_shard(url: str, start: float, end: float, step: float, shard: Shard, *,
                matchers: Mapping[str, MatcherValue] | None = None, job_label: str | None = None,
-               **client_kwargs: Any) -> ShardFleet:
+               kept: KeptReads | None = None, **client_kwargs: Any) -> ShardFleet:
     """Shard ``shard`` of ``[start, end)``: discovery, its hosts with every family, the other hosts'
-    context families, merged (load_prometheus does each read; ``client_kwargs`` go to it)."""
+    context families, merged (load_prometheus does each read, or ``kept``'s window of it: serve's ticks;
+    ``client_kwargs`` go to it)."""
     matchers = dict(matchers or {})
     clash = sorted(set(matchers) & set(_HOST_LABELS))
     if clash:
@@ -395,8 +398,15 @@ def load_shard(url: str, start: float, end: float, step: float, shard: Shard, *,
 
     def load(nodes: Iterable[str], names: Iterable[str] | None = None,
              narrow: Mapping[str, MatcherValue] | None = None) -> Fleet:
-        return load_prometheus(url, start, end, step, matchers={**matchers, **found.matchers(nodes), **(narrow or {})},
-                               job_label=job_label, names=names, **client_kwargs)
+        selectors = {**matchers, **found.matchers(nodes), **(narrow or {})}
+
+        def read(lo: float, hi: float, labelsets: LabelSets | None = None) -> Fleet:
+            return load_prometheus(url, lo, hi, step, matchers=selectors, job_label=job_label, names=names,
+                                   labelsets=labelsets, **client_kwargs)
+
+        if kept is None:
+            return read(start, end)
+        return kept.load(repr((sorted(selectors.items()), None if names is None else sorted(names))), read, start, end)
 
     owned = load(sorted(own.nodes)) if own.nodes else None
     rack_names = context_names(RACK_SIGNALS) - {S.GPU_TOPOLOGY_INFO.name}  # thermal reads no topology
@@ -442,12 +452,45 @@ def reference_read(whole: Fleet, found: Discovery, margin: int = REFERENCE_MARGI
     return not (~(both["rank"] <= both["last"]) & ~both["host"].isin(list(found.unplaced))).any()
 
 
+class KeptReads:
+    """A shard's reads kept between serve's ticks: one WindowLoader (analyzer.data.window) per read (its
+    selectors and families), so while a shard's hosts stay the same a tick loads only its new steps, as
+    the unsharded serve does, and each read is exactly its full load. A read whose hosts changed (a unit
+    moved, a rack came up) is a new read, loaded whole; the reads a tick did not make are dropped."""
+
+    def __init__(self) -> None:
+        self.windows: dict[str, WindowLoader] = {}
+        self._used: set[str] = set()
+
+    def load(self, key: str, read: Callable[[float, float, LabelSets], Fleet], start: float, end: float) -> Fleet:
+        """``read(lo, hi, labelsets)`` of ``[start, end)`` through the window kept under ``key``."""
+        window = self.windows.get(key)
+        if window is None:
+            labelsets = LabelSets()  # the series' label sets, kept from one load to the next
+            window = self.windows[key] = WindowLoader(lambda lo, hi: read(lo, hi, labelsets))
+        self._used.add(key)
+        return window(start, end)
+
+    def tick(self, load: Callable[[], ShardFleet]) -> ShardFleet:
+        """One tick's ``load()``; after a good one, the reads it did not make are dropped."""
+        self._used = set()
+        fleet = load()
+        self.windows = {k: w for k, w in self.windows.items() if k in self._used}
+        return fleet
+
+
 def shard_loader(url: str, step: float, shard: Shard, *, matchers: Mapping[str, MatcherValue] | None = None,
-                 job_label: str | None = None, **client_kwargs: Any) -> Callable[[float, float], ShardFleet]:
-    """``serve``'s loader (analyzer.service.loop.Loader) of one shard: ``load_shard`` of each window."""
+                 job_label: str | None = None, kept: KeptReads | None = None,
+                 **client_kwargs: Any) -> Callable[[float, float], ShardFleet]:
+    """``serve``'s loader (analyzer.service.loop.Loader) of one shard: ``load_shard`` of each window, through
+    ``kept`` reads where given (a window that slides forward: each tick loads its new steps)."""
 
     def load(start: float, end: float) -> ShardFleet:
-        return load_shard(url, start, end, step, shard, matchers=matchers, job_label=job_label, **client_kwargs)
+        def once() -> ShardFleet:
+            return load_shard(url, start, end, step, shard, matchers=matchers, job_label=job_label, kept=kept,
+                              **client_kwargs)
+
+        return kept.tick(once) if kept is not None else once()
 
     return load
 
@@ -516,5 +559,5 @@ def _about(own: Ownership, frame: pd.DataFrame, context_nodes: int) -> dict[str,
             "nodes": len(own.nodes), "gpus": gpus, "context_nodes": context_nodes}
 
 
-__all__ = ["CONTEXT_SIGNALS", "Discovery", "Ownership", "Shard", "ShardFleet", "context_names", "discover",
+__all__ = ["CONTEXT_SIGNALS", "Discovery", "KeptReads", "Ownership", "Shard", "ShardFleet", "context_names", "discover",
            "load_shard", "merge", "ownership_from_fleet", "shard_fleet", "shard_loader", "shard_of", "units"]

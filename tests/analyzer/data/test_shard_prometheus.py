@@ -18,11 +18,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from analyzer import output_schema as O
 from analyzer.data import reference
-from analyzer.data.shard import Shard, shard_loader
+from analyzer.data.shard import KeptReads, Shard, load_shard, shard_loader
+from analyzer.pipeline import analyze
 from analyzer.service import AnalyzerService, prometheus_loader
 from analyzer.service.metrics import build_registry
 from exporter.simulator import Cluster, load_scenario
 from exporter.simulator.history import write_history
+from tests.analyzer.service.test_incremental import _findings, assert_same
 from tests.conftest import ROOT
 from tests.realprom import backfilled_prometheus
 from truegpu.cli import main
@@ -121,7 +123,7 @@ def test_a_node_whose_exporter_pod_rolled_is_one_host_of_one_shard(tmp_path, pro
     served by one pod, then, after a DaemonSet roll, another): discovery maps them to nodes through
     kube_pod_info, so node-a's two pod names are one host, read whole by one shard."""
     from analyzer.data.ingest import PrometheusClient
-    from analyzer.data.shard import discover, load_shard
+    from analyzer.data.shard import discover
     from tests.analyzer.data.test_hosts import NEW, OLD, OTHER, T0, _util, history
     from tests.analyzer.data.test_hosts import STEP as HOSTS_STEP
 
@@ -139,3 +141,22 @@ def test_a_node_whose_exporter_pod_rolled_is_one_host_of_one_shard(tmp_path, pro
     assert _util(shards[a], "node-a", "0") == [0.2] * 5 + [0.8] * 5  # both pods' samples: OLD's, then NEW's
     assert shards[a].ownership.owns("node-a") and shards[a].about["nodes"] == len(shards[a].ownership.nodes)
     assert sorted(set(shards[a].whole.frame["hostname"].astype(str))) == ["node-a", "node-b"]
+
+
+def test_serve_shard_ticks_read_only_their_new_steps_and_equal_full_loads(prom):
+    """serve --shard's ticks (KeptReads: each of the shard's reads is a kept window) give, tick after tick,
+    the fleet and findings a full load of the shard gives, while reading only each tick's new steps."""
+    url, start, _end = prom
+    kept = KeptReads()
+    ticks = shard_loader(url, STEP, Shard(1, SHARDS), kept=kept)
+    window = 30 * 60.0
+    for minute in range(30, 41):
+        lo, hi = start + minute * 60.0 - window, start + minute * 60.0
+        got, want = ticks(lo, hi), load_shard(url, lo, hi, STEP, Shard(1, SHARDS))
+        assert_same(got, want)
+        assert_same(got.whole, want.whole)
+        assert _findings(analyze(got).findings) == _findings(analyze(want).findings), f"tick at {minute} min"
+        assert got.about == want.about
+    assert len(kept.windows) >= 2  # the owned hosts and the context: reads of their own
+    assert all(w.full_loads == 1 and w.incremental_loads == 10 for w in kept.windows.values()), \
+        [(w.full_loads, w.incremental_loads, w.last_reason) for w in kept.windows.values()]
