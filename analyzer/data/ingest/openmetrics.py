@@ -469,15 +469,18 @@ class OpenMetricsReader:
                 break
             runs.append((i, lo))
             i = lo
-        heads, rest = [keys[a] for a, _ in runs], keys[i:]
-        known = self._keys.get
-        if _MISS in map(known, chain(heads, rest), repeat(_MISS)):  # new keys: numbered together
-            self._keys.learn([k for k in dict.fromkeys(chain(heads, rest)) if k not in self._keys])
+        heads = [keys[a] for a, _ in runs]
+        got = np.fromiter(map(self._keys.get, chain(heads, keys[i:]), repeat(_MISS)), np.int64, len(heads) + n - i)
+        miss = got == _MISS
+        if miss.any():  # new keys, numbered together in the order they come
+            missed = list(compress(chain(heads, keys[i:]), miss.tolist()))
+            new = list(dict.fromkeys(missed))
+            learnt = dict(zip(new, self._keys.learn(new), strict=True))
+            got[miss] = [learnt[k] for k in missed]
         sids = np.empty(n, dtype=np.int64)
-        for (a, b), key in zip(runs, heads, strict=True):
-            sids[a:b] = known(key, _INVALID)
-        if rest:
-            sids[i:] = np.fromiter(map(known, rest, repeat(_INVALID)), np.int64, n - i)
+        for j, (a, b) in enumerate(runs):
+            sids[a:b] = got[j]
+        sids[i:] = got[len(heads):]
         return sids
 
     def _parse_lines(self, lines: list[bytes], first_lineno: int, state: _FileState) -> None:
