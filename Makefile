@@ -58,7 +58,7 @@ bench: install
 	$(PY) bench/bench_e2e.py
 	$(PY) bench/bench_prometheus.py
 	$(PY) bench/bench_shard.py --gpus 2048
-	$(PY) bench/bench_serve.py
+	$(PY) bench/bench_serve.py --shard 0/4
 	$(PY) bench/bench_analyze.py
 	$(PY) bench/bench_report.py
 	$(PY) bench/bench_rollups.py
