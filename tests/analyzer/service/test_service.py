@@ -309,6 +309,35 @@ def test_serve_against_real_prometheus(tmp_path, live_history, serve_in_process,
         assert store.days("namespace")
 
 
+def test_serve_shard_replica_keeps_its_reads_between_ticks(tmp_path, live_history, serve_in_process, promtool,
+                                                          prometheus_bin, monkeypatch):
+    """``serve --shard`` (a StatefulSet pod's name) analyzes its shard every tick through kept reads: after the first
+    tick each of its reads loads only the new steps (analyzer.data.shard.KeptReads)."""
+    from analyzer.data import shard
+
+    made: list[shard.KeptReads] = []
+
+    class Recorded(shard.KeptReads):
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(shard, "KeptReads", Recorded)
+    om, _cluster = live_history
+    with backfilled_prometheus(tmp_path, [om], promtool, prometheus_bin) as prom_url:
+        service, _url = serve_in_process(["--prometheus", prom_url, "--listen", "127.0.0.1:0", "--interval", "1s",
+                                          "--window", f"{WINDOW:g}s", "--timeout", "10", "--no-auth",
+                                          "--shard", "truegpu-analyzer-1/2"])
+        assert service.wait_for_run(120, runs=3), "fewer than 3 analysis runs finished"
+        health = service.health_json()
+        assert health["last_error"] is None and health["runs"]["ok"] >= 3, health
+        fleet = service.snapshot().analysis.fleet
+    assert isinstance(fleet, shard.ShardFleet) and fleet.about["shard"] == "1/2" and fleet.about["nodes"] > 0
+    (kept,) = made
+    assert kept.windows and all(w.full_loads == 1 and w.incremental_loads >= 2 for w in kept.windows.values()), \
+        [(w.full_loads, w.incremental_loads, w.last_reason) for w in kept.windows.values()]
+
+
 def test_serve_cli_unreachable_prometheus_stays_up_and_stops_on_sigterm(tmp_path, promtool):
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens here
     port = free_port()
