@@ -16,6 +16,7 @@ import pytest
 
 from analyzer.data.frame import Fleet
 from analyzer.data.shard import (
+    KeptReads,
     Ownership,
     Shard,
     ShardFleet,
@@ -210,3 +211,39 @@ def test_context_families_cover_both_dialects():
             "DCGM_FI_PROF_SM_ACTIVE", S.GPU_ALLOCATION_INFO.name, S.NODE_INFO.name} <= names
     assert not {"truegpu_memory_used_bytes", "DCGM_FI_DEV_FB_USED", S.XID_ERRORS.name, "truegpu_ecc_errors_total"} \
         & names
+
+
+def test_kept_reads_keep_the_reads_a_tick_makes_and_drop_the_others(fleet):
+    """KeptReads: a read keeps its window from tick to tick (a full load once, then only new steps); a read the
+    last tick did not make is dropped, and made again it loads whole (its hosts changed: a unit moved)."""
+    calls: list[tuple[str, float, float]] = []
+
+    def reader(key: str):
+        def read(lo: float, hi: float, labelsets) -> Fleet:
+            calls.append((key, lo, hi))
+            return fleet.between(lo, hi)
+
+        return read
+
+    kept = KeptReads()
+    window, step = 1800.0, fleet.step
+    end = fleet.start + window
+
+    def tick(end: float, keys: list[str]) -> list[Fleet]:
+        return kept.tick(lambda: [kept.load(k, reader(k), end - window, end) for k in keys])
+
+    tick(end, ["owned", "sample"])
+    tick(end + step, ["owned", "sample"])
+    got = tick(end + 2 * step, ["owned", "mates"])
+    assert sorted(kept.windows) == ["mates", "owned"]  # the sample was not read by the last tick
+    assert kept.windows["owned"].full_loads == 1 and kept.windows["owned"].incremental_loads == 2
+    assert kept.windows["mates"].full_loads == 1
+    assert calls[-1] == ("mates", end + 2 * step - window, end + 2 * step)  # new: its whole window
+    spans = [hi - lo for key, lo, hi in calls if key == "owned"]
+    assert spans[0] == window and all(s <= 3 * step for s in spans[1:])  # then its new step and the overlap
+    want = fleet.between(end + 2 * step - window, end + 2 * step)
+    assert all(len(g.frame) == len(want.frame) and g.start == want.start and g.end == want.end for g in got)
+    tick(end + 3 * step, ["owned"])
+    assert sorted(kept.windows) == ["owned"]
+    tick(end + 4 * step, ["owned", "sample"])
+    assert kept.windows["sample"].full_loads == 1 and kept.windows["sample"].incremental_loads == 0
