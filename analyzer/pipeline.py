@@ -20,8 +20,8 @@ from analyzer.analysis.scores import Scores, compute_scores
 from analyzer.analysis.shares import name_holders
 from analyzer.data.frame import Fleet
 from analyzer.data.shard import ShardFleet
-from analyzer.detectors import load_detectors, make_detector, run_detectors
-from analyzer.findings import Finding, assign_ids, sort_findings
+from analyzer.detectors import make_detector, run_detectors
+from analyzer.findings import Finding, assign_ids
 from analyzer.site import SiteConfig, default_site
 
 Settings = Mapping[str, Mapping[str, Any]]
@@ -62,13 +62,10 @@ def detect(fleet: Fleet, kinds: Sequence[str] | None = None, site: SiteConfig | 
     """Findings of ``kinds`` (every registered detector by default) with the site's settings, each
     with its stable id (analyzer.findings: the same data gives the same ids). A shard's fleet is judged
     with its read-only context and keeps the findings it owns (analyzer.data.shard)."""
-    settings = detector_settings(site, overrides)
-    if isinstance(fleet, ShardFleet):
-        chosen = list(kinds) if kinds is not None else sorted(load_detectors())
-        findings = sort_findings([f for k in chosen for f in run_detectors(fleet.context_for(k), [k], settings)
-                                  if fleet.owns(f)])
-    else:
-        findings = run_detectors(fleet, kinds, settings)
+    shard = fleet if isinstance(fleet, ShardFleet) else None
+    findings = run_detectors(shard.whole if shard else fleet, kinds, detector_settings(site, overrides))
+    if shard:
+        findings = [f for f in findings if shard.owns(f)]
     name_holders(fleet, findings)
     assign_ids(findings)
     return findings

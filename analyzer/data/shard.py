@@ -20,8 +20,7 @@ stable sample of at most 64 hosts per model, whole racks, the same in every shar
 analysis), so a shard reads those hosts' families (``CONTEXT_SIGNALS``, plus the info series) whatever
 it owns; and thermal compares a node with the other nodes of its rack and judges a rack on all its
 nodes, so a shard reads the other nodes of its own nodes' racks too, with the few families thermal
-reads there (``RACK_SIGNALS``). It runs the detectors on owned + context (thermal, ``RACK_KINDS``, with
-the racks' other nodes; the others without them, ``ShardFleet.core``) and keeps only the findings it
+reads there (``RACK_SIGNALS``). It runs the detectors on owned + context and keeps only the findings it
 owns: a finding naming a host (GPU, node or node-of-a-job findings) belongs to that host's shard; a
 job-level finding to its job's shard; a rack-level finding to the shard of the rack's smallest node;
 anything else to shard 0. Scores and the GPU-hour partition are computed on the owned rows only, so
@@ -50,7 +49,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -66,7 +65,7 @@ from analyzer.data.ingest.prometheus import Matcher, MatcherValue, selector
 from analyzer.data.load import NoTelemetry, load_prometheus
 from analyzer.data.reference import ranked_units, sample, stable_hash
 from analyzer.data.window import WindowLoader
-from analyzer.findings import THERMAL, Finding
+from analyzer.findings import Finding
 from exporter import schema as S
 from exporter.attribution.jobs import KNOWN_JOB_LABELS, derive_job, sanitized_job_labels
 
@@ -90,9 +89,6 @@ CONTEXT_SIGNALS: dict[str, str] = {
 #: Signals of the other nodes of a shard's racks that thermal reads (a rack's level and findings, a node's rack
 #: peers, the GPU findings a rack finding folds in). A subset of CONTEXT_SIGNALS.
 RACK_SIGNALS: tuple[str, ...] = ("temp", "mem_temp", "power", "thermal_throttle", "sm_clock", "sm_clock_max")
-#: The detectors that read those other nodes; the others read a shard's own hosts and the reference sample alone
-#: (``ShardFleet.core``: none of them compares a host with hosts outside its unit but through the sample).
-RACK_KINDS: frozenset[str] = frozenset({THERMAL})
 #: ... and of their clock-event reasons (one series each in truegpu's data) only the thermal ones; a series
 #: without the label (dcgm-exporter's bitmask, every other family) still matches.
 _THERMAL_ONLY: dict[str, MatcherValue] = {S.CLOCK_EVENT_ACTIVE.labels[0]: [*S.THERMAL_REASONS, ""]}
@@ -201,9 +197,6 @@ class ShardFleet(Fleet):
     the findings ``owns``)."""
 
     whole: Fleet | None = None
-    #: ``whole`` without the hosts read only as its racks' other nodes: what the detectors but RACK_KINDS read
-    #: (None: ``whole``).
-    core: Fleet | None = None
     ownership: Ownership | None = None
     #: What a reader should know: shard, its nodes and GPUs, the nodes read as context.
     about: dict[str, Any] = field(default_factory=dict)
@@ -229,13 +222,8 @@ class ShardFleet(Fleet):
         pairs = pairs[(pairs["rack"] != "") & pairs["hostname"].isin(list(self.ownership.unit))]
         return pairs.groupby("rack", sort=False)["hostname"].min().to_dict() if len(pairs) else {}
 
-    def context_for(self, kind: str) -> Fleet:
-        """What detector ``kind`` reads: owned + context (``whole``), or without the racks' other nodes."""
-        return self.whole if kind in RACK_KINDS or self.core is None else self.core
-
     @classmethod
-    def of(cls, owned: Fleet, whole: Fleet, ownership: Ownership, about: dict[str, Any],
-           core: Fleet | None = None) -> ShardFleet:
+    def of(cls, owned: Fleet, whole: Fleet, ownership: Ownership, about: dict[str, Any]) -> ShardFleet:
         """The shard of ``whole`` whose owned rows are ``owned``; fails when a workload spans two shards."""
         pairs = _pairs(whole.frame, "job", "hostname")
         if len(pairs):
@@ -249,7 +237,7 @@ class ShardFleet(Fleet):
         return cls(frame=owned.frame, step=whole.step, start=whole.start, end=whole.end, events=owned.events,
                    topology=owned.topology, shares=owned.shares, dialect=whole.dialect, missing=dict(whole.missing),
                    notes=whole.notes,
-                   whole=whole, core=core, ownership=ownership, about=about)
+                   whole=whole, ownership=ownership, about=about)
 
 
 def shard_fleet(fleet: Fleet, shard: Shard) -> ShardFleet:
@@ -435,10 +423,7 @@ def load_shard(url: str, start: float, end: float, step: float, shard: Shard, *,
         if reference_read(whole, found, margin) or margin >= len(found.unit):
             break
         margin *= 4  # more discovered hosts than the margin had no data (a rack coming up): read further
-    core = _without_hosts(whole, mates) if mates else None
-    if core is not None and core.reference_hosts() != whole.reference_hosts():  # never: the racks rank past the sample
-        core = None
-    return ShardFleet.of(owned, whole, own, _about(own, owned.frame, context_nodes=len(picked) + len(mates)), core)
+    return ShardFleet.of(owned, whole, own, _about(own, owned.frame, context_nodes=len(picked) + len(mates)))
 
 
 #: Hosts per model read beyond the reference sample: a few discovered hosts may have no sample in the window.
@@ -554,19 +539,6 @@ def _merged_frame(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
 
 
 # Helpers -----------------------------------------------------------------------------------------
-def _without_hosts(fleet: Fleet, hosts: Iterable[str]) -> Fleet:
-    """``fleet`` without ``hosts``' rows, events, holders and links (a row filter: no second merge)."""
-    drop = list(hosts)
-
-    def kept(table: pd.DataFrame) -> pd.DataFrame:
-        if not len(table):
-            return table
-        return table[~table["hostname"].astype(str).isin(drop)].reset_index(drop=True)
-
-    return replace(fleet, frame=kept(fleet.frame), events=kept(fleet.events), shares=kept(fleet.shares),
-                   topology=kept(fleet.topology))  # the same notes: what a detector reports on it reaches the output
-
-
 def _values(frame: pd.DataFrame, col: str) -> list[str]:
     if col not in frame.columns or not len(frame):
         return []
@@ -587,6 +559,5 @@ def _about(own: Ownership, frame: pd.DataFrame, context_nodes: int) -> dict[str,
             "nodes": len(own.nodes), "gpus": gpus, "context_nodes": context_nodes}
 
 
-__all__ = ["CONTEXT_SIGNALS", "RACK_KINDS", "Discovery", "KeptReads", "Ownership", "Shard", "ShardFleet",
-           "context_names", "discover", "load_shard", "merge", "ownership_from_fleet", "shard_fleet", "shard_loader",
-           "shard_of", "units"]
+__all__ = ["CONTEXT_SIGNALS", "Discovery", "KeptReads", "Ownership", "Shard", "ShardFleet", "context_names", "discover",
+           "load_shard", "merge", "ownership_from_fleet", "shard_fleet", "shard_loader", "shard_of", "units"]

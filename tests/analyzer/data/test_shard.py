@@ -16,7 +16,6 @@ import pytest
 
 from analyzer.data.frame import Fleet
 from analyzer.data.shard import (
-    RACK_KINDS,
     KeptReads,
     Ownership,
     Shard,
@@ -248,23 +247,3 @@ def test_kept_reads_keep_the_reads_a_tick_makes_and_drop_the_others(fleet):
     assert sorted(kept.windows) == ["owned"]
     tick(end + 4 * step, ["owned", "sample"])
     assert kept.windows["sample"].full_loads == 1 and kept.windows["sample"].incremental_loads == 0
-
-
-def test_only_the_rack_kinds_read_the_racks_other_nodes(fleet, monkeypatch):
-    """A shard's detectors: thermal (RACK_KINDS) on owned + every context host, the others on ShardFleet.core."""
-    import analyzer.pipeline as pipeline
-
-    shard = shard_fleet(fleet, Shard(0, 2))
-    core = dataclasses.replace(shard.whole, frame=shard.whole.frame.iloc[:100])
-    shard = dataclasses.replace(shard, core=core)
-    seen: dict[str, Fleet] = {}
-    run = pipeline.run_detectors
-
-    def spy(f: Fleet, kinds, settings):
-        seen.update(dict.fromkeys(kinds, f))
-        return run(f, kinds, settings)
-
-    monkeypatch.setattr(pipeline, "run_detectors", spy)
-    pipeline.detect(shard)
-    assert set(RACK_KINDS) == {"thermal"} and seen.pop("thermal") is shard.whole
-    assert seen and all(f is core for f in seen.values()), sorted(seen)
