@@ -114,7 +114,7 @@ class Fleet:
 
     def placements(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Distinct (host, model, rack) of the frame's rows ("" where unknown). Memoized."""
-        return self.memo(("placements",), lambda: self._placements()[:3])
+        return self.memo(("placements",), self._placements)[:3]
 
     def _placements(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(hosts, models, racks) as ``placements``, and the rows as runs: each run's index into them and its
@@ -149,8 +149,7 @@ class Fleet:
     def _reference(self) -> tuple[frozenset[str], np.ndarray]:
         from analyzer.data.reference import reference_hosts
 
-        hosts, models, racks, run_of, run_len = self._placements()
-        self._memo[("placements",)] = (hosts, models, racks)
+        hosts, models, racks, run_of, run_len = self.memo(("placements",), self._placements)
         chosen = reference_hosts(hosts, models, racks)
         return chosen, np.repeat(np.isin(hosts, list(chosen))[run_of], run_len)
 

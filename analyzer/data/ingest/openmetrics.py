@@ -477,11 +477,8 @@ class OpenMetricsReader:
             new = list(dict.fromkeys(missed))
             learnt = dict(zip(new, self._keys.learn(new), strict=True))
             got[miss] = [learnt[k] for k in missed]
-        sids = np.empty(n, dtype=np.int64)
-        for j, (a, b) in enumerate(runs):
-            sids[a:b] = got[j]
-        sids[i:] = got[len(heads):]
-        return sids
+        # the runs cover [0, i) one after another; the rest is one id a token
+        return np.concatenate([np.repeat(got[:len(heads)], [b - a for a, b in runs]), got[len(heads):]])
 
     def _parse_lines(self, lines: list[bytes], first_lineno: int, state: _FileState) -> None:
         parts = [line.rsplit(b" ", 2) for line in lines]
@@ -601,12 +598,11 @@ class OpenMetricsReader:
         out: list[int] = []
         canon = self.builder.labelsets.get
         for name, run in groupby(keys, key=itemgetter(0)):
-            labels = [canon(tuple(labels)) for _, labels in run]
             if self.filter is not None and not self.filter.matches(name):
-                out.extend([_FILTERED] * len(labels))
+                out.extend(_FILTERED for _ in run)
                 continue
             self._seen_names.add(name)
-            out.extend(self.builder.series_ids(name, labels))
+            out.extend(self.builder.series_ids(name, [canon(tuple(labels)) for _, labels in run]))
         return out
 
     def _comment(self, text: str, lineno: int, state: _FileState) -> None:

@@ -24,7 +24,7 @@ from analyzer.service import AnalyzerService, prometheus_loader
 from analyzer.service.metrics import build_registry
 from exporter.simulator import Cluster, load_scenario
 from exporter.simulator.history import write_history
-from tests.analyzer.service.test_incremental import _findings, assert_same
+from tests.analyzer.service.kit import assert_same_fleet, finding_texts
 from tests.conftest import ROOT
 from tests.realprom import backfilled_prometheus
 from truegpu.cli import main
@@ -153,9 +153,9 @@ def test_serve_shard_ticks_read_only_their_new_steps_and_equal_full_loads(prom):
     for minute in range(30, 41):
         lo, hi = start + minute * 60.0 - window, start + minute * 60.0
         got, want = ticks(lo, hi), load_shard(url, lo, hi, STEP, Shard(1, SHARDS))
-        assert_same(got, want)
-        assert_same(got.whole, want.whole)
-        assert _findings(analyze(got).findings) == _findings(analyze(want).findings), f"tick at {minute} min"
+        assert_same_fleet(got, want)
+        assert_same_fleet(got.whole, want.whole)
+        assert finding_texts(analyze(got).findings) == finding_texts(analyze(want).findings), f"tick at {minute} min"
         assert got.about == want.about
     assert len(kept.windows) >= 2  # the owned hosts and the context: reads of their own
     assert all(w.full_loads == 1 and w.incremental_loads == 10 for w in kept.windows.values()), \

@@ -1,12 +1,19 @@
-"""A served analyzer for the service tests: the simulated source, a service over it, a loopback app."""
+"""A served analyzer for the service tests: the simulated source, a service over it, a loopback app; and how a
+kept window is compared with a full load."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 
+import pandas as pd
+from pandas.testing import assert_frame_equal
+
+from analyzer.data.frame import Fleet
 from analyzer.service import AnalyzerService
 from exporter.simulator import Cluster
 from tests.conftest import free_port
@@ -58,3 +65,37 @@ def served(app) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+# -- comparing a kept window with a full load -----------------------------------------------------
+def _frame(fleet: Fleet) -> pd.DataFrame:
+    out = fleet.frame.copy()
+    for c in out.columns:
+        if isinstance(out[c].dtype, pd.CategoricalDtype):
+            out[c] = out[c].cat.remove_unused_categories()
+    return out
+
+
+def _events(fleet: Fleet) -> pd.DataFrame:
+    return fleet.events.sort_values(list(fleet.events.columns)).reset_index(drop=True)
+
+
+def _shares(fleet: Fleet) -> pd.DataFrame:
+    return fleet.shares.sort_values(["timestamp", "hostname", "gpu", "pod"]).reset_index(drop=True)
+
+
+def finding_texts(findings) -> list[str]:
+    """Findings as comparable JSON, ids left out (two services number them apart)."""
+    return [json.dumps({k: v for k, v in asdict(f).items() if k != "id"}, sort_keys=True, default=str)
+            for f in findings]
+
+
+def assert_same_fleet(kept: Fleet, full: Fleet) -> None:
+    """A fleet spliced from kept windows is the full load: frame, events, topology, accounting, holders, gaps."""
+    assert (kept.start, kept.end, kept.step, kept.dialect) == (full.start, full.end, full.step, full.dialect)
+    assert_frame_equal(_frame(kept), _frame(full), check_exact=True)
+    assert_frame_equal(_events(kept), _events(full), check_exact=True)
+    assert_frame_equal(kept.topology, full.topology)
+    assert_frame_equal(kept.accounting, full.accounting)
+    assert_frame_equal(_shares(kept), _shares(full), check_exact=True)
+    assert kept.missing == full.missing

@@ -19,12 +19,7 @@ also lists values seen only after its last row), XID events in sorted order, fin
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
-
-import pandas as pd
 import pytest
-from pandas.testing import assert_frame_equal
 
 from analyzer.data.frame import UNCARVED, Fleet
 from analyzer.data.ingest import LabelSets
@@ -35,6 +30,7 @@ from analyzer.service import AnalyzerService
 from exporter.simulator import Cluster
 from exporter.simulator.history import Mess, write_history
 from exporter.simulator.scenario import parse_scenario
+from tests.analyzer.service.kit import assert_same_fleet, finding_texts
 from tests.conftest import free_port
 from tests.realprom import backfilled_prometheus
 
@@ -85,37 +81,6 @@ def prom(request, tmp_path_factory, promtool, prometheus_bin):
         yield url, cluster.start
 
 
-def _frame(fleet: Fleet) -> pd.DataFrame:
-    out = fleet.frame.copy()
-    for c in out.columns:
-        if isinstance(out[c].dtype, pd.CategoricalDtype):
-            out[c] = out[c].cat.remove_unused_categories()
-    return out
-
-
-def _events(fleet: Fleet) -> pd.DataFrame:
-    return fleet.events.sort_values(list(fleet.events.columns)).reset_index(drop=True)
-
-
-def _shares(fleet: Fleet) -> pd.DataFrame:
-    return fleet.shares.sort_values(["timestamp", "hostname", "gpu", "pod"]).reset_index(drop=True)
-
-
-def _findings(findings) -> list[str]:
-    return [json.dumps({k: v for k, v in asdict(f).items() if k != "id"}, sort_keys=True, default=str)
-            for f in findings]
-
-
-def assert_same(kept: Fleet, full: Fleet) -> None:
-    assert (kept.start, kept.end, kept.step, kept.dialect) == (full.start, full.end, full.step, full.dialect)
-    assert_frame_equal(_frame(kept), _frame(full), check_exact=True)
-    assert_frame_equal(_events(kept), _events(full), check_exact=True)
-    assert_frame_equal(kept.topology, full.topology)
-    assert_frame_equal(kept.accounting, full.accounting)
-    assert_frame_equal(_shares(kept), _shares(full), check_exact=True)
-    assert kept.missing == full.missing
-
-
 def test_incremental_window_equals_a_full_reload_at_every_tick(prom) -> None:
     url, t0 = prom
     target = [url]
@@ -145,10 +110,10 @@ def test_incremental_window_equals_a_full_reload_at_every_tick(prom) -> None:
         analysis = service.snapshot().analysis
         assert analysis is not None and analysis.end == t0 + minute * MINUTE
         full = load_prometheus(url, analysis.start, analysis.end, STEP)
-        assert_same(analysis.fleet, full)
+        assert_same_fleet(analysis.fleet, full)
         shared += bool(len(analysis.fleet.shares))
         uncarved.add(int((analysis.fleet.frame["gpu_instance"] == UNCARVED).sum()))
-        assert _findings(analysis.findings) == _findings(analyze(full).findings), f"tick at {minute} min"
+        assert finding_texts(analysis.findings) == finding_texts(analyze(full).findings), f"tick at {minute} min"
     # The first tick and the one after the outage longer than the window loaded the whole window; every
     # other tick read its new step and the OVERLAP before it, or from a GPU's last row before a gap.
     assert WINDOW / STEP in uncarved  # the MIG GPU (on the node seen from minute 40) over a whole window
