@@ -365,7 +365,7 @@ def replay(
                               "interval": interval, "analysis_window": window, "kinds": {}}
     for kind in kinds:
         problems = [
-            {**_brief_truth(t), "attribution": t.get("attribution"),
+            {**_brief_truth(t), "attribution": t.get("attribution"), "slowdown": t.get("slowdown"),
              "ttd_s": first[j] - float(t["start"]) if j in first else None, "ids": len(ids_of.get(j, ()))}
             for j, t in enumerate(truth) if t["kind"] == kind
         ]
@@ -472,7 +472,22 @@ def pooled_replay(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str],
         for p in problems:
             causes.setdefault(str(p.get("attribution") or "-"), []).append(p["ttd_s"])
         a["by_attribution"] = {c: {"truth": len(v), **ttd_summary(v)} for c, v in sorted(causes.items())}
+        bands: dict[str, list[float | None]] = {}
+        for p in problems:
+            if p.get("slowdown") is not None:
+                bands.setdefault(_slowdown_band(float(p["slowdown"])), []).append(p["ttd_s"])
+        a["by_slowdown"] = {b: {"truth": len(v), **ttd_summary(v)} for b, v in bands.items()}
     return acc
+
+
+#: Slowdown bands of the straggler targets (issue 12: >= 20 % within 5 min, >= 10 % within 10 min).
+SLOWDOWN_BANDS: tuple[tuple[float, str], ...] = ((0.2, "slowdown >= 20%"), (0.1, "slowdown 10-20%"),
+                                                 (0.0, "slowdown < 10%"))
+
+
+def _slowdown_band(s: float) -> str:
+    """The band of a straggler's real gang slowdown (the truth's, after the gang's healthy chip spread)."""
+    return next(name for low, name in SLOWDOWN_BANDS if s >= low - 1e-9)
 
 
 def _ttd(x: float | None, truth: int) -> str:
@@ -489,10 +504,11 @@ def format_replay(results: Sequence[Mapping[str, Any]]) -> str:
                      f"{a['recall']:.3f}", _ttd(a["ttd_p50_s"], a["truth"]), _ttd(a["ttd_p95_s"], a["truth"]),
                      _num(a["ttd_max_s"], ".0f"), str(a["ids_max"]), str(a["findings"] - a["tp"]),
                      str(a["fp_paged"])))
-        if len(a["by_attribution"]) > 1:
-            for cause, c in a["by_attribution"].items():
-                rows.append(("", f"  {cause}", str(c["truth"]), "", "", "", _ttd(c["ttd_p50_s"], c["truth"]),
-                             _ttd(c["ttd_p95_s"], c["truth"]), _num(c["ttd_max_s"], ".0f"), "", "", ""))
+        parts = [*(a["by_attribution"].items() if len(a["by_attribution"]) > 1 else ()),
+                 *((b, a["by_slowdown"][b]) for _, b in SLOWDOWN_BANDS if b in a["by_slowdown"])]
+        for name, c in parts:
+            rows.append(("", f"  {name}", str(c["truth"]), "", "", "", _ttd(c["ttd_p50_s"], c["truth"]),
+                         _ttd(c["ttd_p95_s"], c["truth"]), _num(c["ttd_max_s"], ".0f"), "", "", ""))
     return _columns(rows, 2)
 
 

@@ -227,6 +227,13 @@ def rolling_mean(m: np.ndarray, window: int) -> np.ndarray:
         return np.where(counts > 0, sums / counts, np.nan)
 
 
+def trailing_median(m: np.ndarray, window: int) -> np.ndarray:
+    """NaN-skipping median of the ``window`` steps *before* each step, per slot row (NaN where fewer than
+    half of them are known): a level to compare the step with that the step itself cannot move."""
+    med = pd.DataFrame(m.T).rolling(window, min_periods=max(1, window // 2)).median().to_numpy().T
+    return np.pad(med, ((0, 0), (1, 0)), constant_values=np.nan)[:, :-1]
+
+
 def _window_sum(m: np.ndarray, window: int) -> np.ndarray:
     c = np.cumsum(np.pad(m, ((0, 0), (1, 0))), axis=1)
     T = m.shape[1]

@@ -123,6 +123,24 @@ Quiet stragglers (issue 12), found from the peer relation itself at GPU level:
   to a few minutes of a 10% lead; over the 20 never-used seeds (+1000..+1019) of every scenario one healthy
   member reached 0.39 (an 8-GPU fine-tune of healthy-long: one warning in ~25,000 GPU-hours of it).
 
+* **change** (a second CUSUM, for the first spell of a quiet straggler): the lead a member gains *while its
+  gang slows*. Per sample the least of three, each a fraction: its clock-normalized lead - 1; that lead minus
+  its own median over the previous ``change_baseline_s`` 600 s; and how far its peers' activity fell below
+  their median over the same 10 minutes (``then / now - 1``: the gang's slowdown, what a straggler costs).
+  It counts only while the member is the busiest of its job over two samples (else it can only fall):
+  ``S = min(2 change_h, max(0, S + (change - change_k) x minutes))``, an alarm at ``change_h`` 0.15. Why:
+  a healthy member's drift raises its lead but slows no one, and a gang slowing for its own reasons (a phase,
+  a load drop) slows every member alike, so no lead rises with it; the peers' median moves ~1 % from sample to
+  sample where one member's activity moves 3-5 %, so ``change_k`` 0.03 can sit below a 10 % slowdown's ~0.06-0.1
+  and above that noise. Over 10 seeds (0..9) of all 25 scenarios the highest value a member outside the
+  truth reached was 0.105 (a peer of an input-starved node: the gang slowed and its drift made it the
+  busiest), 0.078 on the healthy scenarios, while the first 3-4 minute spell of a 10-15 % intermittent
+  straggler, or the first minutes of a silent one, reach 0.11-0.43 (a few stay under 0.1: where chip spread
+  leaves their gang only ~7 % slower, or their drift is at its low); a median over 10 minutes keeps the level
+  from before a spell with up to 4 of those minutes slow (duty 0.3-0.4). Like the first CUSUM it only
+  suspects. With it the 15 % intermittent straggler is suspected in its first spell (2-3 min) in 7 of 10
+  seeds instead of 1, at its second one otherwise.
+
 Early warning: a problem still open at the end of the data that has lasted
 ``suspect_after_s`` 180 s (3 samples at 60 s, the persistence rule's 3 of 5) but not yet
 ``min_duration_s`` is reported as a *suspected* straggler (confidence "low", evidence
@@ -170,7 +188,15 @@ import pandas as pd
 from analyzer.analysis.episodes import column, find_episodes, format_duration
 from analyzer.data.frame import Fleet
 from analyzer.detectors import Paging, gpu_busy, register
-from analyzer.detectors._peers import Blocks, PeerGroups, block_max, peer_groups, persistent, rolling_mean
+from analyzer.detectors._peers import (
+    Blocks,
+    PeerGroups,
+    block_max,
+    peer_groups,
+    persistent,
+    rolling_mean,
+    trailing_median,
+)
 from analyzer.findings import STRAGGLER, Finding
 from analyzer.site import THRESHOLDS
 
@@ -205,7 +231,7 @@ class _Cells:
     settled: np.ndarray
     spell: np.ndarray
     spell_lead: np.ndarray
-    cusum: np.ndarray
+    alarm_level: np.ndarray  #: the sequential evidence: the larger CUSUM over its alarm level (1 = alarm)
 
 
 def _watts(value: float) -> str:
@@ -268,19 +294,22 @@ class Straggler:
     suspect_slowdown: float = 0.2
     cusum_k: float = 0.05
     cusum_h: float = 0.35
+    change_k: float = 0.03
+    change_h: float = 0.15
+    change_baseline_s: float = 600.0
 
     # Per-cell conditions ---------------------------------------------------------------
     @staticmethod
     def _lead(TEN: np.ndarray, SM: np.ndarray, use_t: np.ndarray, ref: Any, window: int,
-              spread: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """(activity lead over the peers, relative spread) on activity averaged over ``window`` samples:
-        tensor activity where the job uses tensor cores (``use_t``), else SM activity."""
+              spread: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(activity lead over the peers, relative spread, the peers' level) on activity averaged over
+        ``window`` samples: tensor activity where the job uses tensor cores (``use_t``), else SM activity."""
         TEN_s, SM_s = rolling_mean(TEN, window), rolling_mean(SM, window)
         rTs, sTs = ref(TEN_s, spread)
         rSs, sSs = ref(SM_s, spread)
         with np.errstate(invalid="ignore", divide="ignore"):
             lead = np.where(use_t, TEN_s / rTs, np.where(rSs > 0, SM_s / rSs, np.nan))
-            return lead, np.where(use_t, sTs / rTs, sSs / rSs)
+            return lead, np.where(use_t, sTs / rTs, sSs / rSs), np.where(use_t, rTs, rSs)
 
     def _cells(self, U: np.ndarray, TEN: np.ndarray, SM: np.ndarray, CLK: np.ndarray, CLKMAX: np.ndarray,
                NVL: np.ndarray, ref: Any, steps: int, top: Blocks | None = None, long_w: int = 1,
@@ -298,7 +327,7 @@ class Straggler:
         with np.errstate(invalid="ignore", divide="ignore"):
             use_t = rT >= self.min_tensor
             lead_now = np.where(use_t, TEN / rT, np.where(rS > 0, SM / rS, np.nan))
-            lead, noise = self._lead(TEN, SM, use_t, ref, steps, True)
+            lead, noise, _ = self._lead(TEN, SM, use_t, ref, steps, True)
             noise = np.fmax(noise, self.mad_floor)
             clk_rel = CLK / rK
             peers_clock = rK / rKmax
@@ -331,20 +360,21 @@ class Straggler:
         # Reset the sequential evidence where the gang is known not to be at work (an inference service
         # between bursts is no steady gang); hold it where nothing is known (a scrape gap).
         idle = ~gate & ~np.isnan(U) & ~np.isnan(rU)
-        silent, settled, spell, spell_lead, cusum = self._quiet(TEN, SM, use_t, clk_rel, throttled, gate,
+        silent, settled, spell, spell_lead, level = self._quiet(TEN, SM, use_t, clk_rel, throttled, gate,
                                                                     at_work, idle, ref, top, long_w, spell_n,
                                                                     step_s)
         return _Cells(compute & known, starved & known, nvlink & known, nvl_rel, known, lead, clk_rel, U, rU, rK,
-                      CLK, silent, settled, spell, spell_lead, cusum)
+                      CLK, silent, settled, spell, spell_lead, level)
 
     def _quiet(self, TEN: np.ndarray, SM: np.ndarray, use_t: np.ndarray, clk_rel: np.ndarray, throttled: np.ndarray,
                gate: np.ndarray, at_work: np.ndarray, idle: np.ndarray, ref: Any, top: Blocks | None, long_w: int,
                spell_n: int, step_s: float) -> tuple[np.ndarray, ...]:
-        """(silent, settled, spell, short lead, CUSUM): the quiet signatures, from the peer relation itself.
+        """(silent, settled, spell, short lead, alarm level): the quiet signatures, from the peer relation itself.
 
         silent: over ``silent_window_s`` the member is the busiest of its job by a clock-normalized lead
-        >= ``silent_lead`` (it computes longer at the same clock while its peers wait), or its CUSUM of that
-        lead (``_cusum``) passed ``cusum_h`` as the busiest of its job, from the change point it estimates on;
+        >= ``silent_lead`` (it computes longer at the same clock while its peers wait), or one of its two CUSUMs
+        (``_cusum``: of that lead, and of the change, module docstring) passed its alarm as the busiest of its
+        job, from the change point it estimates on; the alarm level is the larger CUSUM over its alarm (1 = alarm);
         settled: the first (long-window) part alone, which a finding needs to be confirmed (the CUSUM suspects).
         spell: over two samples it is the busiest by >= ``spell_lead`` at the same clock (or throttled with
         the clock path's lead), for at least ``spell_n`` samples in a row.
@@ -356,25 +386,38 @@ class Straggler:
         # A lead its lower clock explains is the clock path's, or healthy chip-to-chip spread: divide it out.
         clk = np.where(at_work, np.where(np.isnan(clk_rel), 1.0, clk_rel), np.nan)
         TEN, SM = np.where(at_work, TEN, np.nan), np.where(at_work, SM, np.nan)
-        lead_l, spread_l = self._lead(TEN, SM, use_t, ref, long_w, True)
-        lead_s, _ = self._lead(TEN, SM, use_t, ref, 2)
-        lead_1, _ = self._lead(TEN, SM, use_t, ref, 1)
+        lead_l, spread_l, _ = self._lead(TEN, SM, use_t, ref, long_w, True)
+        lead_s, _, _ = self._lead(TEN, SM, use_t, ref, 2)
+        lead_1, _, level_1 = self._lead(TEN, SM, use_t, ref, 1)
         big = (top.sizes() >= self.silent_min_members)[:, None]
-        with np.errstate(invalid="ignore"):
+        base_w = max(2, round(self.change_baseline_s / step_s))
+        minutes = step_s / 60.0
+        with np.errstate(invalid="ignore", divide="ignore"):
             norm_l = lead_l * rolling_mean(clk, long_w)
             norm_s = lead_s * rolling_mean(clk, 2)
+            norm_1 = lead_1 * clk
             z = (norm_l - 1.0) / np.fmax(spread_l, self.mad_floor)  # NaN spread (a pair): the relative test decides
+            busiest = lead_s >= block_max(top, lead_s)
             silent = (gate & big & (norm_l >= 1.0 + self.silent_lead) & (norm_l >= block_max(top, norm_l))
                       & ~(z < self.silent_z))
-            spell = gate & (lead_s >= block_max(top, lead_s)) & (
+            spell = gate & busiest & (
                 (norm_s >= 1.0 + self.spell_lead) | (throttled & (lead_s >= 1.0 + self.clock_lead_min)))
-            cusum = _cusum(np.where(gate & big, lead_1 * clk - 1.0 - self.cusum_k, np.nan) * (step_s / 60.0), idle,
+            cusum = _cusum(np.where(gate & big, norm_1 - 1.0 - self.cusum_k, np.nan) * minutes, idle,
                            cap=2.0 * self.cusum_h)
-            alarm = (cusum >= self.cusum_h) & (cusum >= block_max(top, cusum))
+            # The change: its lead risen over its own recent level while the gang slowed by as much (the peers'
+            # activity fell below theirs), the least of the three; NaN (held) until a baseline is known.
+            change = np.minimum(np.minimum(norm_1 - 1.0, norm_1 - trailing_median(norm_1, base_w)),
+                                trailing_median(level_1, base_w) / level_1 - 1.0)
+            change = np.where(busiest, change, np.minimum(change, 0.0))  # only the busiest member gains
+            cusum_c = _cusum(np.where(gate & big, change - self.change_k, np.nan) * minutes, idle,
+                             cap=2.0 * self.change_h)
+            level = np.fmax(cusum / self.cusum_h, cusum_c / self.change_h)
+            alarm = (((cusum >= self.cusum_h) & (cusum >= block_max(top, cusum)))
+                     | ((cusum_c >= self.change_h) & (cusum_c >= block_max(top, cusum_c))))
         # A lead back within the time the CUSUM takes to forget a full alarm (cap / k) is the same problem
         # recurring (an intermittent straggler's next spell): one episode, not one per spell.
-        sequential = _fill_gaps(_alarm_runs(cusum, alarm), math.ceil(2.0 * self.cusum_h / self.cusum_k * 60.0 / step_s))
-        return silent | sequential, silent, _runs_at_least(spell, spell_n), lead_s, cusum
+        sequential = _fill_gaps(_alarm_runs(level, alarm), math.ceil(2.0 * self.cusum_h / self.cusum_k / minutes))
+        return silent | sequential, silent, _runs_at_least(spell, spell_n), lead_s, level
 
     def _tristate(self, cells: _Cells, steps: int) -> np.ndarray:
         cond = np.where(cells.known, (cells.compute | cells.input | cells.nvlink | cells.silent).astype(np.float64),
@@ -433,7 +476,7 @@ class Straggler:
         m["ref_clk"], m["ref_util"] = eps.mean(flat(cells.ref_clk)), eps.mean(flat(cells.ref_util))
         for k in ("input", "compute", "nvlink", "silent", "settled"):
             m[k] = eps.mean(flat(getattr(cells, k).astype(np.float64)))
-        m["cusum_now"] = eps.last(flat(cells.cusum))
+        m["alarm_now"] = eps.last(flat(cells.alarm_level))
         for k in Straggler._SIGNALS:
             m[k] = eps.mean(signal(k))
         return m
@@ -465,7 +508,7 @@ class Straggler:
         # Early, only on strong evidence: a lower clock explaining the lead, a large slowdown, or the
         # busiest member by the CUSUM of its clock-normalized lead, in alarm now (the peer relation itself).
         clocked = v["compute"] >= 0.5 and v["clk_rel"] <= 1.0 - self.clock_drop
-        silent = v["silent"] >= 0.5 and v["cusum_now"] >= self.cusum_h
+        silent = v["silent"] >= 0.5 and v["alarm_now"] >= 1.0
         return "suspected" if clocked or silent or self._slowdown(v) >= self.suspect_slowdown else None
 
     def _gpu_findings(self, fleet: Fleet, pg: PeerGroups, cells: _Cells, cond: np.ndarray) -> list[Finding]:
@@ -539,8 +582,9 @@ class Straggler:
                                      suspected=status == "suspected"))
         return out
 
-    def _first_spell(self, ep: Any, cusum: np.ndarray, first: np.ndarray, fleet: Fleet) -> Any:
-        """The episode started at its earliest spell, counted or not (one slot's CUSUM and counted spell starts).
+    def _first_spell(self, ep: Any, level: np.ndarray, first: np.ndarray, fleet: Fleet) -> Any:
+        """The episode started at its earliest spell, counted or not (one slot's alarm level and counted spell
+        starts).
 
         The first spells of a quiet straggler are often too short or too weak to count (three samples in a row
         as the busiest by 8 %), yet each lifts the member's CUSUM: the problem started where the CUSUM last left
@@ -551,7 +595,7 @@ class Straggler:
         i = _sample(ep, fleet)
         starts = np.flatnonzero(first[i:i + round(float(ep.duration_s) / fleet.step)])
         spacing = int(np.diff(starts).max()) if len(starts) >= 2 else round(self.spell_gap_s / fleet.step)
-        rising = cusum > 0.0
+        rising = level > 0.0
         c = _run_start(rising, i)
         while True:
             earlier = np.flatnonzero(rising[max(c - spacing, 0):c])  # an earlier rise ending within one spacing
@@ -559,7 +603,7 @@ class Straggler:
                 break
             b = max(c - spacing, 0) + int(earlier[-1])
             a = _run_start(rising, b)
-            if cusum[a:b + 1].max() < self.cusum_h / 2:
+            if level[a:b + 1].max() < 0.5:
                 break
             c = a
         return _started_at(ep, c, fleet)
@@ -590,7 +634,7 @@ class Straggler:
             if n_spells[i] < self.spells_min or duty[i] < self.duty_min:
                 continue
             s = slots[(ep.job, ep.hostname, ep.gpu, ep.gpu_instance or None)]
-            ep = self._first_spell(ep, cells.cusum[s], first[s], fleet)
+            ep = self._first_spell(ep, cells.alarm_level[s], first[s], fleet)
             v = {k: float(a[i]) for k, a in m.items()}
             v.update(compute=1.0, input=0.0, nvlink=0.0)
             n_members = members.get((ep.job, ep.hostname, ep.gpu, ep.gpu_instance or None), 1)

@@ -394,9 +394,9 @@ def ground_truth(sc: Scenario, lay: Layout, faults: list[Fault], t0: float,
             return
         a, b, worst = span
         how = "" if worst != worst else f" by up to {worst:.0%}"
-        out.append(_rec("straggler", host, gpu, job.name, t0 + a, t0 + b,
-                        f"{_STRAGGLER_WHY[f.kind]} slows its training gang{how}; peers wait at the barrier",
-                        STRAGGLER_CAUSE[f.kind]))
+        out.append({**_rec("straggler", host, gpu, job.name, t0 + a, t0 + b,
+                           f"{_STRAGGLER_WHY[f.kind]} slows its training gang{how}; peers wait at the barrier",
+                           STRAGGLER_CAUSE[f.kind]), "slowdown": None if worst != worst else worst})
 
     for f in faults:
         p = f.params

@@ -43,6 +43,7 @@ import numpy as np
 from exporter import schema as S
 from exporter.schema import Metric
 from exporter.simulator.faults import (
+    JOB_VARIATIONS,
     KILLING_XIDS,
     LOST_AFTER,
     NVLINK_COMM,
@@ -557,7 +558,9 @@ class Cluster:
                 f.params["limit_watts"] = float(idle + (pnom - idle) * fac ** (1.0 / 0.7))
 
     def _fault_slowdown(self, fault: Fault, job: Job) -> tuple[np.ndarray, np.ndarray]:
-        """Noise-free step-time slowdown of training ``job`` caused by ``fault`` alone.
+        """Noise-free step-time slowdown of training ``job`` caused by ``fault`` alone, on top of the job's
+        healthy variation (chip spread, start-up): a slow member that is the fastest chip of its gang slows
+        the gang less than its nominal ``slowdown``, and the truth says by how much it really does.
 
         Returns (relative times on a GRID_DT grid over the fault's window within the job,
         slowdown = step / healthy step - 1). Ground truth labels stragglers with it.
@@ -567,8 +570,9 @@ class Cluster:
         if not len(t) or not len(job.rows):
             return t, np.zeros(len(t))
         ctx = self._ctx(np.sort(job.rows))
-        with_f = replace(ctx, faults=[(f, c) for f, c in ctx.faults if f is fault], grid={})
-        healthy = replace(ctx, faults=[], grid={})
+        variation = [(f, c) for f, c in ctx.faults if f.kind in JOB_VARIATIONS and f is not fault]
+        with_f = replace(ctx, faults=variation + [(f, c) for f, c in ctx.faults if f is fault], grid={})
+        healthy = replace(ctx, faults=variation, grid={})
         s1 = self._levels(t, with_f, noise=False)["step"]
         s0 = self._levels(t, healthy, noise=False)["step"]
         return t, s1[:, 0] / s0[:, 0] - 1.0

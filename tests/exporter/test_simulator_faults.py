@@ -280,6 +280,25 @@ def test_intermittent_straggler_is_slow_in_spells_and_true_over_the_span_it_recu
     assert lead[on].mean() > 1.12 and abs(lead[~on].mean() - 1.0) < 0.04
 
 
+def test_a_straggler_is_true_by_what_it_costs_its_gang_on_top_of_the_chip_spread():
+    """The truth's slowdown is the fault's on top of the gang's healthy variation: a slow member's cost
+    depends on how its chip compares with the gang's slowest one, not only on the nominal slowdown."""
+    spread = "  - {kind: chip_spread, target: {job: g}, spread: 0.04}\n"
+    fault = ("  - {kind: intermittent_straggler, target: {job: g, rank: 3}, start: 10m, end: 50m,"
+             " slowdown: 0.10, period: 600, duty: 0.3}\n")
+    alone, spread_too = inline(QUIET + fault), inline(QUIET + spread + fault)
+    assert _truth_slowdown(alone) == pytest.approx(0.10, abs=1e-6)
+    _, sd = _step_slowdown(spread_too, "intermittent_straggler")
+    assert _truth_slowdown(spread_too) == pytest.approx(sd.max()) and abs(sd.max() - 0.10) > 0.005
+    assert f"by up to {sd.max():.0%}" in next(g["cause"] for g in spread_too.ground_truth()
+                                               if g["kind"] == "straggler")
+
+
+def _truth_slowdown(c: Cluster) -> float:
+    (truth,) = [g for g in c.ground_truth() if g["kind"] == "straggler"]
+    return truth["slowdown"]
+
+
 def test_chip_spread_and_startup_are_healthy_variation_without_truth():
     c = inline(QUIET + "  - {kind: chip_spread, target: {job: g}, spread: 0.04}\n"
                        "  - {kind: startup, target: {job: g}, start: 0, seconds: 300}\n")

@@ -238,6 +238,24 @@ def test_replay_measures_time_to_detect_and_reports_an_undetectable_problem_as_m
     json.dumps(json_ready(res), allow_nan=False)
 
 
+def test_replay_gives_straggler_times_to_detect_per_slowdown_band_of_the_targets() -> None:
+    """Issue 12's targets are per size (>= 20 % within 5 minutes, >= 10 % within 10): the pooled replay
+    and its table give the time to detect per band of the truth's slowdown; truth without one stays out."""
+    from analyzer.analysis.evaluate import format_replay, pooled_replay
+
+    problems = [{"slowdown": s, "ttd_s": t, "attribution": "unknown"}
+                for s, t in ((0.25, 120.0), (0.2, 180.0), (0.12, 540.0), (0.1, None), (0.06, 900.0), (None, 60.0))]
+    kind = {"findings": 5, "tp": 5, "fp_paged": 0, "truth": 6, "detected": 5, "ids_max": 1, "problems": problems}
+    res = [{"dialect": "truegpu", "kinds": {STRAGGLER: kind}}]
+    bands = pooled_replay(res)[("truegpu", STRAGGLER)]["by_slowdown"]
+    assert {b: (v["truth"], v["ttd_p50_s"], v["ttd_max_s"]) for b, v in bands.items()} == {
+        "slowdown >= 20%": (2, 120.0, 180.0), "slowdown 10-20%": (2, 540.0, 540.0), "slowdown < 10%": (1, 900.0, 900.0)}
+    assert bands["slowdown 10-20%"]["ttd_p95_s"] is None  # its p95 falls on the missed one
+    lines = format_replay(res).splitlines()
+    assert [ln.split()[:3] for ln in lines if "slowdown" in ln] == [
+        ["slowdown", ">=", "20%"], ["slowdown", "10-20%", "2"], ["slowdown", "<", "10%"]]
+
+
 @pytest.mark.parametrize("dialect", ["truegpu", "dcgm"])
 def test_messy_telemetry_keeps_each_problem_one_finding(dialect: str) -> None:
     """Whole-node scrape gaps, an exporter restart, repeated samples and an HA pair (the scenario's

@@ -244,20 +244,20 @@ def test_intermittent_episode_starts_at_its_first_spell_counted_or_not() -> None
 
     Ep = namedtuple("Ep", "start duration_s evidence_s")
     fleet = Fleet(frame=pd.DataFrame(), step=60.0, start=0.0, end=3600.0)
-    det = Straggler()  # cusum_h 0.35: half is 0.175
+    det = Straggler()  # the alarm level is the CUSUM over cusum_h 0.35: half of it is 0.175
     cusum = np.zeros(60)
     first = np.zeros(60, bool)
     first[[30, 40, 50]] = True  # counted spells 10 samples apart
     cusum[28:36] = 0.3  # the first counted spell's CUSUM left zero two samples before it
     cusum[19:23] = [0.05, 0.2, 0.1, 0.05]  # an uncounted spell one spacing before: taken
     cusum[9:12] = [0.05, 0.1, 0.05]  # too weak a rise: the walk stops
-    ep = det._first_spell(Ep(30 * 60.0, 1500.0, 1500.0), cusum, first, fleet)
+    ep = det._first_spell(Ep(30 * 60.0, 1500.0, 1500.0), cusum / det.cusum_h, first, fleet)
     assert ep.start == 19 * 60.0 and ep.duration_s == ep.evidence_s == 1500.0 + 11 * 60.0
     cusum[9:12] = 0.0
     cusum[4:8] = 0.3  # strong, but ending farther than the spacing (10 samples) before the rise at 19: not taken
-    assert det._first_spell(Ep(30 * 60.0, 1500.0, 1500.0), cusum, first, fleet).start == 19 * 60.0
+    assert det._first_spell(Ep(30 * 60.0, 1500.0, 1500.0), cusum / det.cusum_h, first, fleet).start == 19 * 60.0
     cusum[9:13] = 0.3  # a strong rise within the spacing: taken, and from it the one at 4 is within reach too
-    assert det._first_spell(Ep(30 * 60.0, 1500.0, 1500.0), cusum, first, fleet).start == 4 * 60.0
+    assert det._first_spell(Ep(30 * 60.0, 1500.0, 1500.0), cusum / det.cusum_h, first, fleet).start == 4 * 60.0
 
 
 def test_silent_straggler_is_suspected_within_minutes_and_a_healthy_gang_never() -> None:
@@ -268,9 +268,28 @@ def test_silent_straggler_is_suspected_within_minutes_and_a_healthy_gang_never()
     (early,) = stragglers(fl)
     assert (early.hostname, early.gpu) == ("n02", 5) and early.evidence["suspected"] is True
     assert early.severity == "info" and early.start == pytest.approx(T0 + 20 * STEP, abs=2 * STEP)
-    assert stragglers(fl, cusum_h=10.0) == []  # the sequential evidence is what found it this early
+    assert stragglers(fl, cusum_h=10.0, change_h=10.0) == []  # the sequential evidence is what found it this early
     for seed in range(4):
         assert stragglers(gang_fleet(hosts=2, gpus=8, steps=40, same_clock=True, seed=seed)) == []
+
+
+def test_a_lead_that_slows_the_gang_is_suspected_in_the_first_spell_and_one_that_slows_no_one_never() -> None:
+    """The change CUSUM (first CUSUM out of the way): a member 15 % slow at the same clock, the data cut 4
+    minutes into its first spell, is suspected: its lead rose over its own level while its 15 peers' activity
+    fell below theirs. The same 15 % more activity on a member whose gang does not slow (its peers' activity
+    unchanged: a healthy member's kernel-mix drift, or busier in its own way) raises nothing."""
+    first = gang_fleet(hosts=2, gpus=8, steps=24, slow={(1, 5): 1 / 1.165}, window=(20, 90), same_clock=True,
+                       spells=(10, 3))
+    (early,) = stragglers(first, cusum_h=10.0)
+    assert (early.hostname, early.gpu) == ("n02", 5) and early.evidence["suspected"] is True
+    assert early.severity == "info" and early.start == pytest.approx(T0 + 20 * STEP, abs=STEP)
+    assert stragglers(first, cusum_h=10.0, change_h=10.0) == []
+    for seed in range(4):
+        busy = gang_fleet(hosts=2, gpus=8, steps=24, same_clock=True, seed=seed)
+        f = busy.frame
+        member = (f["hostname"] == "n02") & (f["gpu"] == "5") & (f["timestamp"] >= T0 + 20 * STEP)
+        f.loc[member, ["tensor_active", "sm_active"]] *= 1.165
+        assert stragglers(busy, cusum_h=10.0) == []
 
 
 # Scenarios ---------------------------------------------------------------------------------
