@@ -138,8 +138,8 @@ Quiet stragglers (issue 12), found from the peer relation itself at GPU level:
   straggler, or the first minutes of a silent one, reach 0.11-0.43 (a few stay under 0.1: where chip spread
   leaves their gang only ~7 % slower, or their drift is at its low); a median over 10 minutes keeps the level
   from before a spell with up to 4 of those minutes slow (duty 0.3-0.4). Like the first CUSUM it only
-  suspects. With it the 15 % intermittent straggler is suspected in its first spell (2-3 min) in 7 of 10
-  seeds instead of 1, at its second one otherwise.
+  suspects. With it the 15 % intermittent straggler is suspected in its first spell (2-3 min) in 8 of 10
+  replayed seeds instead of 4, at its second one otherwise.
 
 Early warning: a problem still open at the end of the data that has lasted
 ``suspect_after_s`` 180 s (3 samples at 60 s, the persistence rule's 3 of 5) but not yet

@@ -3,7 +3,8 @@
 Ground-truth records follow the detectors' taxonomy. Every record has ``kind``
 (straggler, gpu_fault, degraded_gpu, thermal, topology, idle_masking, idle_allocated),
 ``hostname``, ``gpu`` (None = the whole node), ``job``, ``start``/``end`` (absolute
-seconds), ``cause`` (one sentence) and ``attribution``, a machine-readable token:
+seconds), ``cause`` (one sentence) and ``attribution``, a machine-readable token; straggler records
+also carry ``slowdown``, the gang's step-time slowdown at its worst (a fraction, below):
 
 * straggler: ``thermal`` | ``power`` | ``pcie`` | ``nvlink`` | ``input`` | ``unknown``
 * gpu_fault: ``xid48`` ``xid63`` ``xid64`` ``xid79`` ``xid94`` ``xid95`` | ``pcie_downgrade`` | ``nvlink``

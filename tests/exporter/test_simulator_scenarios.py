@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from exporter.simulator import SCENARIO_DIR, Cluster, ScenarioError, list_scenarios, load_scenario
+from exporter.simulator.faults import STRAGGLER_MIN_SLOWDOWN
 from exporter.simulator.scenario import DEFAULT_START, parse_time
 
 REQUIRED = {
@@ -128,7 +129,9 @@ def test_every_fault_and_waste_pattern_has_ground_truth(name):
     gt = c.ground_truth()
     assert gt, name
     for rec in gt:
-        assert set(rec) == {"kind", "hostname", "gpu", "job", "start", "end", "cause", "attribution"}
+        size = {"slowdown"} if rec["kind"] == "straggler" else set()  # what it costs its gang, a fraction
+        assert set(rec) == {"kind", "hostname", "gpu", "job", "start", "end", "cause", "attribution", *size}
+        assert not size or rec["slowdown"] >= STRAGGLER_MIN_SLOWDOWN, rec
         assert rec["kind"] in KINDS and rec["cause"]
         assert rec["attribution"] in ATTRIBUTION[rec["kind"]], rec
         assert c.start <= rec["start"] < rec["end"] <= c.start + c.duration
