@@ -77,6 +77,9 @@ CATALOGUE: dict[int, Xid] = {x.code: x for x in (
     Xid(140, "unrecovered ECC error", "critical", "hardware", _RESET + "; RMA if it recurs"),
 )}
 
+#: Memory faults that kill the process and leave the GPU awaiting a reset (to apply the row remap, or to be
+#: trusted again): its owner's pod may hold it idle meanwhile, a fault to fix, not waste to release.
+RESET_PENDING_XIDS: frozenset[int] = frozenset({48, 94, 95})
 #: Codes that are usually the application's bug, not the GPU's.
 APPLICATION_XIDS: frozenset[int] = frozenset(c for c, x in CATALOGUE.items() if x.category == "application")
 
@@ -90,4 +93,4 @@ def describe(code: int) -> Xid:
                "look the code up in NVIDIA's XID table (docs.nvidia.com/deploy/xid-errors)")
 
 
-__all__ = ["APPLICATION_XIDS", "CATALOGUE", "Xid", "describe"]
+__all__ = ["APPLICATION_XIDS", "CATALOGUE", "RESET_PENDING_XIDS", "Xid", "describe"]

@@ -24,7 +24,7 @@ from analyzer.data.signals import SIGNALS, Signal
 from exporter import schema as S
 from exporter.schema import DCGM_DEFAULT_FIELDS, DCGM_FB_FREE, DCGM_FB_RESERVED
 
-SourceKind = Literal["gauge", "counter", "flag", "dcgm_rate", "bitmask"]
+SourceKind = Literal["gauge", "counter", "flag", "dcgm_rate", "bitmask", "last"]
 Dialect = Literal["truegpu", "dcgm"]
 
 #: Label spellings, first non-empty wins: canonical name -> input label names.
@@ -68,6 +68,8 @@ class Source:
 
 
 def _field_matches(signal: Signal, f: S.DcgmField) -> bool:
+    if (f.kind == "last") != (signal.kind == "last"):  # the last-event gauge feeds its state signal only
+        return False
     labels = dict(f.labels)
     return all(labels.get(label) in accepted for label, accepted in signal.labels if label in labels)
 
@@ -80,9 +82,11 @@ def _truegpu_kind(signal: Signal) -> SourceKind:
 
 def _dcgm_sources(signal: Signal) -> Iterable[Source]:
     for f in signal.metric.dcgm:
-        if f.kind == "last" or not _field_matches(signal, f):
+        if not _field_matches(signal, f):
             continue
-        if f.kind == "bitmask":
+        if f.kind == "last":
+            bits, kind = 0, "last"
+        elif f.kind == "bitmask":
             reasons = dict(signal.labels).get("reason", ())
             bits = sum(bit for bit, reason in S.CLOCK_EVENT_REASONS.items() if reason in reasons)
             kind: SourceKind = "bitmask"
@@ -98,8 +102,9 @@ def _dcgm_sources(signal: Signal) -> Iterable[Source]:
 def _build() -> dict[str, list[Source]]:
     out: dict[str, list[Source]] = {}
     for signal in SIGNALS:
-        own = Source(signal.metric.name, signal, "truegpu", _truegpu_kind(signal))
-        out.setdefault(own.name, []).append(own)
+        if signal.kind != "last":  # truegpu's XIDs are counted events, not a last-XID state
+            own = Source(signal.metric.name, signal, "truegpu", _truegpu_kind(signal))
+            out.setdefault(own.name, []).append(own)
         for src in _dcgm_sources(signal):
             out.setdefault(src.name, []).append(src)
     return out
@@ -160,7 +165,7 @@ def missing_reason(signal: Signal, dialect: Dialect) -> str:
                 metric, "the exporter did not publish it (see truegpu_exporter_errors_total{kind=\"not_supported\"})"
             )
         return f"{signal.name} unknown: {metric.name} absent: {why}"
-    fields = [f.field for f in metric.dcgm if f.kind != "last" and _field_matches(signal, f)]
+    fields = [f.field for f in metric.dcgm if _field_matches(signal, f)]
     if not fields:
         return (
             f"{signal.name} unknown: dcgm-exporter has no field for {metric.name}; run the truegpu exporter alongside"

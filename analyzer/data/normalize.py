@@ -658,7 +658,7 @@ class _State:
             return self._tl_mean_sum(picks, lambda p: scaled(p) / self.g.step)
         if kind == "gauge":
             return self._mean(picks, scaled)
-        if kind == "flag":
+        if kind in ("flag", "last"):
             return self._max(picks, scaled)
         if kind == "bitmask":
             return self._max(picks, lambda p: ((np.nan_to_num(p.val).astype(np.int64) & bits) != 0).astype(np.float64))
@@ -1007,6 +1007,8 @@ class _State:
         all_mig = bool(len(frame)) and bool((frame["gpu_instance"].astype(str) != "").all())
         out = {}
         for signal in SIGNALS:
+            if signal.kind == "last" and "dcgm" not in used:
+                continue  # a state only dcgm-exporter's gauge has; truegpu's XIDs are events
             if all_mig and signal.name in _NOT_ON_MIG and signal.name not in self.present:
                 out[signal.name] = f"{signal.name} unknown: {_NOT_ON_MIG[signal.name]}"
             elif signal.name not in self.present:

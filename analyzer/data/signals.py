@@ -10,6 +10,8 @@ Kinds:
 - ``rate``: a counter turned into a per-second rate over the step; several label values
   are summed (NVLink tx+rx). dcgm-exporter "rate" fields arrive as rates already.
 - ``flag``: a 0/1 gauge combined with max() over its label values (any thermal reason).
+- ``last``: a "value of the last event" gauge (dcgm-exporter's last XID): the code it shows, sticky until
+  the exporter restarts. truegpu publishes XIDs as counters (events), never as this state.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from exporter.schema import Metric
 class Signal:
     name: str
     metric: Metric
-    kind: Literal["gauge", "rate", "flag"] = "gauge"
+    kind: Literal["gauge", "rate", "flag", "last"] = "gauge"
     #: Label filter: each label maps to the accepted values (several values are summed or max'ed).
     labels: tuple[tuple[str, tuple[str, ...]], ...] = ()
     unit: str = ""
@@ -71,6 +73,7 @@ SIGNALS: tuple[Signal, ...] = (
            "per_second"),
     Signal("row_remap_pending", S.ROW_REMAP_PENDING),
     Signal("row_remap_failure", S.ROW_REMAP_FAILURE),
+    Signal("last_xid", S.XID_ERRORS, "last", help="the XID code dcgm-exporter's last-XID gauge shows"),
     Signal("nvlink_error_rate", S.NVLINK_ERRORS, "rate", _one("type", *S.NVLINK_ERROR_TYPES), "per_second"),
     Signal("nvlink_links_up", S.NVLINK_LINKS, labels=_one("state", "up")),
     Signal("nvlink_links_down", S.NVLINK_LINKS, labels=_one("state", "down")),

@@ -21,7 +21,10 @@ from exporter.simulator.topology import MODEL_KEYS, closest_link
 
 
 def _keys(signal: Signal) -> list[str]:
-    """The simulator table keys feeding ``signal`` (one per accepted label combination)."""
+    """The simulator table keys feeding ``signal`` (one per accepted label combination); none for a
+    last-event state (the simulated fleet is truegpu's, whose XIDs are events)."""
+    if signal.kind == "last":
+        return []
     out = []
     for metric, labels, key in SAMPLE_SIGNALS:
         if metric is signal.metric and all(labels.get(k) in values for k, values in signal.labels):

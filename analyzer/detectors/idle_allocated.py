@@ -21,7 +21,11 @@ False). Thresholds (configurable fields):
   most of the episode: it awaits the reset a memory fault (XID 48/94/95, an uncorrectable ECC
   error) left it needing, which gpu_fault reports ("schedule a GPU reset"). ``serve`` sees this
   one: 30 minutes after the XID killed the process the event has left its window, the pending
-  remap has not.
+  remap has not. dcgm-exporter's default counters carry no remap-pending field; there its last-XID
+  gauge (``last_xid``) stands in: still showing such an XID for most of the episode, the GPU has not
+  been reset since (``nvidia-smi -r`` needs every process off the GPU, DCGM's too, and a restarted
+  exporter shows no XID until the next one). A pod that got the GPU without a reset and sits idle
+  is then missed until the exporter restarts; a reset GPU handed out again is not.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analysis.episodes import MAX_UNKNOWN_S, Episodes, column, find_episodes, format_duration
+from analyzer.analysis.xid import RESET_PENDING_XIDS
 from analyzer.data.frame import Fleet
 from analyzer.detectors import Paging, gpu_busy, register
 from analyzer.findings import IDLE_ALLOCATED, Finding
@@ -99,7 +104,10 @@ class IdleAllocated:
                             min_duration_s=self.min_duration_s)
         if not len(eps):
             return []
-        fault = self._after_fault(fleet, eps) | (eps.mean(column(fleet, "row_remap_pending")) >= 0.5)
+        last_xid = column(fleet, "last_xid")
+        awaiting = np.where(np.isnan(last_xid), np.nan, np.isin(last_xid, sorted(RESET_PENDING_XIDS)))
+        fault = (self._after_fault(fleet, eps) | (eps.mean(column(fleet, "row_remap_pending")) >= 0.5)
+                 | (eps.mean(awaiting) >= 0.5))
         u, gr, sm = (eps.mean(column(fleet, s)) for s in ("gpu_util", "gr_active", "sm_active"))
         low = eps.mean(use_fb.astype(np.float64)) > 0.5
         out = []

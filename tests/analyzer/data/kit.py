@@ -4,6 +4,7 @@ from the simulator, and a comparison of two fleets within the dialect's toleranc
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +74,11 @@ def assert_matches(got: Fleet, want: Fleet, atol: dict[str, float] | None = None
     compared = 0
     for name in NAMES:
         if name not in a.columns:
-            assert b[name].isna().all() or name in got.missing, name
+            assert name not in b.columns or b[name].isna().all() or name in got.missing, name
+            continue
+        if name not in b.columns:  # dcgm-exporter's last-XID state: the truegpu reference has events instead
+            assert name == "last_xid", name
+            _assert_last_xid(got, want)
             continue
         x, y = a[name].to_numpy(), b[name].to_numpy()
         if skip_rows is not None and name in skip_rows:
@@ -83,6 +88,20 @@ def assert_matches(got: Fleet, want: Fleet, atol: dict[str, float] | None = None
         np.testing.assert_allclose(x, y, rtol=1e-9, atol=tol + 1e-9, equal_nan=True, err_msg=name)
         compared += int((~np.isnan(y)).sum())
     assert compared > 0
+
+
+def _assert_last_xid(got: Fleet, want: Fleet) -> None:
+    """The last-XID gauge shows, on each GPU, the XIDs the reference has events of there, and those it already
+    showed at the first sample (an XID before the window, named in a note); each of the latter from the start."""
+    f, ev = got.frame, want.events
+    shown = f.loc[f["last_xid"] > 0, ["hostname", "gpu", "last_xid"]].drop_duplicates()
+    codes = {(str(h), str(g), int(x)) for h, g, x in shown.itertuples(index=False)}
+    before = {(h, g, int(x)) for note in got.notes if note.startswith("last XID already non-zero")
+              for h, g, x in re.findall(r"(\S+)/(\S+) XID (\d+)", note.split(": ", 1)[1])}
+    events = {(str(h), str(g), int(x)) for h, g, x in zip(ev["hostname"], ev["gpu"], ev["xid"], strict=True)}
+    assert before <= codes <= events | before, (codes, events, before)
+    unknown = f["last_xid"].isna()  # 0 until an XID; unknown only where the GPU reports nothing (lost to XID 79)
+    assert not (unknown & f["power"].notna()).any() and (f["last_xid"][~unknown] >= 0).all()
 
 
 def _events(fleet: Fleet) -> list[tuple]:

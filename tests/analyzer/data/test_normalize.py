@@ -76,6 +76,7 @@ def test_dcgm_default_counters_say_sm_active_is_unknown(tmp_path):
     assert "commented out in the default list" in got.missing["sm_active"]
     assert "DCGM_FI_PROF_SM_OCCUPANCY" in got.missing["sm_occupancy"]
     assert "DCGM_FI_DEV_CLOCKS_EVENT_REASONS" in got.missing["thermal_throttle"]
+    assert "last_xid" in got.frame.columns  # the last-XID gauge is in the default list (no remap-pending field)
     # what the default list does carry still matches, memory total included (FB_USED+FREE+RESERVED);
     # NVLink comes from NVLINK_BANDWIDTH_TOTAL, whole MiB/s
     assert_matches(got, want, {**DCGM_ATOL, "nvlink_bps": 0.51 * MIB})
@@ -460,4 +461,5 @@ def test_truegpu_missing_profiling_names_the_fix():
     assert "sm_active" not in fleet.frame.columns
     assert "truegpu_sm_active_ratio absent" in fleet.missing["sm_active"]
     assert "Hopper" in fleet.missing["sm_active"] and "dcgm-exporter" in fleet.missing["sm_active"]
-    assert set(fleet.missing) == set(NAMES) - {"power"}
+    # last_xid is dcgm-exporter's last-XID state: truegpu publishes XIDs as events, so it is never missing here
+    assert set(fleet.missing) == set(NAMES) - {"power", "last_xid"}

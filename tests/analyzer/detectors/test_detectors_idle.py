@@ -201,6 +201,19 @@ def test_gpu_awaiting_a_reset_is_a_fault_not_waste_after_its_xid_left_the_window
     assert len(IdleAllocated().detect(fleet_of({**idle, "row_remap_pending": [1.0] * 5 + [0.0] * 55}))) == 1
 
 
+@pytest.mark.parametrize("shown, fault", [(94.0, True), (95.0, True), (48.0, True), (43.0, False), (0.0, False)])
+def test_with_dcgm_default_counters_a_last_xid_still_shown_stands_in_for_the_pending_remap(shown: float,
+                                                                                            fault: bool) -> None:
+    """No remap-pending field in dcgm-exporter's default counters: its last-XID gauge still showing a memory
+    fault that awaits a reset (no reset since: it would have restarted the exporter) makes the idle GPU the
+    fault's; an application XID (43) or none (0) leaves the owner's waste; a gauge that turns to the code only
+    near the end (a later XID, found by its event) does not hide the waste before it."""
+    idle = {**phases(60, (60, IDLE)), **OWNER}
+    found = IdleAllocated().detect(fleet_of({**idle, "last_xid": [shown] * 60}))
+    assert (found == []) is fault
+    assert len(IdleAllocated().detect(fleet_of({**idle, "last_xid": [0.0] * 50 + [shown] * 10}))) == 1
+
+
 # runner ------------------------------------------------------------------------------------
 def test_registry_has_both_detectors_behind_the_protocol() -> None:
     reg = load_detectors()
