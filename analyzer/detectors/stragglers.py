@@ -28,7 +28,14 @@ the same timestamp, by median (the other member of a pair; ``_peers``):
 A compute straggler also needs its peers at full clock (peer median >= 95% of the max SM
 clock, the max being, where not reported, the highest clock seen on that GPU model): when
 the peers are throttled too the job shares a cause (a rack's cooling, a capped job) that
-the thermal/degraded detectors own; the worst of a slowed group is not the one to drain.
+the thermal/degraded detectors own; the worst of a slowed group is not the one to drain. So does a
+gang heating together: peers whose median die temperature is within ``peer_heat_margin`` 10 C of
+the throttle point (75 C at 85 C; healthy busy dies run ~40-60 C, AcmeTrace's median and p90). Why:
+replayed over 10 seeds of every scenario, the hottest GPU of a gang warming with its rack throttled
+first while its peers' median stood at 76-86 C (55 early "suspected stragglers" at info, withdrawn
+once the rest throttled too: the rack's thermal finding owns them); the peers of every true
+thermal straggler stood at 45-71 C (the highest, a node in a failing rack whose gang's other node
+sits in a healthy one).
 The lead is compared on activity averaged over the persistence window (per-sample
 profiling noise of ~±5% averages out; the members' slow kernel-mix drift is what the MAD
 then measures) and must also be > 1 in the sample itself.
@@ -270,6 +277,7 @@ class Straggler:
     util_gap: float = 0.05
     same_work: float = 0.8
     thermal_celsius: float = THRESHOLDS.gpu_temp_limit_celsius  #: shared with the rules (analyzer.site)
+    peer_heat_margin: float = 10.0
     power_cap_ratio: float = 0.97
     nvlink_ratio_max: float = 0.67
     nvlink_min_bps: float = 1e9
@@ -312,7 +320,7 @@ class Straggler:
             return lead, np.where(use_t, sTs / rTs, sSs / rSs), np.where(use_t, rTs, rSs)
 
     def _cells(self, U: np.ndarray, TEN: np.ndarray, SM: np.ndarray, CLK: np.ndarray, CLKMAX: np.ndarray,
-               NVL: np.ndarray, ref: Any, steps: int, top: Blocks | None = None, long_w: int = 1,
+               NVL: np.ndarray, TEMP: np.ndarray, ref: Any, steps: int, top: Blocks | None = None, long_w: int = 1,
                spell_n: int = 2, step_s: float = 60.0) -> _Cells:
         """Straggler conditions of every cell against its peers (``ref`` = PeerGroups.reference or
         the node-level equivalent; ``steps`` = the persistence window in samples; ``top``: the peer
@@ -320,6 +328,7 @@ class Straggler:
         rU, _ = ref(U, False)
         rK, _ = ref(CLK, False)
         rKmax, _ = ref(CLKMAX, False)
+        rH, _ = ref(TEMP, False)
         # Activity compared raw (this sample) and smoothed over the window: per-sample profiling
         # noise (~±5%) averages out, the member's kernel-mix drift does not and sets the spread.
         rT, _ = ref(TEN, False)
@@ -335,9 +344,10 @@ class Straggler:
         progress = np.where(sm_known, rS >= self.progress_sm, use_t)
         peers_busy = rU >= self.busy_util
         throttled = clk_rel <= 1.0 - self.clock_drop  # NaN clock -> False: no clock evidence
-        # Peers throttled too (their clock well below max): a shared cause (rack cooling, a capped
-        # job), owned by the thermal/degraded detectors; the worst of a slowed group is no straggler.
-        peers_full = ~(peers_clock < 1.0 - self.clock_drop)
+        # Peers throttled too (their clock well below max), or heating with it (their die within
+        # ``peer_heat_margin`` of the throttle point): a shared cause (rack cooling, a capped job), owned by the
+        # thermal/degraded detectors; the worst of a slowed group is no straggler.
+        peers_full = ~(peers_clock < 1.0 - self.clock_drop) & ~(rH >= self.thermal_celsius - self.peer_heat_margin)
         # A group's spread is unknown with fewer than 3 members (NaN noise -> the floor): the relative test decides.
         significant = ~((lead - 1.0) < self.z_min * noise)
         ahead = (lead_now > 1.0) & (self.busy_util <= U)  # it computes more than its peers in this very sample
@@ -440,7 +450,8 @@ class Straggler:
         U, TEN, SM = pg.matrix(gpu_busy(fleet)), pg.matrix("tensor_active"), pg.matrix("sm_active")
         CLK, CLKMAX, NVL = pg.matrix("sm_clock"), pg.matrix(_clock_max(fleet)), pg.matrix("nvlink_bps")
         steps = max(1, round(self.window_s / fleet.step))
-        gpu = self._cells(U, TEN, SM, CLK, CLKMAX, NVL, pg.reference, steps, pg.blocks,
+        TEMP = pg.matrix("temp")
+        gpu = self._cells(U, TEN, SM, CLK, CLKMAX, NVL, TEMP, pg.reference, steps, pg.blocks,
                           max(1, round(self.silent_window_s / fleet.step)),
                           max(2, round(self.spell_min_s / fleet.step)), fleet.step)
         gpu_cond = self._tristate(gpu, steps)
@@ -448,7 +459,8 @@ class Straggler:
         # Node level: host medians of each group against the group's other hosts.
         hosts = _NodeView(pg)
         node = self._cells(hosts.median(U), hosts.median(TEN), hosts.median(SM), hosts.median(CLK),
-                           hosts.median(CLKMAX), hosts.median(NVL), hosts.reference, steps) if hosts.any else None
+                           hosts.median(CLKMAX), hosts.median(NVL), hosts.median(TEMP), hosts.reference,
+                           steps) if hosts.any else None
         out: list[Finding] = []
         if node is not None:
             node_cond = self._tristate(node, steps)

@@ -273,6 +273,17 @@ def test_silent_straggler_is_suspected_within_minutes_and_a_healthy_gang_never()
         assert stragglers(gang_fleet(hosts=2, gpus=8, steps=40, same_clock=True, seed=seed)) == []
 
 
+def test_the_hottest_of_a_gang_heating_together_is_no_straggler() -> None:
+    """Its peers' dies within 10 C of the throttle point (their median at 78 C): the gang warms with its rack,
+    the first GPU to throttle is the rack's thermal problem, not a straggler to drain; at 60 C it is one."""
+    fl = gang_fleet(slow={(0, 2): 0.82})
+    assert [(f.hostname, f.gpu) for f in stragglers(fl)] == [("n01", 2)]
+    f = fl.frame
+    f.loc[f["temp"] < 85.0, "temp"] += 18.0
+    assert stragglers(fl) == []
+    assert [(f.hostname, f.gpu) for f in stragglers(fl, peer_heat_margin=5.0)] == [("n01", 2)]
+
+
 def test_a_lead_that_slows_the_gang_is_suspected_in_the_first_spell_and_one_that_slows_no_one_never() -> None:
     """The change CUSUM (first CUSUM out of the way): a member 15 % slow at the same clock, the data cut 4
     minutes into its first spell, is suspected: its lead rose over its own level while its 15 peers' activity
