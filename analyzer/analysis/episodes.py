@@ -224,7 +224,9 @@ def find_episodes(
     for col in _CARRIED:
         if col in frame.columns:
             vals = frame[col].iloc[rows].astype(object).to_numpy()
-            table[col] = [None if (v is None or (isinstance(v, float) and np.isnan(v))) else str(v) for v in vals]
+            # object dtype: pandas 3 would infer its string dtype, whose missing value is NaN, not None
+            table[col] = pd.Series([None if (v is None or (isinstance(v, float) and np.isnan(v))) else str(v)
+                                    for v in vals], dtype=object)
         else:
             table[col] = None
     share = frame["gpu_share"].to_numpy(dtype=np.float64)[rows] if "gpu_share" in frame.columns else 1.0

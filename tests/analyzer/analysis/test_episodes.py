@@ -126,6 +126,16 @@ def test_allocation_change_splits_and_episode_carries_its_owner() -> None:
     assert steps_of(t) == [(0, 5), (5, None)]
 
 
+def test_an_episode_without_an_owner_carries_none_beside_one_with_an_owner() -> None:
+    """An unallocated GPU's episode (a GPU lost with its labels, unowned capacity) says None, not NaN, even next
+    to an owned one (pandas 3 infers a string column whose missing value is NaN: "job nan" in a summary, and a
+    crash where the CLI measured the column's width)."""
+    fleet = timeline([{"gpu": 0, "job": None}, {"gpu": 1, "job": "a", "namespace": "ns", "pod": "pod-a"}], 10)
+    t = find_episodes(fleet, np.ones(20), min_duration_s=60).table
+    assert [(ep.gpu, ep.job, ep.namespace, ep.pod) for ep in t.itertuples(index=False)] == [
+        ("0", None, None, None), ("1", "a", "ns", "pod-a")]
+
+
 def test_unsorted_frame_gives_the_same_episodes() -> None:
     fleet = timeline([{"gpu": 0}, {"gpu": 1}], 12)
     cond = np.concatenate([runs("001111111100"), runs("111100111111")])
