@@ -220,7 +220,9 @@ def _gpus(sub: Fleet, rows: pd.DataFrame) -> pd.DataFrame:
         if c not in table.columns:
             table[c] = None if c in ("model", "mig_profile", *DEVICE_KEYS) else np.nan
     for c in ("model", "mig_profile", *keys):
-        table[c] = [None if pd.isna(v) or v == "" else str(v) for v in table[c]]
+        # object dtype: pandas 3 would infer its string dtype, whose missing value is NaN, not None
+        table[c] = pd.Series([None if pd.isna(v) or v == "" else str(v) for v in table[c]], index=table.index,
+                             dtype=object)
     order = device_order(*(table[c].fillna("").to_numpy(object) for c in ("hostname", "gpu", "gpu_instance")))
     return table[list(GPU_COLUMNS)].iloc[order].reset_index(drop=True)
 

@@ -177,6 +177,23 @@ def test_the_command_line(demo, capsys, tmp_path):
         assert words in capsys.readouterr().err
 
 
+def test_a_job_on_a_whole_gpu_and_a_mig_slice_lists_none_for_the_whole_gpus_instance():
+    """None, not NaN (pandas 3 infers a string column whose missing value is NaN) where a device has no
+    instance or profile, beside one that has."""
+    from analyzer.pipeline import analyze as run
+    from tests.fleets import timeline
+
+    busy = {"gpu_util": 0.9, "sm_active": 0.5, "tensor_active": 0.2, "dram_active": 0.2, "mem_used": 2.0**30}
+    owner = {"job": "mix", "namespace": "ns"}
+    fleet = timeline([{"gpu": 0, "pod": "p0", **owner, **busy},
+                      {"gpu": 1, "gpu_instance": "1", "mig_profile": "3g.40gb", "pod": "p1", **owner, **busy}], 30)
+    res = run(fleet)
+    r = J.job_report(fleet, res.scores, res.findings, "mix")
+    assert r.gpus[["gpu", "gpu_instance", "mig_profile"]].to_dict("records") == [
+        {"gpu": "0", "gpu_instance": None, "mig_profile": None},
+        {"gpu": "1", "gpu_instance": "1", "mig_profile": "3g.40gb"}]
+
+
 def test_a_mig_job_counts_its_gpus_and_its_slices():
     fleet = fleet_from_cluster(Cluster(load_scenario("mig-training")), step=60.0)
     result = analyze(fleet)
