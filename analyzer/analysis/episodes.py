@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.data.frame import Fleet, category_codes
+from analyzer.data.frame import Fleet, category_codes, optional_labels
 
 #: Unknown time (a scrape gap) that never splits an episode, whatever the step: a few scrape
 #: intervals of a whole node (failed scrapes, exporter or Prometheus restarts, a rolling
@@ -223,10 +223,7 @@ def find_episodes(
     table = pd.DataFrame(index=range(len(first)))
     for col in _CARRIED:
         if col in frame.columns:
-            vals = frame[col].iloc[rows].astype(object).to_numpy()
-            # object dtype: pandas 3 would infer its string dtype, whose missing value is NaN, not None
-            table[col] = pd.Series([None if (v is None or (isinstance(v, float) and np.isnan(v))) else str(v)
-                                    for v in vals], dtype=object)
+            table[col] = optional_labels(frame[col].iloc[rows].astype(object), table.index)
         else:
             table[col] = None
     share = frame["gpu_share"].to_numpy(dtype=np.float64)[rows] if "gpu_share" in frame.columns else 1.0

@@ -172,6 +172,13 @@ MIG_COMPUTE_SLICES = 7
 _MIG_SLICES = re.compile(r"^(\d+)g\.")
 
 
+def optional_labels(values: Iterable[object], index: pd.Index, *, empty_is_missing: bool = False) -> pd.Series:
+    """Label strings with None where missing (NaN or None; "" too with ``empty_is_missing``), of object dtype:
+    pandas 3 would infer its string dtype, whose missing value is NaN (a finding on "job nan")."""
+    return pd.Series([None if pd.isna(v) or (empty_is_missing and v == "") else str(v) for v in values],
+                     index=index, dtype=object)
+
+
 def category_codes(s: pd.Series) -> np.ndarray:
     """Integer codes of an identity column, -1 where it is missing: the categorical's own codes
     (the frame's identity columns are categoricals), else factorized."""

@@ -40,7 +40,7 @@ from analyzer.analysis.partition import PARTS, WASTE
 from analyzer.analysis.rows import allocated_rows
 from analyzer.analysis.scores import AGG_COLUMNS, Scores, aggregate
 from analyzer.analysis.shares import holder_rows, holder_view
-from analyzer.data.frame import Fleet, device_order
+from analyzer.data.frame import Fleet, device_order, optional_labels
 from analyzer.findings import GPU_FAULT, STRAGGLER, THERMAL, Finding, json_ready, rfc3339, sort_findings
 from analyzer.report import data
 
@@ -220,9 +220,7 @@ def _gpus(sub: Fleet, rows: pd.DataFrame) -> pd.DataFrame:
         if c not in table.columns:
             table[c] = None if c in ("model", "mig_profile", *DEVICE_KEYS) else np.nan
     for c in ("model", "mig_profile", *keys):
-        # object dtype: pandas 3 would infer its string dtype, whose missing value is NaN, not None
-        table[c] = pd.Series([None if pd.isna(v) or v == "" else str(v) for v in table[c]], index=table.index,
-                             dtype=object)
+        table[c] = optional_labels(table[c], table.index, empty_is_missing=True)
     order = device_order(*(table[c].fillna("").to_numpy(object) for c in ("hostname", "gpu", "gpu_instance")))
     return table[list(GPU_COLUMNS)].iloc[order].reset_index(drop=True)
 
