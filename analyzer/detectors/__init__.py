@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
+import pandas as pd
 
 from analyzer.analysis.episodes import column
 from analyzer.data.frame import Fleet
@@ -150,6 +151,23 @@ def gpu_busy(fleet: Fleet) -> np.ndarray:
     u = column(fleet, "gpu_util")
     gr = column(fleet, "gr_active")
     return np.where(np.isnan(u), gr, u)
+
+
+def clock_max(fleet: Fleet) -> np.ndarray:
+    """Per row: the GPU's max SM clock; where not reported (dcgm-exporter's default counters lack
+    DCGM_FI_DEV_MAX_SM_CLOCK), the highest SM clock any GPU of the same model reached in the data of the
+    fleet's reference hosts (analyzer.data.reference): busy GPUs of one model boost to the same clock, so
+    that is their unthrottled clock. Without it a capped or clock-locked GPU has no clock deficit to show."""
+    mx = column(fleet, "sm_clock_max")
+    missing = np.isnan(mx)
+    if not missing.any() or not fleet.has("sm_clock"):
+        return mx
+    clk = column(fleet, "sm_clock")
+    f = fleet.frame
+    model = f["model"] if "model" in f.columns else pd.Series(np.zeros(len(f)))
+    codes = pd.factorize(model)[0]
+    best = pd.Series(np.where(fleet.reference_rows(), clk, np.nan)).groupby(codes).max()
+    return np.where(missing, best.reindex(codes).to_numpy(dtype=np.float64), mx)
 
 
 def run_detectors(

@@ -88,7 +88,7 @@ from sklearn.covariance import MinCovDet
 
 from analyzer.analysis.episodes import column, find_episodes, format_duration
 from analyzer.data.frame import Fleet
-from analyzer.detectors import Paging, gpu_busy, register
+from analyzer.detectors import Paging, clock_max, gpu_busy, register
 from analyzer.findings import DEGRADED_GPU, Finding
 from analyzer.site import THRESHOLDS
 
@@ -135,7 +135,9 @@ class DegradedGpu:
     - ``baseline_windows`` 2: 20 min of the GPU's own history before a change point.
     - ``busy_min`` 0.5: busy windows (util or GR engine) for clocks and power efficiency.
     - ``clock_deficit`` 0.10: unthrottled busy GPUs hold max clock within ~2%; 10% lower
-      without a thermal reason is power- or clock-capping.
+      without a thermal reason is power- or clock-capping. Where the max clock is not reported
+      (dcgm-exporter's default counters), the highest clock of the model stands in for it
+      (``analyzer.detectors.clock_max``): with no power limit either, the clock is what shows a cap.
     - ``cap_deficit`` 0.10: power limits are configuration, identical across a model;
       10% below the model median (H100: <= 630 W of 700) is a deliberate or accidental -pl.
     - ``outlier_quantile`` 0.999: chi^2 gate on the MCD distance: 1 healthy window in 1000
@@ -235,7 +237,7 @@ class DegradedGpu:
         hot = np.where(np.isnan(temp), np.nan, (temp >= self.throttle_c).astype(np.float64))
         agg["throttled"] = np.fmax(mean(thr), mean(hot))
         agg["power_capped"] = mean(column(fleet, "power_throttle"))
-        clk, clk_max = column(fleet, "sm_clock"), column(fleet, "sm_clock_max")
+        clk, clk_max = column(fleet, "sm_clock"), clock_max(fleet)
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = clk / clk_max
         busy_row = gpu_busy(fleet) >= self.busy_min

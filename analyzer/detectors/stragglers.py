@@ -194,7 +194,7 @@ import pandas as pd
 
 from analyzer.analysis.episodes import column, find_episodes, format_duration
 from analyzer.data.frame import Fleet
-from analyzer.detectors import Paging, gpu_busy, register
+from analyzer.detectors import Paging, clock_max, gpu_busy, register
 from analyzer.detectors._peers import (
     Blocks,
     PeerGroups,
@@ -448,7 +448,7 @@ class Straggler:
         if pg.n_slots == 0:
             return []
         U, TEN, SM = pg.matrix(gpu_busy(fleet)), pg.matrix("tensor_active"), pg.matrix("sm_active")
-        CLK, CLKMAX, NVL = pg.matrix("sm_clock"), pg.matrix(_clock_max(fleet)), pg.matrix("nvlink_bps")
+        CLK, CLKMAX, NVL = pg.matrix("sm_clock"), pg.matrix(clock_max(fleet)), pg.matrix("nvlink_bps")
         steps = max(1, round(self.window_s / fleet.step))
         TEMP = pg.matrix("temp")
         gpu = self._cells(U, TEN, SM, CLK, CLKMAX, NVL, TEMP, pg.reference, steps, pg.blocks,
@@ -800,23 +800,6 @@ def _fill_gaps(mask: np.ndarray, n: int) -> np.ndarray:
     before = np.maximum.accumulate(np.where(mask, t, -(n + 1)), axis=1)
     after = np.minimum.accumulate(np.where(mask, t, T + n + 1)[:, ::-1], axis=1)[:, ::-1]
     return mask | (after - before - 1 <= n)
-
-
-def _clock_max(fleet: Fleet) -> np.ndarray:
-    """Per row: the GPU's max SM clock; where not reported (dcgm-exporter's default counters lack
-    DCGM_FI_DEV_MAX_SM_CLOCK), the highest SM clock any GPU of the same model reached in the data of the
-    fleet's reference hosts (analyzer.data.reference): busy GPUs of one model boost to the same clock, so
-    that is their unthrottled clock."""
-    mx = column(fleet, "sm_clock_max")
-    missing = np.isnan(mx)
-    if not missing.any() or not fleet.has("sm_clock"):
-        return mx
-    clk = column(fleet, "sm_clock")
-    f = fleet.frame
-    model = f["model"] if "model" in f.columns else pd.Series(np.zeros(len(f)))
-    codes = pd.factorize(model)[0]
-    best = pd.Series(np.where(fleet.reference_rows(), clk, np.nan)).groupby(codes).max()
-    return np.where(missing, best.reindex(codes).to_numpy(dtype=np.float64), mx)
 
 
 def _merge_intermittent(found: list[Finding], spells: list[Finding]) -> list[Finding]:

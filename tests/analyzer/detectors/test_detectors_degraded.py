@@ -166,6 +166,23 @@ def test_power_cap_evidence_names_the_limits() -> None:
     assert f.severity == "warning"
 
 
+#: What dcgm-exporter's default counters lack of SIGNALS: no power limit, max clock, clock-event reasons or SM
+#: activity (DCGM_FI_DEV_POWER_MGMT_LIMIT, MAX_SM_CLOCK, CLOCK_THROTTLE_REASONS, PROF_SM_ACTIVE are not in the set).
+DEFAULT_COUNTERS_LACK = ("power_limit", "sm_clock_max", "thermal_throttle", "power_throttle", "sm_active")
+
+
+def test_a_capped_gpu_shows_its_clock_deficit_without_a_max_clock_or_limit() -> None:
+    """With the default counters a lowered cap has no limit to compare and no max clock to divide by: the clock
+    is judged against the highest its model reached (busy GPUs of one model boost alike), so the capped GPU's
+    clock 25 % below its peers is found, and named for what can be seen."""
+    fleet = synthetic_fleet(tweaks={20: (40, power_capped(450.0))}, drop=DEFAULT_COUNTERS_LACK)
+    (f,) = degraded(fleet)
+    assert (f.hostname, f.gpu) == ("n2", 4) and "clock_deficit" in f.evidence["features_off"]
+    assert f.evidence["clock_deficit"] == pytest.approx(0.25, abs=0.03)
+    assert "clocks 25% below its peers while busy" in f.summary and "check power limit" in f.summary
+    assert degraded(synthetic_fleet(drop=DEFAULT_COUNTERS_LACK)) == []
+
+
 def test_a_whole_memory_bound_job_is_a_workload_not_a_degraded_gpu() -> None:
     fleet = synthetic_fleet(memory_bound_node=2)
     assert degraded(fleet) == []
