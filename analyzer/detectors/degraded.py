@@ -268,7 +268,9 @@ class DegradedGpu:
 
         Huber weights (k = 1.345 robust sd, 95% efficiency on clean data) bound the pull of bad
         GPUs on the fit; a few iteratively reweighted least squares are milliseconds, where an
-        L-BFGS HuberRegressor spends ~0.2 s per fit for the same line.
+        L-BFGS HuberRegressor spends ~0.2 s per fit for the same line. The slopes are kept >= 0 (more power,
+        more heat; more activity, more power): a GPU far from its model's cloud, a capped straggler doing 45 %
+        more work for its gang at less power, would otherwise tilt the fit through itself and read as normal.
         """
         ok = ~np.isnan(y) & ~np.isnan(X).any(axis=1)
         pred = np.full(len(y), np.nan)
@@ -283,7 +285,7 @@ class DegradedGpu:
         coef = np.zeros(A.shape[1])
         for _ in range(_IRLS_ITER):
             sw = np.sqrt(wts)
-            coef = np.linalg.lstsq(A * sw[:, None], b * sw, rcond=None)[0]
+            coef = _rising_lstsq(A * sw[:, None], b * sw)
             res = b - A @ coef
             scale = max(1.4826 * float(np.median(np.abs(res - np.median(res)))), 1e-9)
             u = np.abs(res) / (1.345 * scale)
@@ -579,6 +581,18 @@ def _since(shift: float, unit: str, word: str = "over") -> str:
         return ""
     amount = f"{shift:.0f} C" if unit == "C" else f"{shift:.0%}"
     return f" ({amount} {word} its own earlier level)"
+
+
+def _rising_lstsq(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with column 0 free (the intercept) and the other coefficients >= 0: the most negative
+    slope is dropped and the rest refitted until none is (an active set; a few columns at most)."""
+    keep = np.ones(A.shape[1], bool)
+    while True:
+        coef = np.zeros(A.shape[1])
+        coef[keep] = np.linalg.lstsq(A[:, keep], b, rcond=None)[0]
+        if not (coef[1:] < 0).any():
+            return coef
+        keep[1 + int(np.argmin(coef[1:]))] = False
 
 
 def _grid(win: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int, int]:

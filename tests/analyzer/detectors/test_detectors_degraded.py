@@ -381,3 +381,16 @@ def test_a_gpu_in_another_rack_than_a_cooling_failure_keeps_its_own_level() -> N
 
     _, fleet = named_scenario_fleet("rack-cooling", "truegpu", 60.0, seed_offset=1006)
     assert [(f.hostname, f.gpu) for f in make_detector(DEGRADED_GPU).detect(fleet)] == []
+
+
+def test_one_gpu_far_from_its_models_cloud_cannot_tilt_the_power_fit_through_itself() -> None:
+    """A fleet of one job sits at one point of activity; a capped straggler does 45 % more work for its gang at
+    less power. An unconstrained fit lays a negative slope through that one point and calls its power what its
+    activity asks; the fit keeps slopes >= 0 (more work never draws less power), so its deficit shows."""
+    rng = np.random.default_rng(3)
+    act = np.column_stack([rng.normal(0.165, 0.003, 47), rng.normal(0.238, 0.002, 47)])
+    power = 330.0 * rng.normal(1.0, 0.03, 47)
+    X, y = np.vstack([act, act[:1] * 1.45]), np.append(power, 297.0)
+    pred = DegradedGpu()._robust_fit(X, y, np.ones(len(y), bool))
+    assert y[-1] / pred[-1] - 1.0 <= -0.09  # at least the 10 % below its peers' draw
+    assert np.median(np.abs(y[:-1] / pred[:-1] - 1.0)) < 0.03  # the healthy ones still fit to their noise
