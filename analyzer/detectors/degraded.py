@@ -315,7 +315,9 @@ class DegradedGpu:
                 pw[:, None], sub["temp"].to_numpy(), ref)
             # HBM ~ die temperature + DRAM activity.
             dram = sub["dram_active"].to_numpy()
-            X = sub[["temp"]].to_numpy() if np.isnan(dram).mean() > 0.5 else np.column_stack([sub["temp"], dram])
+            # Whether DRAM activity is collected, judged on the fitted (reference) rows like the activities below: a
+            # shard's context nodes carry thermal's families only, and must not change the fit every GPU gets.
+            X = sub[["temp"]].to_numpy() if np.isnan(dram[ref]).mean() > 0.5 else np.column_stack([sub["temp"], dram])
             win.loc[win.index[idx], "mem_res"] = sub["mem_temp"].to_numpy() - self._robust_fit(
                 X, sub["mem_temp"].to_numpy(), ref)
             # Power ~ activity (the activity signals this input has).

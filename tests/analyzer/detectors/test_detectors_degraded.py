@@ -394,3 +394,26 @@ def test_one_gpu_far_from_its_models_cloud_cannot_tilt_the_power_fit_through_its
     pred = DegradedGpu()._robust_fit(X, y, np.ones(len(y), bool))
     assert y[-1] / pred[-1] - 1.0 <= -0.09  # at least the 10 % below its peers' draw
     assert np.median(np.abs(y[:-1] / pred[:-1] - 1.0)) < 0.03  # the healthy ones still fit to their noise
+
+
+def test_the_fits_are_decided_on_the_reference_hosts_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard reads its racks' other nodes with thermal's families only (no DRAM activity). When those nodes
+    outnumbered the reference hosts, the HBM fit dropped its DRAM term, and the shard's evidence differed from
+    the unsharded run's for the same GPU (seen at 8,192 GPUs). What the fit uses follows the fitted rows."""
+    from analyzer.data import reference
+
+    monkeypatch.setattr(reference, "REFERENCE_HOSTS", 2)
+
+    def fleet(context: set[str] | None = None) -> Fleet:
+        f = synthetic_fleet(nodes=7, tweaks={20: (40, hbm_hot(10.0))})
+        f.frame["rack"] = f.frame["hostname"].astype(str)  # a rack per node: the sample is 2 of the 7
+        if context:
+            f.frame.loc[f.frame["hostname"].astype(str).isin(context).to_numpy(), "dram_active"] = np.nan
+        return f
+
+    full = fleet()
+    context = {f"n{i}" for i in range(7)} - set(full.reference_hosts()) - {"n2"}
+    assert len(full.reference_hosts()) == 2 and len(context) >= 4  # most rows are a shard's context nodes
+    (a,), (b,) = degraded(full), degraded(fleet(context))
+    assert (a.hostname, a.gpu) == (b.hostname, b.gpu) == ("n2", 4)
+    assert b.evidence["mem_temp_excess"] == pytest.approx(a.evidence["mem_temp_excess"], abs=1e-9)
