@@ -82,7 +82,8 @@ CONTEXT_SIGNALS: dict[str, str] = {
     "sm_active": "degraded_gpu: activity of the fit; topology: healthy-training activity per model",
     "tensor_active": "degraded_gpu: activity of the fit; topology: its activity where SM is missing",
     "dram_active": "degraded_gpu: power and HBM fits",
-    "sm_clock": "degraded_gpu: clock ratio vs the model's median; straggler: per-model max clock",
+    "sm_clock": "degraded_gpu: clock ratio vs the model's median; straggler, degraded_gpu: per-model max clock "
+                "where none is reported (analyzer.detectors.clock_max)",
     "sm_clock_max": "degraded_gpu: clock ratio vs the model's median",
     "nvlink_bps": "topology: whether NVLink is used anywhere, and who communicates",
 }
