@@ -9,7 +9,7 @@ import pytest
 from analyzer.data import reference
 from analyzer.data.reference import ranked_units, reference_hosts, unit_rank
 from analyzer.data.simulated import fleet_from_cluster
-from analyzer.detectors.stragglers import _clock_max
+from analyzer.detectors import clock_max
 from exporter.simulator import Cluster, load_scenario
 from tests.conftest import ROOT
 from tests.fleets import timeline
@@ -72,7 +72,7 @@ def test_the_model_clock_where_none_is_reported_comes_from_the_reference(monkeyp
             for h, clk in (("a", 1980.0), ("b", 1980.0), ("c", 2100.0))]
     fl = timeline(devs, 3)
     first = min("abc", key=lambda h: unit_rank(f"host:{h}"))
-    got = set(_clock_max(fl))
+    got = set(clock_max(fl))
     if limit == 1:
         assert got == {1980.0 if first != "c" else 2100.0}
     else:
