@@ -102,7 +102,7 @@ def _dcgm_sources(signal: Signal) -> Iterable[Source]:
 def _build() -> dict[str, list[Source]]:
     out: dict[str, list[Source]] = {}
     for signal in SIGNALS:
-        if signal.kind != "last":  # truegpu's XIDs are counted events, not a last-XID state
+        if signal.in_truegpu:
             own = Source(signal.metric.name, signal, "truegpu", _truegpu_kind(signal))
             out.setdefault(own.name, []).append(own)
         for src in _dcgm_sources(signal):

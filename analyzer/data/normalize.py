@@ -1007,8 +1007,8 @@ class _State:
         all_mig = bool(len(frame)) and bool((frame["gpu_instance"].astype(str) != "").all())
         out = {}
         for signal in SIGNALS:
-            if signal.kind == "last" and "dcgm" not in used:
-                continue  # a state only dcgm-exporter's gauge has; truegpu's XIDs are events
+            if not signal.in_truegpu and "dcgm" not in used:
+                continue  # a state only dcgm-exporter's gauge has
             if all_mig and signal.name in _NOT_ON_MIG and signal.name not in self.present:
                 out[signal.name] = f"{signal.name} unknown: {_NOT_ON_MIG[signal.name]}"
             elif signal.name not in self.present:

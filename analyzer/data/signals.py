@@ -33,6 +33,12 @@ class Signal:
     unit: str = ""
     help: str = ""
 
+    @property
+    def in_truegpu(self) -> bool:
+        """Whether truegpu's exporter publishes this signal: not a last-event state, its XIDs are counted
+        events (the simulated fleet, a truegpu source and a truegpu "missing" note all follow from it)."""
+        return self.kind != "last"
+
 
 def _one(label: str, *values: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return ((label, values),)

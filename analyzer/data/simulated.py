@@ -21,9 +21,9 @@ from exporter.simulator.topology import MODEL_KEYS, closest_link
 
 
 def _keys(signal: Signal) -> list[str]:
-    """The simulator table keys feeding ``signal`` (one per accepted label combination); none for a
-    last-event state (the simulated fleet is truegpu's, whose XIDs are events)."""
-    if signal.kind == "last":
+    """The simulator table keys feeding ``signal`` (one per accepted label combination); none for a signal
+    truegpu does not publish (the simulated fleet is truegpu's)."""
+    if not signal.in_truegpu:
         return []
     out = []
     for metric, labels, key in SAMPLE_SIGNALS:

@@ -394,10 +394,11 @@ def ground_truth(sc: Scenario, lay: Layout, faults: list[Fault], t0: float,
         if span is None:
             return
         a, b, worst = span
-        how = "" if worst != worst else f" by up to {worst:.0%}"
+        size = None if np.isnan(worst) else float(worst)
+        how = "" if size is None else f" by up to {size:.0%}"
         out.append({**_rec("straggler", host, gpu, job.name, t0 + a, t0 + b,
                            f"{_STRAGGLER_WHY[f.kind]} slows its training gang{how}; peers wait at the barrier",
-                           STRAGGLER_CAUSE[f.kind]), "slowdown": None if worst != worst else worst})
+                           STRAGGLER_CAUSE[f.kind]), "slowdown": size})
 
     for f in faults:
         p = f.params
