@@ -559,9 +559,10 @@ class DegradedGpu:
             parts.append(f"draws {means['power_excess'][i]:.0%} more power than peers for the same activity"
                          + _since(means["power_excess_shift"][i], "%"))
             actions.append("check for a failing VRM or leaky part")
+        slow = "clock_deficit" in off and "cap_deficit" not in off  # its clock is part of what it is told
         if "power_deficit" in off:
-            parts.append(f"draws {means['power_deficit'][i]:.0%} less power than peers for the same activity and "
-                         "clock" + _since(means["power_deficit_shift"][i], "%", "below"))
+            parts.append(f"draws {means['power_deficit'][i]:.0%} less power than peers for the same activity"
+                         + ("" if slow else " and clock") + _since(means["power_deficit_shift"][i], "%", "below"))
             actions.append("suspect a failing VRM or power sensor, or a power/clock limit set low: compare "
                            "nvidia-smi -q -d POWER,CLOCK (enforced limit, application clocks) with its peers and "
                            "the BMC reading; RMA the board if power delivery is failing")
@@ -570,9 +571,10 @@ class DegradedGpu:
             parts.append(f"has its power limit at {lim:.0f} W, {means['cap_deficit'][i]:.0%} below its peers' "
                          f"{peer:.0f} W")
             actions.append("restore the limit (nvidia-smi -pl) and find who changed it")
-        elif "clock_deficit" in off:
+        elif slow:
             parts.append(f"clocks {means['clock_deficit'][i]:.0%} below its peers while busy")
-            actions.append("check power limit and application clocks")
+            if "power_deficit" not in off:  # else its action already says to compare limits and clocks
+                actions.append("check power limit and application clocks")
         what = "; ".join(parts) or "behaves unlike its peers"
         return f"{who} {what} for {dur}: {'; '.join(actions) or 'inspect it'}; schedule maintenance."
 
