@@ -388,17 +388,16 @@ def ground_truth(sc: Scenario, lay: Layout, faults: list[Fault], t0: float,
     def straggler(f: Fault, job: Job, host: str, gpu: str | None) -> None:
         if slowdown is None:
             a, b = max(f.start, job.start), min(f.end, job.end)
-            span = (a, max(a, b), float("nan")) if b > a else None
+            span = (a, max(a, b), None) if b > a else None  # no slowdown function: its size unknown
         else:
             span = _straggler_span(f, job, slowdown)
         if span is None:
             return
         a, b, worst = span
-        size = None if np.isnan(worst) else float(worst)
-        how = "" if size is None else f" by up to {size:.0%}"
+        how = "" if worst is None else f" by up to {worst:.0%}"
         out.append({**_rec("straggler", host, gpu, job.name, t0 + a, t0 + b,
                            f"{_STRAGGLER_WHY[f.kind]} slows its training gang{how}; peers wait at the barrier",
-                           STRAGGLER_CAUSE[f.kind]), "slowdown": size})
+                           STRAGGLER_CAUSE[f.kind]), "slowdown": worst})
 
     for f in faults:
         p = f.params
