@@ -11,7 +11,7 @@
     unsharded_seconds N             load_prometheus + analysis, wall time
     unsharded_peak_rss_mb N
 
-    .venv/bin/python bench/bench_shard.py [--gpus 2048] [--shards 4] [--hours 1] [--step 15]
+    .venv/bin/python bench/bench_shard.py [--gpus 2048] [--shards 4] [--hours 1] [--step 15] [--baseline DIR]
 
 The fleet is fixtures/shard/fleet.yaml (the sharding test's) rescaled to ``--gpus`` (racks of 8
 8-GPU nodes, a multiple of 64) at a 15 s scrape, analyzed at ``--step``. The runs go one after the
@@ -57,7 +57,7 @@ def measure(url: str, start: float, end: float, step: float, shard: str, out: Pa
                                "findings": sorted(json.dumps(f.to_json(), sort_keys=True) for f in result.findings)}))
 
 
-def run(gpus: int, shards: int, hours: float, step: float) -> None:
+def run(gpus: int, shards: int, hours: float, step: float, baseline: Path | None = None) -> None:
     from bench.benchutil import simulated_prometheus
     from exporter.simulator import Cluster, load_scenario
 
@@ -73,28 +73,35 @@ def run(gpus: int, shards: int, hours: float, step: float) -> None:
         with simulated_prometheus(sim, start, end + SCRAPE, SCRAPE, Path(tmp)) as url:
             print(f"shard_backfill_seconds {time.perf_counter() - t0:.1f}", flush=True)
 
-            def child(shard: str) -> dict:
+            def child(shard: str, code: Path = ROOT) -> dict:
                 out = Path(tmp) / f"run-{shard.replace('/', '-') or 'all'}.json"
-                subprocess.run([sys.executable, __file__, "--measure", url, repr(start), repr(end), repr(step),
-                                shard, str(out)], check=True)  # fmt: skip
+                subprocess.run([sys.executable, str(code / "bench" / "bench_shard.py"), "--measure", url, repr(start),
+                                repr(end), repr(step), shard, str(out)], check=True, cwd=code)  # fmt: skip
                 return json.loads(out.read_text())
 
-            whole = child("")
-            parts = [child(f"{i}/{shards}") for i in range(shards)]
+            runs = {"": ROOT, **({"baseline_": baseline.resolve()} if baseline else {})}
+            measured = {prefix: (child("", code), [child(f"{i}/{shards}", code) for i in range(shards)])
+                        for prefix, code in runs.items()}
+    for prefix, (whole, parts) in measured.items():
+        report(prefix, whole, parts, shards)
+
+
+def report(prefix: str, whole: dict, parts: list[dict], shards: int) -> None:
+    """The printed lines of one checkout's runs (``prefix`` "" or "baseline_")."""
     for i, p in enumerate(parts):
-        print(f"# shard {i}/{shards}: {p['gpus']} GPUs, {p['seconds']:.1f} s, peak {p['peak_mb']:.0f} MB, "
+        print(f"# {prefix}shard {i}/{shards}: {p['gpus']} GPUs, {p['seconds']:.1f} s, peak {p['peak_mb']:.0f} MB, "
               f"{len(p['findings'])} findings", file=sys.stderr)
     exact = sorted(f for p in parts for f in p["findings"]) == whole["findings"]
     worst_s, worst_mb = max(p["seconds"] for p in parts), max(p["peak_mb"] for p in parts)
-    print(f"shard_gpus {whole['gpus']}")
-    print(f"shard_n {shards}")
-    print(f"shard_seconds_max {worst_s:.2f}")
-    print(f"shard_peak_rss_mb_max {worst_mb:.0f}")
-    print(f"shard_seconds_ratio {worst_s / whole['seconds']:.3f}")
-    print(f"shard_peak_rss_ratio {worst_mb / whole['peak_mb']:.3f}")
-    print(f"shard_union_exact {int(exact)}")
-    print(f"unsharded_seconds {whole['seconds']:.2f}")
-    print(f"unsharded_peak_rss_mb {whole['peak_mb']:.0f}")
+    print(f"{prefix}shard_gpus {whole['gpus']}")
+    print(f"{prefix}shard_n {shards}")
+    print(f"{prefix}shard_seconds_max {worst_s:.2f}")
+    print(f"{prefix}shard_peak_rss_mb_max {worst_mb:.0f}")
+    print(f"{prefix}shard_seconds_ratio {worst_s / whole['seconds']:.3f}")
+    print(f"{prefix}shard_peak_rss_ratio {worst_mb / whole['peak_mb']:.3f}")
+    print(f"{prefix}shard_union_exact {int(exact)}")
+    print(f"{prefix}unsharded_seconds {whole['seconds']:.2f}")
+    print(f"{prefix}unsharded_peak_rss_mb {whole['peak_mb']:.0f}")
 
 
 def main() -> None:
@@ -103,6 +110,8 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--step", type=float, default=15.0, help="analysis step in seconds (default 15)")
+    ap.add_argument("--baseline", type=Path, help="another checkout (e.g. a git worktree of an older commit) to run "
+                    "on the same Prometheus after this one: its lines are prefixed baseline_")
     ap.add_argument("--measure", nargs=6, metavar=("URL", "START", "END", "STEP", "SHARD", "OUT"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -110,7 +119,7 @@ def main() -> None:
         url, start, end, step, shard, out = args.measure
         measure(url, float(start), float(end), float(step), shard, Path(out))
         return
-    run(args.gpus, args.shards, args.hours, args.step)
+    run(args.gpus, args.shards, args.hours, args.step, args.baseline)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,10 @@ linked by sharing a workload at any time of the window. So every member of a wor
 shard (stragglers, idle masking and topology compare a job's members), a GPU that moved between
 jobs keeps both jobs together, a host with GPUs of several jobs keeps them together (thermal,
 degraded_gpu and gpu_fault compare a GPU with its node), and a host that held no workload is a
-unit of its own ("unallocated GPUs split by host"). A unit's shard is a stable hash of its key
-(the smallest node name in it) modulo n: sha256, never Python's per-process ``hash()``, so every
-replica computes the same owner, and a unit keeps its shard while the window slides (its findings
-keep their ids in one replica).
+unit of its own ("unallocated GPUs split by host"). Units are placed in *pieces*, whole racks where
+they can be (``assign``: units linked by sharing a rack, cut in rack order where jobs chain too many
+racks together), balanced by GPUs within a few %, each piece on its first shard by rendezvous hashing
+that has room: sha256, never Python's per-process ``hash()``, so every replica computes the same owners.
 
 Why read-only context too. Some comparisons reach outside any unit, to the whole fleet of a GPU
 model: thermal's thermal resistance per model and its racks-versus-other-racks (and, without rack
@@ -19,13 +19,13 @@ clock where none is reported. They come from the fleet's reference hosts (analyz
 stable sample of at most 64 hosts per model, whole racks, the same in every shard and in the unsharded
 analysis), so a shard reads those hosts' families (``CONTEXT_SIGNALS``, plus the info series) whatever
 it owns; and thermal compares a node with the other nodes of its rack and judges a rack on all its
-nodes, so a shard reads the other nodes of its own nodes' racks too, with the few families thermal
-reads there (``RACK_SIGNALS``). It runs the detectors on owned + context and keeps only the findings it
+nodes, so a shard reads the other nodes of its own nodes' racks too (only the racks at a piece's cut, where
+they are known), with the few families thermal reads there (``RACK_SIGNALS``). It runs the detectors on owned + context and keeps only the findings it
 owns: a finding naming a host (GPU, node or node-of-a-job findings) belongs to that host's shard; a
 job-level finding to its job's shard; a rack-level finding to the shard of the rack's smallest node;
 anything else to shard 0. Scores and the GPU-hour partition are computed on the owned rows only, so
 every GPU-hour is counted by exactly one shard. Per shard that is ~1/n of an unsharded read, plus the
-reference sample (bounded, whatever the fleet's size) and the thermal families of its racks' other nodes.
+reference sample (bounded, whatever the fleet's size) and the thermal families of its cut racks' other nodes.
 
 Discovery (Prometheus) is an index lookup, no samples: the host label values of every family the
 analysis reads, and the series (label sets) of the families that carry the GPU and its workload
@@ -140,7 +140,8 @@ class Shard:
 
 
 def shard_of(key: str, count: int) -> int:
-    """The shard of a unit key: ``stable_hash``, the same in every process and on every machine."""
+    """A node's shard where the assignment has none (a host discovery did not see): ``stable_hash``, the same
+    in every process and on every machine."""
     return stable_hash(key) % count
 
 
@@ -164,30 +165,87 @@ def units(nodes: Iterable[str], workloads: Iterable[Iterable[str]]) -> dict[str,
     return {n: root(n) for n in parent}
 
 
+#: A shard takes at most this share more than its fair share of GPUs before a piece goes to its next choice.
+SLACK = 0.05
+#: Pieces are at most about this share of a shard's fair share of GPUs (a larger block is cut).
+PIECE_SHARE = 0.5
+
+
+def assign(unit: Mapping[str, str], racks: Mapping[str, str], gpus: Mapping[str, int], count: int) -> dict[str, int]:
+    """node -> shard. Shards are filled with *pieces*: whole racks with the units on them (units linked by
+    sharing a rack, ``racks``: node -> rack, "" unknown), so a shard owns whole racks and reads no other
+    rack's nodes for thermal. Where jobs spanning racks chain more racks together than ``PIECE_SHARE`` of a
+    shard's share of GPUs (``gpus``: node -> GPUs, at least 1 counted), the block is cut, units whole, in
+    rack order: only the racks at a cut are read by two shards. Pieces go largest first (then in
+    ``stable_hash`` order), each to the first shard of its own hash order (rendezvous) that stays within
+    ``SLACK`` over the fair share, else to the least loaded: shards differ by a few % at most, and a piece
+    that changes moves the pieces after it only where their first choice filled up (serve's replicas
+    reload what moved)."""
+    nodes = sorted(unit)
+    weight = {n: max(1, int(gpus.get(n, 0))) for n in nodes}
+    fair = sum(weight.values()) / count
+    members: dict[str, list[str]] = {}
+    for n in nodes:
+        members.setdefault(unit[n], []).append(n)
+    same_rack: dict[str, list[str]] = {}
+    for n in nodes:
+        if racks.get(n):
+            same_rack.setdefault(racks[n], []).append(n)
+    blocks: dict[str, list[str]] = {}
+    for n, b in units(nodes, [*members.values(), *same_rack.values()]).items():
+        blocks.setdefault(b, []).append(n)
+    pieces: list[tuple[int, str, list[str]]] = []  # (GPUs, key, nodes)
+    for block in blocks.values():
+        piece: list[str] = []
+        for key in sorted({unit[n] for n in block}, key=lambda k: (min(racks.get(n, "") for n in members[k]), k)):
+            piece += members[key]
+            if sum(weight[n] for n in piece) >= PIECE_SHARE * fair:
+                pieces.append((sum(weight[n] for n in piece), min(piece), piece))
+                piece = []
+        if piece:
+            pieces.append((sum(weight[n] for n in piece), min(piece), piece))
+    load, cap, out = [0] * count, (1 + SLACK) * fair, {}
+    for w, key, piece in sorted(pieces, key=lambda p: (-p[0], stable_hash(p[1]), p[1])):
+        order = sorted(range(count), key=lambda s: stable_hash(f"{key}/{s}"))
+        to = next((s for s in order if load[s] + w <= cap), min(order, key=lambda s: load[s]))
+        load[to] += w
+        out.update(dict.fromkeys(piece, to))
+    return out
+
+
 @dataclass(frozen=True)
 class Ownership:
-    """Which shard owns each node (``unit``: node -> unit key)."""
+    """Which shard owns each node (``owners``: node -> shard, from :func:`assign`)."""
 
     shard: Shard
-    unit: Mapping[str, str]
+    owners: Mapping[str, int]
+
+    @classmethod
+    def of(cls, shard: Shard, unit: Mapping[str, str], racks: Mapping[str, str] | None = None,
+           gpus: Mapping[str, int] | None = None) -> Ownership:
+        return cls(shard, assign(unit, racks or {}, gpus or {}, shard.count))
 
     def owner(self, node: str) -> int:
-        return shard_of(self.unit.get(node, node), self.shard.count)
+        return self.owners[node] if node in self.owners else shard_of(node, self.shard.count)
 
     def owns(self, node: str) -> bool:
-        return node in self.unit and self.owner(node) == self.shard.index
+        return node in self.owners and self.owners[node] == self.shard.index
 
     @cached_property
     def nodes(self) -> frozenset[str]:
         """The nodes this shard owns."""
-        return frozenset(n for n in self.unit if self.owner(n) == self.shard.index)
+        return frozenset(n for n, s in self.owners.items() if s == self.shard.index)
 
 
 def ownership_from_fleet(fleet: Fleet, shard: Shard) -> Ownership:
-    """The rule applied to a loaded fleet (files: read whole, then filtered): workloads from its frame."""
-    pairs = _pairs(fleet.frame, "job", "hostname")
+    """The rule applied to a loaded fleet (files: read whole, then filtered): workloads, racks and GPUs from its frame."""
+    f = fleet.frame
+    pairs = _pairs(f, "job", "hostname")
     groups = pairs.groupby("job", sort=False)["hostname"].agg(list) if len(pairs) else []
-    return Ownership(shard, units(_values(fleet.frame, "hostname"), groups))
+    racks = _pairs(f, "hostname", "rack")
+    gpus = _pairs(f, "hostname", "gpu").groupby("hostname")["gpu"].size() if "gpu" in f.columns else {}
+    return Ownership.of(shard, units(_values(f, "hostname"), groups), dict(zip(racks["hostname"], racks["rack"],
+                        strict=True)), dict(gpus))
 
 
 # A shard's fleet -------------------------------------------------------------------------------
@@ -220,7 +278,7 @@ class ShardFleet(Fleet):
     @cached_property
     def _rack_node(self) -> dict[str, str]:
         pairs = _pairs(self.whole.frame, "rack", "hostname")
-        pairs = pairs[(pairs["rack"] != "") & pairs["hostname"].isin(list(self.ownership.unit))]
+        pairs = pairs[(pairs["rack"] != "") & pairs["hostname"].isin(list(self.ownership.owners))]
         return pairs.groupby("rack", sort=False)["hostname"].min().to_dict() if len(pairs) else {}
 
     @classmethod
@@ -271,6 +329,8 @@ class Discovery:
     #: node -> its GPUs' models ("" where none is named) and its rack ("" unknown), as normalize reads them.
     models: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     racks: Mapping[str, str] = field(default_factory=dict)
+    #: node -> GPUs discovery saw on it (what a shard's share is counted in).
+    gpus: Mapping[str, int] = field(default_factory=dict)
 
     @cached_property
     def unplaced(self) -> frozenset[str]:
@@ -335,10 +395,12 @@ def discover(client: PrometheusClient, start: float, end: float, step: float, *,
         if s.get("__name__") == S.NODE_INFO.name and s.get("rack"):
             racks[node[host]] = s["rack"]
     per_node: dict[str, set[str]] = {n: set() for n in raw}
+    gpus: dict[str, int] = dict.fromkeys(raw, 0)
     for (n, _), m in models.items():
         per_node[n].add(m)
+        gpus[n] += 1
     return Discovery(tuple(values), {n: tuple(v) for n, v in raw.items()}, units(raw, groups.values()),
-                     {n: tuple(sorted(ms)) for n, ms in per_node.items()}, racks)
+                     {n: tuple(sorted(ms)) for n, ms in per_node.items()}, racks, gpus)
 
 
 def _nodes(client: PrometheusClient, raw: list[str], lo: float, hi: float, step: float) -> list[str]:
@@ -395,7 +457,7 @@ def load_shard(url: str, start: float, end: float, step: float, shard: Shard, *,
         raise ValueError(f"--matcher on the host label ({', '.join(clash)}) and --shard exclude each other")
     with PrometheusClient(url, **client_kwargs) as client:
         found = discover(client, start, end, step, matchers=matchers, job_label=job_label)
-    own = Ownership(shard, found.unit)
+    own = Ownership.of(shard, found.unit, found.racks, found.gpus)
 
     def load(nodes: Iterable[str], names: Iterable[str] | None = None,
              narrow: Mapping[str, MatcherValue] | None = None) -> Fleet:

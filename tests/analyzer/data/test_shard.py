@@ -17,10 +17,13 @@ import pytest
 from analyzer.data.frame import Fleet
 from analyzer.data.shard import (
     KeptReads,
+    PIECE_SHARE,
+    SLACK,
     Ownership,
     Shard,
     ShardFleet,
     _workloads,
+    assign,
     context_names,
     merge,
     ownership_from_fleet,
@@ -57,17 +60,70 @@ def test_shard_refuses_what_is_not_a_shard(text):
         Shard.parse(text)
 
 
-def test_owner_is_the_same_in_every_process():
-    """sha256, not Python's hash(), which is salted per process (PYTHONHASHSEED)."""
+def test_owners_are_the_same_in_every_process():
+    """sha256, not Python's hash(), which is salted per process (PYTHONHASHSEED): every replica assigns alike."""
     keys = [f"dc1-r{r}-n{n:02d}" for r in range(1, 6) for n in range(1, 6)]
-    here = [shard_of(k, 4) for k in keys]
-    code = ("import sys; from analyzer.data.shard import shard_of; "
-            f"print([shard_of(k, 4) for k in {keys!r}], [hash(k) % 4 for k in {keys!r}])")
+    racks = {k: k[:6] for k in keys}
+    jobs = [[a, b] for a, b in zip(keys[2::5], keys[5::5], strict=False)]
+    here = [[shard_of(k, 4) for k in keys], assign(units(keys, jobs), racks, {}, 4)]
+    code = ("import json; from analyzer.data.shard import assign, shard_of, units; "
+            f"keys, racks, jobs = {keys!r}, {racks!r}, {jobs!r}; "
+            "print(json.dumps([[shard_of(k, 4) for k in keys], assign(units(keys, jobs), racks, {}, 4)])); "
+            "print([hash(k) % 4 for k in keys])")
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
-                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
-    assert [json.loads(r.split("] [")[0] + "]") for r in runs] == [here, here]
-    assert runs[0].split("] [")[1] != runs[1].split("] [")[1], "hash() would have differed (the test can fail)"
-    assert set(here) == {0, 1, 2, 3}
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout.splitlines() for seed in ("1", "2")]
+    assert [json.loads(r[0]) for r in runs] == [here, here]
+    assert runs[0][1] != runs[1][1], "hash() would have differed (the test can fail)"
+    assert set(here[0]) == {0, 1, 2, 3} == set(here[1].values())
+
+
+def _racks(count: int, per_rack: int = 8) -> dict[str, str]:
+    """node -> rack of ``count`` racks of ``per_rack`` nodes (r00-n0 ...)."""
+    return {f"r{r:02d}-n{n}": f"r{r:02d}" for r in range(count) for n in range(per_rack)}
+
+
+def _shares(owners: dict[str, int], count: int) -> tuple[list[float], int]:
+    """(each shard's share of the nodes, racks whose nodes sit in more than one shard)."""
+    racks: dict[str, set[int]] = {}
+    for n, s in owners.items():
+        racks.setdefault(n.split("-")[0], set()).add(s)
+    return [sum(s == i for s in owners.values()) / len(owners) for i in range(count)], \
+        sum(len(v) > 1 for v in racks.values())
+
+
+def test_shards_own_whole_racks_in_near_equal_shares():
+    """Jobs inside racks and a few spanning two: every rack is owned whole (thermal reads no other shard's
+    nodes), and no shard holds more than SLACK over its fair share."""
+    racks = _racks(64)
+    jobs = [[f"r{r:02d}-n{2 * k}", f"r{r:02d}-n{2 * k + 1}"] for r in range(64) for k in range(3)]
+    jobs += [[f"r{r:02d}-n7", f"r{r + 1:02d}-n6"] for r in range(0, 64, 8)]  # pairs of racks linked
+    owners = assign(units(racks, jobs), racks, dict.fromkeys(racks, 8), 4)
+    shares, split = _shares(owners, 4)
+    assert split == 0 and max(shares) <= (1 + SLACK) / 4 and min(shares) >= 0.2
+    assert all(len({owners[n] for n in job}) == 1 for job in jobs)
+
+
+def test_racks_chained_by_jobs_are_cut_into_pieces_with_units_whole():
+    """Each job spans the boundary of two racks, so all 64 racks are one block: it is cut in rack order, units
+    whole, into pieces of about PIECE_SHARE of a shard; only racks at a cut are read by two shards."""
+    racks = _racks(64)
+    jobs = [[f"r{r:02d}-n7", f"r{r + 1:02d}-n0"] for r in range(63)]
+    owners = assign(units(racks, jobs), racks, dict.fromkeys(racks, 8), 4)
+    shares, split = _shares(owners, 4)
+    assert all(len({owners[n] for n in job}) == 1 for job in jobs)
+    assert max(shares) <= (1 + SLACK) / 4 + PIECE_SHARE / 4 / 8 and 0 < split <= 4 / PIECE_SHARE
+
+
+def test_a_new_job_inside_a_rack_moves_no_node_and_one_across_racks_few():
+    racks = _racks(64)
+    jobs = [[f"r{r:02d}-n0", f"r{r:02d}-n1"] for r in range(64)] + [["r03-n7", "r04-n0"]]
+    gpus = dict.fromkeys(racks, 8)
+    before = assign(units(racks, jobs), racks, gpus, 4)
+    inside = assign(units(racks, [*jobs, ["r10-n2", "r10-n3"]]), racks, gpus, 4)
+    across = assign(units(racks, [*jobs, ["r10-n7", "r20-n0"]]), racks, gpus, 4)
+    assert inside == before
+    moved = sum(across[n] != before[n] for n in racks)
+    assert 0 < moved <= 0.1 * len(racks)  # the two racks joined (3 %), and pieces whose first choice filled
 
 
 def test_units_link_hosts_through_workloads():
@@ -106,9 +162,7 @@ def test_a_gpu_that_moved_between_jobs_keeps_both_jobs_and_hosts_together():
 
 def test_a_workload_split_across_shards_is_refused():
     fl = _frame([("h1", "0", 0.0, "j1"), ("h2", "0", 0.0, "j1")])
-    own = Ownership(Shard(0, 2), {"h1": "h1", "h2": "h2"})  # as if discovery had missed the link
-    split = [k for k in ("h1", "h2") if own.owner(k) != own.owner("h1")]
-    assert split, "h1 and h2 hash to different shards of 2 (else pick other names)"
+    own = Ownership(Shard(0, 2), {"h1": 0, "h2": 1})  # as if discovery had missed the link
     with pytest.raises(ValueError, match="'j1' spans hosts of several shards"):
         ShardFleet.of(fl, fl, own, {})
 
