@@ -20,7 +20,8 @@ stable sample of at most 64 hosts per model, whole racks, the same in every shar
 analysis), so a shard reads those hosts' families (``CONTEXT_SIGNALS``, plus the info series) whatever
 it owns; and thermal compares a node with the other nodes of its rack and judges a rack on all its
 nodes, so a shard reads the other nodes of its own nodes' racks too (only the racks at a piece's cut, where
-they are known), with the few families thermal reads there (``RACK_SIGNALS``). It runs the detectors on owned + context and keeps only the findings it
+they are known), with the few families thermal reads there (``RACK_SIGNALS``).
+It runs the detectors on owned + context and keeps only the findings it
 owns: a finding naming a host (GPU, node or node-of-a-job findings) belongs to that host's shard; a
 job-level finding to its job's shard; a rack-level finding to the shard of the rack's smallest node;
 anything else to shard 0. Scores and the GPU-hour partition are computed on the owned rows only, so
@@ -238,7 +239,7 @@ class Ownership:
 
 
 def ownership_from_fleet(fleet: Fleet, shard: Shard) -> Ownership:
-    """The rule applied to a loaded fleet (files: read whole, then filtered): workloads, racks and GPUs from its frame."""
+    """The rule applied to a loaded fleet (files: read whole, then filtered): workloads, racks, GPUs from its frame."""
     f = fleet.frame
     pairs = _pairs(f, "job", "hostname")
     groups = pairs.groupby("job", sort=False)["hostname"].agg(list) if len(pairs) else []

@@ -16,9 +16,9 @@ import pytest
 
 from analyzer.data.frame import Fleet
 from analyzer.data.shard import (
-    KeptReads,
     PIECE_SHARE,
     SLACK,
+    KeptReads,
     Ownership,
     Shard,
     ShardFleet,
