@@ -16,9 +16,10 @@
 The fleet is fixtures/shard/fleet.yaml (the sharding test's) rescaled to ``--gpus`` (racks of 8
 8-GPU nodes, a multiple of 64) at a 15 s scrape, analyzed at ``--step``. The runs go one after the
 other, each in a child process so its peak is its own; other work on the machine makes the seconds
-noisy. Per-shard numbers go to stderr. A shard reads its hosts whole, the fleet's reference sample
-(64 hosts per model) with the context families and its racks' other nodes with the thermal ones
-(analyzer.data.shard): about 1/n plus a part that stops growing with the fleet.
+noisy. Per-shard numbers go to stderr. A shard reads its hosts whole (whole racks where jobs do not
+chain them), the fleet's reference sample (64 hosts per model) with the context families and the other
+nodes of the racks at its pieces' cuts with the thermal ones (analyzer.data.shard): about 1/n plus a part
+that stops growing with the fleet. ``--baseline DIR`` measures another checkout on the same Prometheus.
 """
 
 from __future__ import annotations
