@@ -197,14 +197,15 @@ def assign(unit: Mapping[str, str], racks: Mapping[str, str], gpus: Mapping[str,
         blocks.setdefault(b, []).append(n)
     pieces: list[tuple[int, str, list[str]]] = []  # (GPUs, key, nodes)
     for block in blocks.values():
-        piece: list[str] = []
+        piece, size = [], 0
         for key in sorted({unit[n] for n in block}, key=lambda k: (min(racks.get(n, "") for n in members[k]), k)):
             piece += members[key]
-            if sum(weight[n] for n in piece) >= PIECE_SHARE * fair:
-                pieces.append((sum(weight[n] for n in piece), min(piece), piece))
-                piece = []
+            size += sum(weight[n] for n in members[key])
+            if size >= PIECE_SHARE * fair:
+                pieces.append((size, min(piece), piece))
+                piece, size = [], 0
         if piece:
-            pieces.append((sum(weight[n] for n in piece), min(piece), piece))
+            pieces.append((size, min(piece), piece))
     load, cap, out = [0] * count, (1 + SLACK) * fair, {}
     for w, key, piece in sorted(pieces, key=lambda p: (-p[0], stable_hash(p[1]), p[1])):
         order = sorted(range(count), key=lambda s: stable_hash(f"{key}/{s}"))
