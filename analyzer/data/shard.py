@@ -624,5 +624,6 @@ def _about(own: Ownership, frame: pd.DataFrame, context_nodes: int) -> dict[str,
             "nodes": len(own.nodes), "gpus": gpus, "context_nodes": context_nodes}
 
 
-__all__ = ["CONTEXT_SIGNALS", "Discovery", "KeptReads", "Ownership", "Shard", "ShardFleet", "context_names", "discover",
-           "load_shard", "merge", "ownership_from_fleet", "shard_fleet", "shard_loader", "shard_of", "units"]
+__all__ = ["CONTEXT_SIGNALS", "PIECE_SHARE", "SLACK", "Discovery", "KeptReads", "Ownership", "Shard", "ShardFleet",
+           "assign", "context_names", "discover", "load_shard", "merge", "ownership_from_fleet", "shard_fleet",
+           "shard_loader", "shard_of", "units"]
