@@ -183,29 +183,28 @@ def assign(unit: Mapping[str, str], racks: Mapping[str, str], gpus: Mapping[str,
     that changes moves the pieces after it only where their first choice filled up (serve's replicas
     reload what moved)."""
     nodes = sorted(unit)
-    weight = {n: max(1, int(gpus.get(n, 0))) for n in nodes}
-    fair = sum(weight.values()) / count
     members: dict[str, list[str]] = {}
-    for n in nodes:
-        members.setdefault(unit[n], []).append(n)
     same_rack: dict[str, list[str]] = {}
     for n in nodes:
+        members.setdefault(unit[n], []).append(n)
         if racks.get(n):
             same_rack.setdefault(racks[n], []).append(n)
-    blocks: dict[str, list[str]] = {}
+    size = {k: sum(max(1, int(gpus.get(n, 0))) for n in ns) for k, ns in members.items()}
+    fair = sum(size.values()) / count
+    blocks: dict[str, set[str]] = {}  # block -> its units
     for n, b in units(nodes, [*members.values(), *same_rack.values()]).items():
-        blocks.setdefault(b, []).append(n)
+        blocks.setdefault(b, set()).add(unit[n])
     pieces: list[tuple[int, str, list[str]]] = []  # (GPUs, key, nodes)
     for block in blocks.values():
-        piece, size = [], 0
-        for key in sorted({unit[n] for n in block}, key=lambda k: (min(racks.get(n, "") for n in members[k]), k)):
+        piece, w = [], 0
+        for key in sorted(block, key=lambda k: (min(racks.get(n, "") for n in members[k]), k)):
             piece += members[key]
-            size += sum(weight[n] for n in members[key])
-            if size >= PIECE_SHARE * fair:
-                pieces.append((size, min(piece), piece))
-                piece, size = [], 0
+            w += size[key]
+            if w >= PIECE_SHARE * fair:
+                pieces.append((w, min(piece), piece))
+                piece, w = [], 0
         if piece:
-            pieces.append((size, min(piece), piece))
+            pieces.append((w, min(piece), piece))
     load, cap, out = [0] * count, (1 + SLACK) * fair, {}
     for w, key, piece in sorted(pieces, key=lambda p: (-p[0], stable_hash(p[1]), p[1])):
         order = sorted(range(count), key=lambda s: stable_hash(f"{key}/{s}"))
@@ -223,9 +222,8 @@ class Ownership:
     owners: Mapping[str, int]
 
     @classmethod
-    def of(cls, shard: Shard, unit: Mapping[str, str], racks: Mapping[str, str] | None = None,
-           gpus: Mapping[str, int] | None = None) -> Ownership:
-        return cls(shard, assign(unit, racks or {}, gpus or {}, shard.count))
+    def of(cls, shard: Shard, unit: Mapping[str, str], racks: Mapping[str, str], gpus: Mapping[str, int]) -> Ownership:
+        return cls(shard, assign(unit, racks, gpus, shard.count))
 
     def owner(self, node: str) -> int:
         return self.owners[node] if node in self.owners else shard_of(node, self.shard.count)
