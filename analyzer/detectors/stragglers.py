@@ -752,12 +752,13 @@ class Straggler:
 
 def _runs_at_least(mask: np.ndarray, n: int) -> np.ndarray:
     """The cells of ``mask`` (slots x time) in runs of at least ``n`` True samples in a row."""
+    T = mask.shape[1]
+    out = np.zeros(mask.shape, bool)
+    if n > T:  # a window shorter than one run (a short file, the first minutes of serve)
+        return out
     c = np.cumsum(np.pad(mask, ((0, 0), (1, 0))).astype(np.int64), axis=1)
     full = np.zeros(mask.shape, bool)  # full[:, t]: mask[:, t:t + n] all True
-    T = mask.shape[1]
-    if n <= T:
-        full[:, :T - n + 1] = (c[:, n:] - c[:, :T - n + 1]) == n
-    out = np.zeros_like(full)
+    full[:, :T - n + 1] = (c[:, n:] - c[:, :T - n + 1]) == n
     for k in range(n):  # a cell belongs to a full run starting at most n - 1 samples before it
         out[:, k:] |= full[:, :T - k]
     return out

@@ -42,6 +42,7 @@ def check_detector(cls: type) -> None:
     det = cls()
     for fleet in (_empty(), _no_signals()):
         assert det.detect(fleet) == [], f"{name}: findings without data"
+    _check_findings(cls.kind, det.detect(_short()), f"{name} on a three-sample window")
     for scenario, dialect, counters in SCENARIOS:
         fleet = _scenario(scenario, dialect, counters)
         first, again = det.detect(fleet), cls().detect(_scenario(scenario, dialect, counters))
@@ -67,6 +68,15 @@ def _empty() -> Fleet:
 def _no_signals() -> Fleet:
     """Devices and allocations but not one signal: every optional input missing."""
     return make_fleet([{"namespace": "ns", "job": "train", "pod": f"train-{i}"} for i in range(4)], steps=10, step=60)
+
+
+def _short() -> Fleet:
+    """Faults of every kind, but three samples of each at a 5 s step: far shorter than any detector's run
+    or episode (a short file, the first minute of serve). A detector may find nothing here; it must not fail."""
+    fleet = _scenario("multi-fault", "truegpu")
+    f = fleet.frame
+    first = f["timestamp"].drop_duplicates().nsmallest(3)
+    return Fleet(frame=f[f["timestamp"].isin(first)], step=5.0, start=fleet.start, end=fleet.start + 15.0)
 
 
 def _scenario(name: str, dialect: str, counters: str = "all") -> Fleet:
