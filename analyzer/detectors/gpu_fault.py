@@ -474,7 +474,8 @@ def _roll(x: np.ndarray, n: int) -> np.ndarray:
 def _shift(x: np.ndarray, n: int) -> np.ndarray:
     """``x`` delayed by ``n`` steps along axis 1 (zeros shifted in)."""
     out = np.zeros_like(x)
-    out[:, n:] = x[:, :x.shape[1] - n]
+    if n < x.shape[1]:  # else a window shorter than the delay: nothing shifted in yet
+        out[:, n:] = x[:, :x.shape[1] - n]
     return out
 
 
