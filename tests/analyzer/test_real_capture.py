@@ -9,6 +9,7 @@ is unallocated: the numbers below are the whole-fleet ones.
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
@@ -17,10 +18,16 @@ import pytest
 from analyzer.analysis.scores import row_scores
 from analyzer.data.load import load_files
 from tests.conftest import ROOT
+from tests.realprom import backfilled_prometheus
 from truegpu.cli import main
 
 CAPTURE = ROOT / "tests" / "fixtures" / "real" / "h200_nvml_phases.om.gz"
 SMS = 132  # an H200's SMs: one busy SM is 1/132 of the chip
+
+
+def analyze_json(capsys, *args: str) -> dict:
+    assert main(["analyze", "--json", "--quiet", *args]) == 0
+    return json.loads(capsys.readouterr().out)
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +37,7 @@ def scored():
 
 
 def test_the_capture_analyzes_with_no_false_finding_and_every_gap_named(capsys):
-    assert main(["analyze", "--json", "--quiet", "--input", str(CAPTURE)]) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = analyze_json(capsys, "--input", str(CAPTURE))
     s = out["summary"]
     assert (s["gpus"], s["step_seconds"], s["dialect"], s["coverage"]["ratio"]) == (1, 5.0, "truegpu", 1.0)
     # A card at its power cap under a full matmul is working as designed: no thermal, degraded or fault page.
@@ -68,3 +74,18 @@ def test_a_power_capped_matmul_is_busy_but_clocked_down(scored):
     assert (f["sm_active"].to_numpy()[mm] > 0.94).all()
     assert (r["clock_ratio"].to_numpy()[mm] < 0.8).all()
     assert 0.65 <= float(np.mean(r["effective_util"].to_numpy()[mm])) <= 0.76
+
+
+def test_the_capture_backfilled_into_prometheus_reads_the_same(tmp_path, capsys, promtool, prometheus_bin):
+    """Real scrape times (5 s apart, a few ms late each) through Prometheus' lookback give the file's numbers."""
+    from_file = analyze_json(capsys, "--input", str(CAPTURE))["summary"]
+    plain = tmp_path / "capture.om"
+    plain.write_bytes(gzip.decompress(CAPTURE.read_bytes()))
+    window = ["--start", str(from_file["coverage"]["data_start"]), "--end", str(from_file["coverage"]["data_end"]),
+              "--step", "5s"]
+    with backfilled_prometheus(tmp_path, [plain], promtool, prometheus_bin) as url:
+        out = analyze_json(capsys, "--prometheus", url, *window)
+    s = out["summary"]
+    assert out["findings"] == [] and s["gpus"] == 1 and s["coverage"]["ratio"] == 1.0
+    for key in ("fleet_reported_util", "fleet_effective_util", "gpu_hours"):
+        assert s[key] == pytest.approx(from_file[key], rel=1e-9), key
