@@ -25,7 +25,12 @@ Resampling semantics (row ``t`` is the interval ``[t, t + step)``):
   at the sample, so a sample at ``ts`` belongs to row ``t`` when ``t < ts <= t + step``
   (a sample exactly at the grid start goes to row 0), averaged there;
 - several series of one device for one signal are summed (rates: NVLink tx+rx), max'ed
-  (flags) or averaged (gauges); ``direction="total"`` is used only where tx/rx are unknown.
+  (flags) or averaged (gauges); ``direction="total"`` is used only where tx/rx are unknown;
+- a device scraped less often than every step (fleets mix scrape intervals: a scrape job per
+  node pool) has its own sample spacing (its memory-used series'): each sample stands for that
+  spacing, as Prometheus' lookback has it, so its value holds over the rows up to the next
+  sample (``HOLD_MAX_S`` at most) and those rows are observed, not unknown; gaps beyond the
+  device's own spacing stay unknown, and its counters' rates use its own spacing for gaps.
 
 Every device seen anywhere in the input gets a row at every grid step (like the simulator
 path); a row without data is NaN, never 0. Device-level series (no gpu_instance) fill the
@@ -72,6 +77,11 @@ COUNTER_ROUNDING = 1e-9
 _NEEDED = D.needed_names()
 #: Step used when the input has one sample time only (a scraped snapshot).
 SNAPSHOT_STEP = 60.0
+#: A device's samples stand for at most this long (Prometheus' default lookback): a value is never held
+#: over more of a gap than a Prometheus query would show it.
+HOLD_MAX_S = 300.0
+#: Sample spacing within this share of a step counts as once a step (scrape jitter is a few ms).
+HOLD_TOLERANCE = 0.01
 #: Samples read at a time (a chunk ends where a timeline does, so it may hold more).
 _CHUNK = 1 << 18
 
@@ -545,6 +555,24 @@ def _runs(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, key[starts]
 
 
+def _held(x: np.ndarray, rows: np.ndarray, backward: bool = False, missing: float = np.nan) -> np.ndarray:
+    """``x`` (device x step) with each device's missing cells (NaN, or ``missing``) taken from its last value
+    at most ``rows[device]`` steps before (after, ``backward``: values describing the period that ends at
+    their sample)."""
+    sel = np.flatnonzero(rows > 0)
+    if not len(sel):
+        return x
+    sub = x[sel][:, ::-1] if backward else x[sel]
+    gone = np.isnan(sub) if np.isnan(missing) else sub == missing
+    at = np.arange(sub.shape[1])
+    last = np.maximum.accumulate(np.where(gone, -1, at), axis=1)
+    fill = gone & (last >= 0) & (at - last <= rows[sel][:, None])
+    sub = np.where(fill, np.take_along_axis(sub, np.maximum(last, 0), axis=1), sub)
+    out = x.copy()
+    out[sel] = sub[:, ::-1] if backward else sub
+    return out
+
+
 # Signals --------------------------------------------------------------------------------------
 class _State:
     """Computes dense (source device x step) matrices per signal, then lays out the frame."""
@@ -562,6 +590,30 @@ class _State:
         else:
             self.rate_queries: set[str] = set()
         self.metric_idx = pd.Index(pd.unique(data.metric))
+
+    @cached_property
+    def src_spacing(self) -> np.ndarray:
+        """Per source device, its own sample spacing: the median gap of its memory-used series (on every GPU
+        and MIG instance in both dialects); the input's where it has none."""
+        d = self.d
+        out = np.full(self.n_src, self.g.spacing)
+        srcs, gaps = [], []
+        for p in d.picks(np.isin(d.metric, list(_SHARE_NAMES))):  # a series is never split between chunks
+            dt = np.diff(p.ts)
+            ok = (p.tl[1:] == p.tl[:-1]) & (dt > 0) & (p.src[1:] >= 0)
+            srcs.append(p.src[1:][ok])
+            gaps.append(dt[ok])
+        if srcs and sum(map(len, srcs)):
+            med = pd.Series(np.concatenate(gaps)).groupby(np.concatenate(srcs)).median()
+            out[med.index.to_numpy(dtype=np.int64)] = med.to_numpy(dtype=np.float64)
+        return out
+
+    @cached_property
+    def hold(self) -> np.ndarray:
+        """Per source device, how many rows after its sample that sample stands for: 3 for a device scraped
+        every 60 s on a 15 s grid; 0 where samples come once a step or more often."""
+        ratio = np.minimum(self.src_spacing, HOLD_MAX_S) / self.g.step
+        return np.maximum(np.ceil(ratio - HOLD_TOLERANCE) - 1, 0).astype(np.int64)
 
     def _label_mask(self, signal: Signal) -> tuple[np.ndarray, np.ndarray]:
         """(series feeding ``signal`` as truegpu primary, as truegpu fallback ``total``)."""
@@ -601,10 +653,10 @@ class _State:
     def _counter_rate(self, picks: Iterable[_Picked], value: _Value) -> np.ndarray:
         T = self.g.T
         dense = _Dense(self.n_src, T)
-        max_gap = max(1.5 * self.g.spacing, self.g.step) + _EPS
         for p in picks:
             if len(p.ts) < 2:
                 continue
+            max_gap = np.maximum(1.5 * self.src_spacing[p.src[:-1]], self.g.step) + _EPS
             values, tl = value(p), p.tl
             dt = p.ts[1:] - p.ts[:-1]
             inc = values[1:] - values[:-1]
@@ -614,7 +666,7 @@ class _State:
             reset = down & ~rounded
             self.resets += int(reset.sum())
             inc = np.where(reset, values[1:], np.where(rounded, 0.0, inc))
-            ok = same & (dt > 0) & (dt <= max_gap)
+            ok = same & (dt > 0) & (dt <= max_gap) & (p.src[:-1] >= 0)
             b = p.bf[:-1][ok]
             inside = (b >= 0) & (b < T)
             key = tl[:-1][ok][inside] * T + b[inside]
@@ -645,6 +697,14 @@ class _State:
 
     def _group(self, kind: str, series_mask: np.ndarray, factors: tuple[float, float], bits: int,
                name: str) -> np.ndarray | None:
+        dense = self._group_rows(kind, series_mask, factors, bits, name)
+        if dense is None:
+            return None
+        # Rates read back from Prometheus and dcgm-exporter's rates describe the period ending at their sample.
+        return _held(dense, self.hold, backward=kind == "dcgm_rate" or (name in self.increase and kind == "counter"))
+
+    def _group_rows(self, kind: str, series_mask: np.ndarray, factors: tuple[float, float], bits: int,
+                    name: str) -> np.ndarray | None:
         if not series_mask.any():
             return None
         picks = self.d.picks(series_mask)
@@ -783,7 +843,7 @@ class _State:
 
     def data_share(self) -> np.ndarray:
         """(n_src, T): the share of each row's step that samples cover, from memory used (on every GPU and
-        MIG instance in both dialects): samples per series x sample spacing / step, at most 1; NaN where
+        MIG instance in both dialects): samples per series x the device's sample spacing / step, at most 1; NaN where
         the device has no such sample in the row (a row with other data then counts whole). Exact across
         series that change labels mid-window (a new pod): samples are divided by the series present."""
         d, T = self.d, self.g.T
@@ -796,7 +856,8 @@ class _State:
             pairs = np.unique(p.sid[keep] * T + b)  # (series, row) present
             series += np.bincount(d.series_own[pairs // T] * T + pairs % T, minlength=n)
         with np.errstate(invalid="ignore", divide="ignore"):
-            share = np.where(series > 0, np.minimum(1.0, samples / series * self.g.spacing / self.g.step), np.nan)
+            spacing = np.repeat(self.src_spacing, T)
+            share = np.where(series > 0, np.minimum(1.0, samples / series * spacing / self.g.step), np.nan)
         return share.reshape(self.n_src, T)
 
     def _per_src(self, labels: np.ndarray) -> np.ndarray:
@@ -850,7 +911,7 @@ class _State:
             b = p.bf[use]
             inside = (b >= 0) & (b < T)
             np.maximum.at(dense, p.src[use][inside] * T + b[inside], alloc_id[p.sid[use][inside]])
-        dense = dense.reshape(self.n_src, T)
+        dense = _held(dense.reshape(self.n_src, T), self.hold, missing=-1)
         own = dense[self.dev["own"].to_numpy()]
         par = dense[self.dev["par"].to_numpy()]
         per_row = np.where(own >= 0, own, par).reshape(-1)
@@ -935,7 +996,7 @@ class _State:
                 ok = same & (inc > 0)
                 first = np.concatenate(([True], ~same))
                 # a series born later than the data's start was born by its first event
-                late = first & (p.ts > d.ts_min + 1.5 * self.g.spacing) & (v > 0)
+                late = first & (p.ts > d.ts_min + 1.5 * self.src_spacing[p.src]) & (v > 0)
                 sel = np.concatenate([p.sid[:-1][ok], p.sid[late]])
                 b = np.concatenate([p.bf[:-1][ok], p.bf[late] - 1])
                 cnt = np.concatenate([inc[ok], v[late]])

@@ -188,7 +188,9 @@ class Mess:
     - ``replicas``: every series written once per replica with ``replica_label`` = the
       replica's name (an HA Prometheus pair federated or remote-written without dedup);
     - ``pod_restarts``: ``(pod, at)``: the pod is recreated under a new name at ``at`` (a
-      Deployment's or Job's pod: its random suffix changes; a StatefulSet's keeps its name).
+      Deployment's or Job's pod: its random suffix changes; a StatefulSet's keeps its name);
+    - ``slow_scrapes``: ``(hostname, every)``: the node is scraped at every ``every``-th sample
+      time only (its own scrape job with a longer interval: fleets mix them).
     """
 
     node_gaps: tuple[tuple[str, float, float], ...] = ()
@@ -197,6 +199,7 @@ class Mess:
     replicas: tuple[str, ...] = ()
     replica_label: str = "prometheus_replica"
     pod_restarts: tuple[tuple[str, float], ...] = ()
+    slow_scrapes: tuple[tuple[str, int], ...] = ()
 
 
 _SAFE = "bcdfghjklmnpqrstvwxz2456789"
@@ -242,6 +245,15 @@ def _contract_mess(series: Iterable[SeriesItem], times: np.ndarray, mess: Mess) 
         yield family, labels, values
 
 
+def _slow_scraped(series: Iterable[SeriesItem], times: np.ndarray, mess: Mess) -> Iterator[SeriesItem]:
+    """The nodes of ``slow_scrapes`` sampled at every ``every``-th time only. After the dialect conversion:
+    what a scrape reads (dcgm-exporter's own rates too) does not depend on how often it is scraped."""
+    skip = {host: np.arange(len(times)) % every != 0 for host, every in mess.slow_scrapes}
+    for family, labels, values in series:
+        mask = skip.get(labels.get("hostname") or labels.get("Hostname") or "")
+        yield family, labels, values if mask is None else np.where(mask, np.nan, np.asarray(values, np.float64))
+
+
 def _replicated(series: Iterable[SeriesItem], mess: Mess) -> Iterator[SeriesItem]:
     """Every series once per HA replica (consecutive, so each family stays contiguous)."""
     for family, labels, values in series:
@@ -277,6 +289,8 @@ def write_history(
         series = to_dcgm(series, times, dcgm_options or DcgmOptions())
     elif dialect != "truegpu":
         raise ValueError(f"unknown dialect {dialect!r} (truegpu or dcgm)")
+    if mess is not None and mess.slow_scrapes:
+        series = _slow_scraped(series, times, mess)
     if mess is not None and mess.replicas:
         series = _replicated(series, mess)
     with open_text(path) as out:

@@ -357,7 +357,7 @@ def _check_straggler(ctx: _Ctx, key: str, kind: str, params: dict[str, float]) -
 
 
 _TOP_KEYS = ("name", "description", "seed", "duration", "start", "topology", "workloads", "fill", "faults", "mess")
-_MESS_KEYS = ("node_gaps", "exporter_restarts", "repeat_every", "replicas")
+_MESS_KEYS = ("node_gaps", "exporter_restarts", "repeat_every", "replicas", "slow_scrapes")
 _OVERRIDES = ("duration", "seed", "start", "sites", "racks", "racks_per_site", "nodes_per_rack", "gpus_per_node",
               "model")
 
@@ -426,6 +426,7 @@ def _mess(ctx: _Ctx, raw: Any) -> dict[str, Any]:
           exporter_restarts: [{host: dc1-r1-n02, at: 1h}]            # counters restart, a scrape lost
           repeat_every: 7                                              # every 7th sample written twice
           replicas: [prom-a, prom-b]                                   # an HA pair, not deduplicated
+          slow_scrapes: [{host: dc1-r2-n01, every: 4}]                 # scraped at every 4th sample time
     """
     m = ctx.mapping(raw, "mess", _MESS_KEYS)
     out: dict[str, Any] = {}
@@ -438,6 +439,10 @@ def _mess(ctx: _Ctx, raw: Any) -> dict[str, Any]:
         r = ctx.mapping(r, f"mess.exporter_restarts[{i}]", ("host", "at"))
         out.setdefault("exporter_restarts", []).append((ctx.str_(r.get("host"), f"mess.exporter_restarts[{i}].host"),
                                                        ctx.dur(r.get("at"), f"mess.exporter_restarts[{i}].at")))
+    for i, r in enumerate(m.get("slow_scrapes") or []):
+        r = ctx.mapping(r, f"mess.slow_scrapes[{i}]", ("host", "every"))
+        out.setdefault("slow_scrapes", []).append((ctx.str_(r.get("host"), f"mess.slow_scrapes[{i}].host"),
+                                                  ctx.int_(r.get("every"), f"mess.slow_scrapes[{i}].every", 2)))
     if "repeat_every" in m:
         out["repeat_every"] = ctx.int_(m["repeat_every"], "mess.repeat_every", 2)
     if "replicas" in m:

@@ -78,6 +78,7 @@ BASE = "name: bad\nduration: 1h\ntopology: {nodes_per_rack: 2}\n"
     ("colour: red\n", "colour"),
     ("mess: {node_gaps: [{host: n1, start: 10m}]}\n", "mess.node_gaps[0].duration"),
     ("mess: {repeat_every: 1}\n", "mess.repeat_every"),
+    ("mess: {slow_scrapes: [{host: n1, every: 1}]}\n", "mess.slow_scrapes[0].every"),
     ("mess: {jitter: 3}\n", "mess.jitter"),
 ])
 def test_bad_scenarios_name_file_and_key(tmp_path, body, key):
@@ -118,7 +119,7 @@ def test_healthy_heterogeneous_is_mixed_messy_and_small():
     assert set(c.layout.node_model) == {"H100", "A100", "L40S"} and len(c.gpus) == 72 and c.duration == 5 * 3600
     assert {f.kind for f in sc.faults} == {"startup", "chip_spread", "power_spread"}
     assert any(w.start > 0 for w in sc.workloads) and any(w.end is not None for w in sc.workloads)
-    assert set(sc.mess) == {"node_gaps", "exporter_restarts", "repeat_every", "replicas"}
+    assert set(sc.mess) == {"node_gaps", "exporter_restarts", "repeat_every", "replicas", "slow_scrapes"}
     assert all(d <= 180 for _h, _s, d in sc.mess["node_gaps"])  # a few scrape intervals, not an outage
 
 
@@ -219,4 +220,5 @@ def test_mess_section_is_history_mess_keywords():
     mess = Mess(**sc.mess)
     assert mess.node_gaps[0] == ("dc1-r1-n01", 2700.0, 240.0) and mess.exporter_restarts == (("dc1-r1-n02", 4200.0),)
     assert mess.repeat_every == 7 and mess.replicas == ("prom-a", "prom-b")
+    assert mess.slow_scrapes == (("dc1-r1-n01", 2),)
     assert load_scenario("idle-waste").mess == {}

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from analyzer.analysis.evaluate import evaluate, fleet_gpu_hours
+from analyzer.data.coverage import observed_share
 from analyzer.data.frame import Fleet
 from analyzer.data.ingest import read_openmetrics
 from analyzer.data.load import load_files
@@ -121,6 +122,24 @@ def test_exporter_restarts_reset_counters_and_lose_a_scrape(cluster: Cluster, tm
         ok = np.isfinite(a) & np.isfinite(b)
         assert ok.sum() > 0.95 * len(a) and np.allclose(a[ok], b[ok], rtol=1e-6, atol=1e-6), col
     assert len(IdleAllocated().detect(restarted)) == len(IdleAllocated().detect(clean))
+
+
+@pytest.mark.parametrize("dialect", ["truegpu", "dcgm"])
+def test_nodes_in_a_slower_scrape_job_are_observed_with_their_counters(cluster: Cluster, tmp_path: Path,
+                                                                        dialect: str) -> None:
+    """Two nodes scraped every 4th and 2nd minute among nodes scraped every minute: their GPU-hours are
+    observed, not a quarter of them; their counters give rates; the same findings as the clean history."""
+    clean = history(tmp_path, cluster, None, dialect=dialect)
+    slow = history(tmp_path, cluster, Mess(slow_scrapes=((NOTEBOOKS, 4), (EMBED, 2))), dialect=dialect)
+    assert slow.step == STEP and fleet_gpu_hours(slow) == pytest.approx(fleet_gpu_hours(clean))
+    for host in (NOTEBOOKS, EMBED):
+        rows = slow.frame["hostname"].to_numpy() == host
+        assert observed_share(slow.frame)[rows].min() == 1.0, host
+        assert slow.frame.loc[rows, "pcie_bps"].notna().mean() > 0.95, host
+    for kind, det in ((IDLE_ALLOCATED, IdleAllocated()), (IDLE_MASKING, IdleMasking())):
+        k = judged(slow, cluster, det, kind)
+        assert (k["precision"], k["recall"], k["fragmented"]) == (1.0, 1.0, 0), kind
+    assert [f for f in Topology().detect(slow) if f.kind == TOPOLOGY] == []
 
 
 def test_one_gpu_scraped_by_two_jobs_is_one_device(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analyzer.data.coverage import observed_share
 from analyzer.data.frame import EVENT_COLUMNS, Fleet
 from analyzer.data.ingest import BadLine, IngestReport, read_openmetrics
 from analyzer.data.normalize import normalize
@@ -318,6 +319,40 @@ def test_gaps_are_unknown_not_zero():
     assert g0["pcie_replay_rate"].tolist()[4] == 1.0
     # a GPU that stopped reporting still has a row at every step, NaN
     assert (f["gpu"] == "1").sum() == 6 and f.loc[f["gpu"] == "1", "power"].notna().sum() == 1
+
+
+def test_a_node_scraped_less_often_holds_its_samples_and_is_observed():
+    """Fleets mix scrape intervals (a scrape job per node pool): a GPU sampled every 60 s among GPUs sampled
+    every 15 s is observed at every 15 s row, its value held as Prometheus' lookback holds it, its counters
+    read from its own 60 s pairs; only a gap past its own spacing is unknown."""
+    fast = {**GPU0, "hostname": "n2", "uuid": "GPU-2"}
+    slow_ts = times(8, 60.0)
+    slow_ts = slow_ts[:4] + slow_ts[6:]  # two missed scrapes: 180 s without a sample
+    power = [100.0, 200.0, 300.0, 400.0, 700.0, 800.0]
+    fleet = normalize(long_frame(
+        (S.POWER.name, GPU0, slow_ts, power),
+        (S.MEMORY_USED.name, GPU0, slow_ts, [1.0] * 6),
+        (S.PCIE_REPLAYS.name, GPU0, slow_ts, [0, 60, 120, 180, 360, 420]),
+        (S.POWER.name, fast, times(32, 15.0), [50.0] * 32),
+        (S.MEMORY_USED.name, fast, times(32, 15.0), [1.0] * 32),
+    ))  # fmt: skip
+    assert fleet.step == 15.0
+    g0 = fleet.frame[fleet.frame["hostname"] == "n1"]
+    p = g0["power"].to_numpy()
+    np.testing.assert_array_equal(p[:16], np.repeat([100.0, 200.0, 300.0, 400.0], 4))  # each sample holds 60 s
+    assert np.isnan(p[16:24]).all()  # past its own 60 s spacing: unknown
+    np.testing.assert_array_equal(p[24:29], [700.0] * 4 + [800.0])
+    assert g0["pcie_replay_rate"].to_numpy()[:12] == pytest.approx([1.0] * 12)  # 60 per 60 s pair
+    assert np.isnan(g0["pcie_replay_rate"].to_numpy()[12:24]).all()  # across the gap: no rate
+    observed = observed_share(fleet.frame)[fleet.frame["hostname"].to_numpy() == "n1"]
+    assert (observed[:16] == 1.0).all() and (observed[16:24] == 0.0).all()
+    # At a 60 s step the slow GPU's one sample per row covers the row (not 15/60 of it).
+    coarse = normalize(long_frame(
+        (S.POWER.name, GPU0, slow_ts, power), (S.MEMORY_USED.name, GPU0, slow_ts, [1.0] * 6),
+        (S.MEMORY_USED.name, fast, times(32, 15.0), [1.0] * 32),
+    ), step=60.0)  # fmt: skip
+    share = observed_share(coarse.frame)[coarse.frame["hostname"].to_numpy() == "n1"]
+    np.testing.assert_array_equal(share, [1, 1, 1, 1, 0, 0, 1, 1])
 
 
 def test_absent_fields_named_once_in_the_inputs_dialect():
