@@ -29,6 +29,11 @@ MOSTLY_EMPTY = 0.5
 #: cover. normalize sets it, so a row at the edge of the data (a 7-minute step holding 4 minutes of
 #: samples) counts 4/7 observed and 3/7 unknown; frames without it count a row with data whole.
 DATA_SHARE = "data_share"
+#: Optional frame column (float, 1 = held): the row's values repeat the device's last sample, its device
+#: scraped less often than the step (analyzer.data.normalize); absent where no device is. Shares and sums
+#: read held values as Prometheus' lookback does; comparisons of devices at one instant must not (a value
+#: minutes old reads as a change its peers show and it does not: analyzer.detectors._peers).
+HELD = "held"
 
 
 def observed_rows(frame: pd.DataFrame) -> np.ndarray:

@@ -49,7 +49,7 @@ import pandas as pd
 
 from analyzer.data import dialects as D
 from analyzer.data.budget import BudgetError, check_rows, check_window
-from analyzer.data.coverage import DATA_SHARE, hold_allocations
+from analyzer.data.coverage import DATA_SHARE, HELD, hold_allocations
 from analyzer.data.frame import (
     ACCOUNTING_COLUMNS,
     EVENT_COLUMNS,
@@ -827,7 +827,8 @@ class _State:
         floats[1] = np.repeat(np.array([share[p] for p in prof[own]], dtype=np.float64), T)
         after = 2 + len(cats)  # timestamp, the device columns, gpu_share
         cats += [(after + k, name, col) for k, (name, col) in enumerate(self._allocation().items())]
-        self._rows(self.data_share(), floats[2])
+        share = self.data_share()
+        self._rows(share, floats[2])
         for signal in SIGNALS:
             dense = self.signal(signal)
             if dense is not None:
@@ -839,6 +840,10 @@ class _State:
         frame = pd.DataFrame(floats[:len(names)].T, columns=names, copy=False)
         for at, name, col in cats:
             frame.insert(at, name, col)
+        if self.hold.any():  # rows of a slowly scraped device without a sample of their own
+            held = np.empty(n * T)
+            self._rows((np.isnan(share) & (self.hold[:, None] > 0)).astype(np.float64), held)
+            frame[HELD] = held
         return frame
 
     def data_share(self) -> np.ndarray:

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analysis.episodes import column
+from analyzer.data.coverage import HELD
 from analyzer.data.frame import Fleet, category_codes
 
 #: MAD -> standard deviation of normally distributed noise.
@@ -83,8 +84,13 @@ class PeerGroups:
         return len(self.bounds) - 1
 
     def matrix(self, values: np.ndarray | str) -> np.ndarray:
-        """(slots, T) float64 matrix of a per-row array or a signal name; NaN where unknown or absent."""
+        """(slots, T) float64 matrix of a per-row array or a signal name; NaN where unknown or absent, and where
+        the value is held from an earlier sample (analyzer.data.coverage.HELD): peers are compared at one
+        instant, and a member's value of minutes ago would read as a lead its peers lost."""
         v = column(self.fleet, values) if isinstance(values, str) else np.asarray(values, dtype=np.float64)
+        f = self.fleet.frame
+        if HELD in f.columns:
+            v = np.where(f[HELD].to_numpy(dtype=np.float64) > 0, np.nan, v)
         out = np.full((self.n_slots, self.T), np.nan)
         sel = self.slot_of_row >= 0
         out[self.slot_of_row[sel], self.ti[sel]] = v[sel]

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzer.data.coverage import observed_share
+from analyzer.data.coverage import HELD, observed_share
 from analyzer.data.frame import EVENT_COLUMNS, Fleet
 from analyzer.data.ingest import BadLine, IngestReport, read_openmetrics
 from analyzer.data.normalize import normalize
@@ -340,6 +340,8 @@ def test_a_node_scraped_less_often_holds_its_samples_and_is_observed():
     g0 = fleet.frame[fleet.frame["hostname"] == "n1"]
     p = g0["power"].to_numpy()
     np.testing.assert_array_equal(p[:16], np.repeat([100.0, 200.0, 300.0, 400.0], 4))  # each sample holds 60 s
+    np.testing.assert_array_equal(g0[HELD].to_numpy()[:16], np.tile([0.0, 1.0, 1.0, 1.0], 4))  # marked held
+    assert (fleet.frame.loc[fleet.frame["hostname"] == "n2", HELD] == 0).all()
     assert np.isnan(p[16:24]).all()  # past its own 60 s spacing: unknown
     np.testing.assert_array_equal(p[24:29], [700.0] * 4 + [800.0])
     assert g0["pcie_replay_rate"].to_numpy()[:12] == pytest.approx([1.0] * 12)  # 60 per 60 s pair

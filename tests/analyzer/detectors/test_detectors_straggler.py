@@ -409,3 +409,17 @@ def test_a_small_healthy_gang_drifting_apart_is_no_silent_straggler_in_replay() 
                    config={STRAGGLER: {"silent_min_members": 2}})
     assert loose["kinds"][STRAGGLER]["false_findings"], "the rule this test guards no longer matters here"
 
+
+
+def test_a_member_scraped_less_often_is_compared_only_where_it_has_a_sample():
+    """healthy-heterogeneous at seed +5 (dcgm and ours): pretrain-h's node dc1-r1-n02 is scraped every 4th
+    minute. Its values held over the minutes between (analyzer.data.coverage.HELD) read, against peers
+    sampled every minute, as the busiest member while its peers wait: a suspected straggler, when the
+    peer relation used them."""
+    from analyzer.analysis.evaluate import named_scenario_fleet
+    from analyzer.data.coverage import HELD
+
+    _, fleet = named_scenario_fleet("healthy-heterogeneous", "truegpu", STEP, seed_offset=5)
+    held = fleet.frame[HELD].to_numpy() > 0
+    assert set(fleet.frame["hostname"].to_numpy()[held]) == {"dc1-r1-n02", "dc1-r3-n02"}
+    assert run_detectors(fleet, [STRAGGLER]) == []
