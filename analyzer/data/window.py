@@ -22,7 +22,9 @@ last good tick longer than the window), or another step, window length or grid; 
 cannot be known to equal a full load: a device's identity (UUID, model, MIG layout, placement), topology
 or a pod's workload changed, the dialect or the signals' presence changed, a signal or a device seen
 only through other series than telemetry whose last sample may or may not be inside the window (last
-seen in a load straddling the window start), or allocations on rows without telemetry. Two things are
+seen in a load straddling the window start), allocations on rows without telemetry, or a device scraped
+less often than the step (its rows between samples hold its last one: analyzer.data.coverage.HELD; a few
+new steps hold too few of its samples to know its spacing). Two things are
 assumed, as truegpu's exporter and dcgm-exporter give them: a device's allocation and its other series
 come with its telemetry (one scrape), so a device seen with telemetry stopped reporting with it.
 Samples arriving later than the overlap are not re-read (Prometheus ingests in order).
@@ -42,6 +44,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from analyzer.data.coverage import HELD
 from analyzer.data.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, merged_accounting, timed_between
 from analyzer.data.grid import IDENTITY, Grid, splice, to_grid
 from analyzer.data.mig import with_uncarved, without_uncarved
@@ -92,6 +95,8 @@ class _Kept:
     notes: tuple[tuple[float, tuple[str, ...]], ...]
     #: False: the last full load had allocations without telemetry, which a splice cannot reproduce.
     exact: bool
+    #: The last full load held a device's samples over rows without one of their own.
+    held: bool = False
 
 
 class WindowLoader:
@@ -136,6 +141,8 @@ class WindowLoader:
             return "nothing kept yet"
         if not kept.exact:
             return "the last full load had allocations on rows without telemetry"
+        if kept.held:
+            return "a device is scraped less often than the step: its held rows need the whole window"
         g = kept.grid
         if not math.isclose(end - start, g.end - g.start) or not math.isclose(g.index(start) * g.step, start - g.start):
             return "another window length or step grid"
@@ -199,6 +206,7 @@ def _kept_of_full(fleet: Fleet, start: float, end: float) -> _Kept | None:
         accounting=fleet.accounting, shares=fleet.shares, dialect=fleet.dialect, missing=dict(fleet.missing),
         notes=((start, tuple(fleet.notes)),),
         exact=_alloc_with_telemetry(grid),
+        held=HELD in fleet.frame.columns and bool((fleet.frame[HELD].to_numpy(np.float64) > 0).any()),
     )  # fmt: skip
 
 

@@ -123,3 +123,42 @@ def test_incremental_window_equals_a_full_reload_at_every_tick(prom) -> None:
     whole = [c for c in calls if c[1] - c[0] >= WINDOW]
     assert len(whole) == 2, whole
     assert sum(1 for s, e in calls if e - s == (OVERLAP + 1) * STEP) >= good - 8
+
+
+def test_a_device_scraped_less_often_than_the_step_loads_the_window_in_full() -> None:
+    """A few new steps hold too few of a slow device's samples to know its spacing: every tick loads in full
+    (and gives what a full load gives); the same fleet with every device at the step splices."""
+    import pandas as pd
+
+    from analyzer.data.normalize import normalize
+    from exporter import schema as S
+
+    t0 = 1_767_000_000.0
+
+    def long(every: int) -> pd.DataFrame:
+        rows = []
+        for gpu, k in (("0", every), ("1", 1)):
+            for i in range(0, 120, k):  # 2 h at 60 s; GPU 0 every ``every`` minutes
+                for metric, value in ((S.MEMORY_USED.name, 1e9), (S.POWER.name, 100.0 + i)):
+                    rows.append({"metric": metric, "timestamp": t0 + 60.0 * i, "value": value,
+                                 "hostname": "n1", "gpu": gpu, "uuid": f"GPU-{gpu}"})
+        frame = pd.DataFrame(rows)
+        for c in ("metric", "hostname", "gpu", "uuid"):
+            frame[c] = frame[c].astype("category")
+        return frame
+
+    for every, incremental in ((4, False), (1, True)):
+        data = long(every)
+
+        def loader(start: float, end: float, data: pd.DataFrame = data) -> Fleet:
+            return normalize(data[(data["timestamp"] >= start) & (data["timestamp"] < end)], step=STEP,
+                             start=start, end=end)
+
+        window = WindowLoader(loader)
+        for tick in range(40, 45):
+            start, end = t0 + (tick - 30) * MINUTE, t0 + tick * MINUTE
+            assert window(start, end).frame["power"].equals(loader(start, end).frame["power"]), (every, tick)
+        assert (window.incremental_loads > 0) == incremental, every
+        if not incremental:
+            assert window.last_reason == "a device is scraped less often than the step: its held rows need the " \
+                                         "whole window"
