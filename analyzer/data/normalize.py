@@ -82,6 +82,8 @@ SNAPSHOT_STEP = 60.0
 HOLD_MAX_S = 300.0
 #: Sample spacing within this share of a step counts as once a step (scrape jitter is a few ms).
 HOLD_TOLERANCE = 0.01
+#: Gaps a device needs for a spacing of its own (fewer, in a short read, may be one scrape gap): else the input's.
+MIN_OWN_GAPS = 4
 #: Samples read at a time (a chunk ends where a timeline does, so it may hold more).
 _CHUNK = 1 << 18
 
@@ -594,7 +596,7 @@ class _State:
     @cached_property
     def src_spacing(self) -> np.ndarray:
         """Per source device, its own sample spacing: the median gap of its memory-used series (on every GPU
-        and MIG instance in both dialects); the input's where it has none."""
+        and MIG instance in both dialects); the input's where it has fewer than ``MIN_OWN_GAPS`` gaps."""
         d = self.d
         out = np.full(self.n_src, self.g.spacing)
         srcs, gaps = [], []
@@ -604,7 +606,8 @@ class _State:
             srcs.append(p.src[1:][ok])
             gaps.append(dt[ok])
         if srcs and sum(map(len, srcs)):
-            med = pd.Series(np.concatenate(gaps)).groupby(np.concatenate(srcs)).median()
+            by = pd.Series(np.concatenate(gaps)).groupby(np.concatenate(srcs))
+            med = by.median()[by.size() >= MIN_OWN_GAPS]
             out[med.index.to_numpy(dtype=np.int64)] = med.to_numpy(dtype=np.float64)
         return out
 

@@ -161,6 +161,8 @@ class WindowLoader:
             if chunk.step != step or chunk.start != cut or chunk.end != end:
                 raise Reload(f"the load of [{cut:.0f}, {end:.0f}) came back as [{chunk.start:.0f}, {chunk.end:.0f}) "
                              f"at step {chunk.step:g}s")
+            if HELD in chunk.frame.columns:
+                raise Reload("a device is scraped less often than the step: its held rows need the whole window")
             new = _grid(chunk, cut, end)
             fresh = new if fresh is None else fresh
             back = _returning(kept.grid, new, start, cut)

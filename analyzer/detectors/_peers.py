@@ -84,17 +84,20 @@ class PeerGroups:
         return len(self.bounds) - 1
 
     def matrix(self, values: np.ndarray | str) -> np.ndarray:
-        """(slots, T) float64 matrix of a per-row array or a signal name; NaN where unknown or absent, and where
-        the value is held from an earlier sample (analyzer.data.coverage.HELD): peers are compared at one
-        instant, and a member's value of minutes ago would read as a lead its peers lost."""
+        """(slots, T) float64 matrix of a per-row array or a signal name; NaN where unknown or absent."""
         v = column(self.fleet, values) if isinstance(values, str) else np.asarray(values, dtype=np.float64)
-        f = self.fleet.frame
-        if HELD in f.columns:
-            v = np.where(f[HELD].to_numpy(dtype=np.float64) > 0, np.nan, v)
         out = np.full((self.n_slots, self.T), np.nan)
         sel = self.slot_of_row >= 0
         out[self.slot_of_row[sel], self.ti[sel]] = v[sel]
         return out
+
+    def held(self) -> np.ndarray:
+        """(slots, T) True where the value repeats the device's last sample (analyzer.data.coverage.HELD): a
+        device scraped less often than the step. Levels may use it; a change against peers at one instant may
+        not (a value of minutes ago reads as a lead its peers lost)."""
+        f = self.fleet.frame
+        return self.matrix(f[HELD].to_numpy(np.float64)) > 0 if HELD in f.columns else \
+            np.zeros((self.n_slots, self.T), bool)
 
     def to_rows(self, m: np.ndarray, fill: float = np.nan) -> np.ndarray:
         """A (slots, T) matrix back onto the frame's rows (``fill`` outside any group)."""

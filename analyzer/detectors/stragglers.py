@@ -321,10 +321,11 @@ class Straggler:
 
     def _cells(self, U: np.ndarray, TEN: np.ndarray, SM: np.ndarray, CLK: np.ndarray, CLKMAX: np.ndarray,
                NVL: np.ndarray, TEMP: np.ndarray, ref: Any, steps: int, top: Blocks | None = None, long_w: int = 1,
-               spell_n: int = 2, step_s: float = 60.0) -> _Cells:
+               spell_n: int = 2, step_s: float = 60.0, held: np.ndarray | None = None) -> _Cells:
         """Straggler conditions of every cell against its peers (``ref`` = PeerGroups.reference or
         the node-level equivalent; ``steps`` = the persistence window in samples; ``top``: the peer
-        sets for the quiet paths, GPU level only)."""
+        sets for the quiet paths, GPU level only; ``held``: cells repeating an earlier sample, which the quiet
+        paths, judging a change of the member against its peers at one instant, leave out)."""
         rU, _ = ref(U, False)
         rK, _ = ref(CLK, False)
         rKmax, _ = ref(CLKMAX, False)
@@ -367,11 +368,12 @@ class Straggler:
         # The quiet paths average over many samples: only those with the gang at work count (a start-up or a
         # pause next to the window would otherwise lend the long average a lead the member never had at work).
         at_work = peers_busy & progress
+        quiet_work = at_work if held is None else at_work & ~held
         # Reset the sequential evidence where the gang is known not to be at work (an inference service
         # between bursts is no steady gang); hold it where nothing is known (a scrape gap).
         idle = ~gate & ~np.isnan(U) & ~np.isnan(rU)
         silent, settled, spell, spell_lead, level = self._quiet(TEN, SM, use_t, clk_rel, throttled, gate,
-                                                                    at_work, idle, ref, top, long_w, spell_n,
+                                                                    quiet_work, idle, ref, top, long_w, spell_n,
                                                                     step_s)
         return _Cells(compute & known, starved & known, nvlink & known, nvl_rel, known, lead, clk_rel, U, rU, rK,
                       CLK, silent, settled, spell, spell_lead, level)
@@ -453,7 +455,7 @@ class Straggler:
         TEMP = pg.matrix("temp")
         gpu = self._cells(U, TEN, SM, CLK, CLKMAX, NVL, TEMP, pg.reference, steps, pg.blocks,
                           max(1, round(self.silent_window_s / fleet.step)),
-                          max(2, round(self.spell_min_s / fleet.step)), fleet.step)
+                          max(2, round(self.spell_min_s / fleet.step)), fleet.step, pg.held())
         gpu_cond = self._tristate(gpu, steps)
 
         # Node level: host medians of each group against the group's other hosts.
