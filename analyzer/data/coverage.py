@@ -36,6 +36,13 @@ DATA_SHARE = "data_share"
 HELD = "held"
 
 
+def held_rows(frame: pd.DataFrame) -> np.ndarray:
+    """Per row, True where its values are held from an earlier sample (``HELD``); all False without the column."""
+    if HELD not in frame.columns:
+        return np.zeros(len(frame), bool)
+    return frame[HELD].to_numpy(np.float64) > 0
+
+
 def observed_rows(frame: pd.DataFrame) -> np.ndarray:
     """True on rows where any telemetry signal has a value, and on a MIG GPU's uncarved capacity where the GPU
     is seen (analyzer.data.mig: its DATA_SHARE > 0)."""

@@ -594,22 +594,35 @@ class _State:
         self.metric_idx = pd.Index(pd.unique(data.metric))
 
     @cached_property
-    def src_spacing(self) -> np.ndarray:
-        """Per source device, its own sample spacing: the median gap of its memory-used series (on every GPU
-        and MIG instance in both dialects); the input's where it has fewer than ``MIN_OWN_GAPS`` gaps."""
-        d = self.d
-        out = np.full(self.n_src, self.g.spacing)
+    def _memory_samples(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One read of the memory-used samples (on every GPU and MIG instance in both dialects): per (source
+        device x row) their count and the count of series present (``data_share``), and per source device its
+        own sample spacing, their median gap; the input's where it has fewer than ``MIN_OWN_GAPS`` gaps."""
+        d, T = self.d, self.g.T
+        n = self.n_src * T
+        samples, series = np.zeros(n), np.zeros(n)
+        spacing = np.full(self.n_src, self.g.spacing)
         srcs, gaps = [], []
         for p in d.picks(np.isin(d.metric, list(_SHARE_NAMES))):  # a series is never split between chunks
+            keep = (p.bf >= 0) & (p.bf < T)
+            b = p.bf[keep]
+            samples += np.bincount(p.src[keep] * T + b, minlength=n)
+            pairs = np.unique(p.sid[keep] * T + b)  # (series, row) present
+            series += np.bincount(d.series_own[pairs // T] * T + pairs % T, minlength=n)
             dt = np.diff(p.ts)
             ok = (p.tl[1:] == p.tl[:-1]) & (dt > 0) & (p.src[1:] >= 0)
             srcs.append(p.src[1:][ok])
             gaps.append(dt[ok])
-        if srcs and sum(map(len, srcs)):
+        if sum(map(len, srcs)):
             by = pd.Series(np.concatenate(gaps)).groupby(np.concatenate(srcs))
             med = by.median()[by.size() >= MIN_OWN_GAPS]
-            out[med.index.to_numpy(dtype=np.int64)] = med.to_numpy(dtype=np.float64)
-        return out
+            spacing[med.index.to_numpy(dtype=np.int64)] = med.to_numpy(dtype=np.float64)
+        return samples, series, spacing
+
+    @property
+    def src_spacing(self) -> np.ndarray:
+        """Per source device, its own sample spacing (``_memory_samples``)."""
+        return self._memory_samples[2]
 
     @cached_property
     def hold(self) -> np.ndarray:
@@ -854,19 +867,11 @@ class _State:
         MIG instance in both dialects): samples per series x the device's sample spacing / step, at most 1; NaN where
         the device has no such sample in the row (a row with other data then counts whole). Exact across
         series that change labels mid-window (a new pod): samples are divided by the series present."""
-        d, T = self.d, self.g.T
-        n = self.n_src * T
-        samples, series = np.zeros(n), np.zeros(n)
-        for p in d.picks(np.isin(d.metric, list(_SHARE_NAMES))):  # a series is never split between chunks
-            keep = (p.bf >= 0) & (p.bf < T)
-            b = p.bf[keep]
-            samples += np.bincount(p.src[keep] * T + b, minlength=n)
-            pairs = np.unique(p.sid[keep] * T + b)  # (series, row) present
-            series += np.bincount(d.series_own[pairs // T] * T + pairs % T, minlength=n)
+        samples, series, spacing = self._memory_samples
         with np.errstate(invalid="ignore", divide="ignore"):
-            spacing = np.repeat(self.src_spacing, T)
-            share = np.where(series > 0, np.minimum(1.0, samples / series * spacing / self.g.step), np.nan)
-        return share.reshape(self.n_src, T)
+            share = np.where(series > 0, np.minimum(1.0, samples / series * np.repeat(spacing, self.g.T) / self.g.step),
+                             np.nan)
+        return share.reshape(self.n_src, self.g.T)
 
     def _per_src(self, labels: np.ndarray) -> np.ndarray:
         """First non-empty label value per source device."""

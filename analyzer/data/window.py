@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from analyzer.data.coverage import HELD
+from analyzer.data.coverage import HELD, held_rows
 from analyzer.data.frame import EVENT_COLUMNS, TOPOLOGY_COLUMNS, Fleet, merged_accounting, timed_between
 from analyzer.data.grid import IDENTITY, Grid, splice, to_grid
 from analyzer.data.mig import with_uncarved, without_uncarved
@@ -208,7 +208,7 @@ def _kept_of_full(fleet: Fleet, start: float, end: float) -> _Kept | None:
         accounting=fleet.accounting, shares=fleet.shares, dialect=fleet.dialect, missing=dict(fleet.missing),
         notes=((start, tuple(fleet.notes)),),
         exact=_alloc_with_telemetry(grid),
-        held=HELD in fleet.frame.columns and bool((fleet.frame[HELD].to_numpy(np.float64) > 0).any()),
+        held=bool(held_rows(fleet.frame).any()),
     )  # fmt: skip
 
 

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analysis.episodes import column
-from analyzer.data.coverage import HELD
+from analyzer.data.coverage import held_rows
 from analyzer.data.frame import Fleet, category_codes
 
 #: MAD -> standard deviation of normally distributed noise.
@@ -95,9 +95,7 @@ class PeerGroups:
         """(slots, T) True where the value repeats the device's last sample (analyzer.data.coverage.HELD): a
         device scraped less often than the step. Levels may use it; a change against peers at one instant may
         not (a value of minutes ago reads as a lead its peers lost)."""
-        f = self.fleet.frame
-        return self.matrix(f[HELD].to_numpy(np.float64)) > 0 if HELD in f.columns else \
-            np.zeros((self.n_slots, self.T), bool)
+        return self.matrix(held_rows(self.fleet.frame)) > 0
 
     def to_rows(self, m: np.ndarray, fill: float = np.nan) -> np.ndarray:
         """A (slots, T) matrix back onto the frame's rows (``fill`` outside any group)."""

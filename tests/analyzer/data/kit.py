@@ -115,3 +115,16 @@ def reference(name: str) -> Fleet:
 
 
 # Simulated history, both dialects ---------------------------------------------------------------
+
+
+def long_frame(*series: tuple[str, dict[str, str], list[float], list[float]]) -> pd.DataFrame:
+    """(metric, labels, timestamps, values) -> the long frame the ingest readers produce."""
+    rows = []
+    for metric, labels, ts, vals in series:
+        for t, v in zip(ts, vals, strict=True):
+            rows.append({"metric": metric, "timestamp": float(t), "value": float(v), **labels})
+    frame = pd.DataFrame(rows)
+    for col in frame.columns:
+        if col not in ("timestamp", "value"):
+            frame[col] = frame[col].astype("category")
+    return frame

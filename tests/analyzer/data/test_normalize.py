@@ -24,6 +24,7 @@ from tests.analyzer.data.kit import (
     _strings,
     assert_matches,
     from_history,
+    long_frame,
     reference,
 )
 
@@ -244,19 +245,6 @@ def test_v100_ecc_nvlink_xid_fixture():
 
 # Synthetic inputs: counters, resampling, jobs, events ----------------------------------------------
 GPU0 = {"hostname": "n1", "gpu": "0", "uuid": "GPU-0"}
-
-
-def long_frame(*series: tuple[str, dict[str, str], list[float], list[float]]) -> pd.DataFrame:
-    """(metric, labels, timestamps, values) -> the long frame the ingest readers produce."""
-    rows = []
-    for metric, labels, ts, vals in series:
-        for t, v in zip(ts, vals, strict=True):
-            rows.append({"metric": metric, "timestamp": float(t), "value": float(v), **labels})
-    frame = pd.DataFrame(rows)
-    for col in frame.columns:
-        if col not in ("timestamp", "value"):
-            frame[col] = frame[col].astype("category")
-    return frame
 
 
 def times(n: int, step: float = STEP) -> list[float]:

@@ -132,20 +132,17 @@ def test_a_device_scraped_less_often_than_the_step_loads_the_window_in_full() ->
 
     from analyzer.data.normalize import normalize
     from exporter import schema as S
+    from tests.analyzer.data.kit import long_frame
 
     t0 = 1_767_000_000.0
 
-    def long(every: int) -> pd.DataFrame:
-        rows = []
+    def long(every: int) -> pd.DataFrame:  # 2 h at 60 s; GPU 0 every ``every`` minutes
+        series = []
         for gpu, k in (("0", every), ("1", 1)):
-            for i in range(0, 120, k):  # 2 h at 60 s; GPU 0 every ``every`` minutes
-                for metric, value in ((S.MEMORY_USED.name, 1e9), (S.POWER.name, 100.0 + i)):
-                    rows.append({"metric": metric, "timestamp": t0 + 60.0 * i, "value": value,
-                                 "hostname": "n1", "gpu": gpu, "uuid": f"GPU-{gpu}"})
-        frame = pd.DataFrame(rows)
-        for c in ("metric", "hostname", "gpu", "uuid"):
-            frame[c] = frame[c].astype("category")
-        return frame
+            labels, ts = {"hostname": "n1", "gpu": gpu, "uuid": f"GPU-{gpu}"}, [t0 + 60.0 * i for i in range(0, 120, k)]
+            series += [(S.MEMORY_USED.name, labels, ts, [1e9] * len(ts)),
+                       (S.POWER.name, labels, ts, [100.0 + (t - t0) / 60.0 for t in ts])]
+        return long_frame(*series)
 
     for every, incremental in ((4, False), (1, True)):
         data = long(every)
