@@ -114,7 +114,7 @@ def reference(name: str) -> Fleet:
     return fleet_from_cluster(cluster(name), start, end, STEP)
 
 
-# Simulated history, both dialects ---------------------------------------------------------------
+# Hand-written input -----------------------------------------------------------------------------
 
 
 def long_frame(*series: tuple[str, dict[str, str], list[float], list[float]]) -> pd.DataFrame:
