@@ -47,8 +47,9 @@ system-deps:
 lint: install
 	$(VENV)/bin/ruff check .
 
+# One worker per core; a module's tests run on one worker (tests/conftest.py's scheduler).
 test: install $(CHECKOV) system-deps lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n auto --dist loadscope
 
 bench: install
 	$(PY) bench/bench_simulator.py

@@ -24,6 +24,31 @@ _BINARIES = {
 }
 
 
+#: Test modules that evaluate the built-in scenarios. Their fleets are simulated (and for dcgm written and read
+#: back) once per process (``named_scenario_fleet``), so ``make test``'s workers run these modules on one worker.
+SCENARIO_MODULES = frozenset(f"tests/analyzer/{m}.py" for m in (
+    "analysis/test_evaluate", "test_finding_ids", "detectors/test_detection_gate",
+    "detectors/test_detector_conformance", "detectors/test_detectors_degraded", "detectors/test_detectors_gpu_fault",
+    "detectors/test_detectors_straggler", "detectors/test_detectors_thermal", "detectors/test_detectors_topology",
+    "detectors/test_partial_failures",
+))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` with the scenario modules as one unit: each module on one worker (its module fixtures,
+    real servers among them, start once), and the modules that share the scenario fleets on the same one."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesAndScenarios(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "scenario fleets" if module in SCENARIO_MODULES else module
+
+    return ModulesAndScenarios(config, log)
+
+
 def find_binary(name: str) -> str:
     for candidate in _BINARIES.get(name, (name,)):
         path = shutil.which(candidate)

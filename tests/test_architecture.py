@@ -108,3 +108,12 @@ def test_no_function_is_longer_than_120_lines() -> None:
                     if lines > MAX_FUNCTION_LINES:
                         long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
     assert long == []
+
+
+def test_the_test_modules_sharing_scenario_fleets_run_on_one_worker() -> None:
+    """Every test module that builds the cached scenario fleets is in the scheduler's unit, and only those."""
+    from tests.conftest import SCENARIO_MODULES
+
+    uses = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if p.name != "test_architecture.py"
+            and any(name in p.read_text() for name in ("named_scenario_fleet", "evaluate_scenarios"))}
+    assert uses == SCENARIO_MODULES

@@ -91,7 +91,7 @@ def test_chunks_and_flushes_do_not_change_the_result(messy_dcgm, monkeypatch):
     samples, report = read_openmetrics(messy_dcgm, compact=True)
     want = normalize(samples, report=report)
     monkeypatch.setattr(FrameBuilder, "FLUSH", 97)
-    small, small_report = read_openmetrics(messy_dcgm, compact=True, chunk_bytes=4096)
+    small, small_report = read_openmetrics(messy_dcgm, compact=True, chunk_bytes=32768)  # ~7,000 reads, mid-line
     assert small_report == report
     pd.testing.assert_frame_equal(small.frame(), samples.frame())
     monkeypatch.setattr(normalize_module, "_CHUNK", 50)

@@ -150,13 +150,14 @@ def test_serve_shard_ticks_read_only_their_new_steps_and_equal_full_loads(prom):
     kept = KeptReads()
     ticks = shard_loader(url, STEP, Shard(1, SHARDS), kept=kept)
     window = 30 * 60.0
-    for minute in range(30, 41):
+    for minute in range(30, 36):
         lo, hi = start + minute * 60.0 - window, start + minute * 60.0
         got, want = ticks(lo, hi), load_shard(url, lo, hi, STEP, Shard(1, SHARDS))
         assert_same_fleet(got, want)
         assert_same_fleet(got.whole, want.whole)
-        assert finding_texts(analyze(got).findings) == finding_texts(analyze(want).findings), f"tick at {minute} min"
+        if minute % 5 == 0:  # the same fleet gives the same findings: a few ticks check the splice reaches them
+            assert finding_texts(analyze(got).findings) == finding_texts(analyze(want).findings), f"tick {minute} min"
         assert got.about == want.about
     assert len(kept.windows) >= 2  # the owned hosts and the context: reads of their own
-    assert all(w.full_loads == 1 and w.incremental_loads == 10 for w in kept.windows.values()), \
+    assert all(w.full_loads == 1 and w.incremental_loads == 5 for w in kept.windows.values()), \
         [(w.full_loads, w.incremental_loads, w.last_reason) for w in kept.windows.values()]
