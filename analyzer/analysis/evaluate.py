@@ -25,6 +25,9 @@ Counting: a finding is a true positive when it matches any truth, else a false f
 a truth is detected when any finding matches it. Several findings may match one truth
 (MIG instances of one GPU; a problem split in two), reported as ``fragmented``.
 Precision is 1.0 with no findings (nothing false was claimed), recall 1.0 with no truth.
+A truth whose evidence the input does not carry at all (:data:`EVIDENCE`: an ECC storm where no ECC
+counter is collected) is *unobservable*: counted and listed apart with the input's reason, left out
+of recall (a finding matching it is still true).
 
 Replay (:func:`replay`, ``truegpu evaluate --replay``) judges the same way but as ``serve`` sees the
 fleet: one analysis of the last window every interval, each run's findings matched with open ends at
@@ -50,6 +53,15 @@ from analyzer.data.frame import Fleet
 from analyzer.findings import IDLE_ALLOCATED, IDLE_MASKING, SEVERITY_ORDER, Finding, json_ready
 from analyzer.pipeline import detect
 from analyzer.site import SiteConfig
+
+#: Per truth attribution, the signals that carry its evidence. Where the input has none of them (dcgm-exporter's
+#: default counter set leaves out every ECC and NVLink error field) no detector can see the problem: it is counted
+#: apart as *unobservable*, with the input's own reason, neither found nor missed, so recall is judged on what the
+#: input can show, and what it cannot is printed next to it, never dropped.
+EVIDENCE: dict[str, tuple[str, ...]] = {
+    "ecc_storm": ("ecc_correctable_rate",),
+    "nvlink": ("nvlink_error_rate", "nvlink_links_down"),
+}
 
 #: Kinds judged by default (the detectors that exist so far).
 DEFAULT_KINDS: tuple[str, ...] = (IDLE_MASKING, IDLE_ALLOCATED)
@@ -99,6 +111,14 @@ def matches(f: Finding, t: Mapping[str, Any], window_end: float, racks: Mapping[
     return _overlap(f.start, f_end, float(t["start"]), t_end) > 0
 
 
+def unobservable(t: Mapping[str, Any], fleet: Fleet | None) -> str | None:
+    """Why ``fleet`` cannot show the problem ``t`` (its evidence signals' missing reasons), None where it can."""
+    need = EVIDENCE.get(str(t.get("attribution")), ())
+    if fleet is None or not need or any(s not in fleet.missing for s in need):
+        return None
+    return "; ".join(fleet.missing[s] for s in need)
+
+
 def _clip_truth(truth: Iterable[Mapping[str, Any]], start: float, end: float) -> list[dict[str, Any]]:
     out = []
     for t in truth:
@@ -137,8 +157,10 @@ def evaluate(
     result: dict[str, Any] = {"window": [w0, w1], "gpu_hours": gpu_hours, "kinds": {}}
     for kind in kinds:
         fs = [f for f in findings if f.kind == kind]
-        ts = [t for t in truth if t["kind"] == kind]
-        hit_f = np.zeros(len(fs), bool)
+        unseen = [{**_brief_truth(t), "why": why} for t in truth
+                  if t["kind"] == kind and (why := unobservable(t, fleet))]
+        hit_f = np.array([any(matches(f, t, w1, racks) for t in truth if t["kind"] == kind) for f in fs], bool)
+        ts = [t for t in truth if t["kind"] == kind and not unobservable(t, fleet)]
         detected, onsets, coverage, fragmented = 0, [], [], 0
         missed = []
         for t in ts:
@@ -146,7 +168,6 @@ def evaluate(
             if not m:
                 missed.append(_brief_truth(t))
                 continue
-            hit_f[m] = True
             detected += 1
             onsets.append(min(fs[i].start for i in m) - float(t["start"]))
             t_end = w1 if t.get("end") is None else float(t["end"])
@@ -163,7 +184,7 @@ def evaluate(
         precision, recall = _ratio(tp, len(fs)), _ratio(detected, len(ts))
         result["kinds"][kind] = {
             "findings": len(fs), "truth": len(ts), "tp": tp, "fp": fp, "detected": detected,
-            "missed": len(ts) - detected,
+            "missed": len(ts) - detected, "unobservable": len(unseen),
             "precision": precision, "recall": recall,
             "f1": _ratio(2 * precision * recall, precision + recall, 0.0),
             "onset_median_s": float(np.median(onsets)) if onsets else None,
@@ -174,6 +195,7 @@ def evaluate(
             "false_per_1000_gpu_hours": (fp / gpu_hours * 1000.0) if gpu_hours else None,
             "false_findings": [_brief_finding(f) for f, h in zip(fs, hit_f, strict=True) if not h],
             "missed_truth": missed,
+            "unobservable_truth": unseen,
         }
     return result
 
@@ -366,7 +388,8 @@ def replay(
     for kind in kinds:
         problems = [
             {**_brief_truth(t), "attribution": t.get("attribution"), "slowdown": t.get("slowdown"),
-             "ttd_s": first[j] - float(t["start"]) if j in first else None, "ids": len(ids_of.get(j, ()))}
+             "ttd_s": first[j] - float(t["start"]) if j in first else None, "ids": len(ids_of.get(j, ())),
+             "unobservable": unobservable(t, fleet)}
             for j, t in enumerate(truth) if t["kind"] == kind
         ]
         ids = [r for r in seen.values() if r.kind == kind]
@@ -374,19 +397,21 @@ def replay(
     return result
 
 
-def _replay_counts(problems: list[dict[str, Any]], ids: list[_Seen], gpu_hours: float) -> dict[str, Any]:
+def _replay_counts(every: list[dict[str, Any]], ids: list[_Seen], gpu_hours: float) -> dict[str, Any]:
+    problems = [p for p in every if not p["unobservable"]]
     tp = sum(1 for r in ids if r.true)
     paged = sum(1 for r in ids if not r.true and SEVERITY_ORDER[r.severity_max] <= SEVERITY_ORDER["warning"])
     detected = sum(1 for p in problems if p["ttd_s"] is not None)
     ttd = [p["ttd_s"] for p in problems]
     return {
         "findings": len(ids), "tp": tp, "fp": len(ids) - tp, "fp_paged": paged, "truth": len(problems),
-        "detected": detected, "missed": len(problems) - detected,
+        "detected": detected, "missed": len(problems) - detected, "unobservable": len(every) - len(problems),
         "precision": _ratio(tp, len(ids)), "recall": _ratio(detected, len(problems)),
         **ttd_summary(ttd),
         "ids_max": max((p["ids"] for p in problems), default=0),
         "false_per_1000_gpu_hours": (len(ids) - tp) / gpu_hours * 1000.0 if gpu_hours else None,
         "problems": problems,
+        "unobservable_problems": [p for p in every if p["unobservable"]],
         "false_findings": [{**_brief_finding(r.finding), "first_cut": r.first_cut, "severity_max": r.severity_max}
                            for r in ids if not r.true],
     }
@@ -458,9 +483,9 @@ def pooled_replay(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str],
     for r in results:
         for kind, k in r["kinds"].items():
             a = acc.setdefault((str(r.get("dialect", "-")), kind),
-                               {"findings": 0, "tp": 0, "fp_paged": 0, "truth": 0, "detected": 0, "ids_max": 0,
-                                "problems": []})
-            for key in ("findings", "tp", "fp_paged", "truth", "detected"):
+                               {"findings": 0, "tp": 0, "fp_paged": 0, "truth": 0, "detected": 0, "unobservable": 0,
+                                "ids_max": 0, "problems": []})
+            for key in ("findings", "tp", "fp_paged", "truth", "detected", "unobservable"):
                 a[key] += k[key]
             a["ids_max"] = max(a["ids_max"], k["ids_max"])
             a["problems"] += k["problems"]
@@ -496,18 +521,18 @@ def _ttd(x: float | None, truth: int) -> str:
 
 def format_replay(results: Sequence[Mapping[str, Any]]) -> str:
     """Replay results pooled per (dialect, kind), with the time to detect per attribution under each kind."""
-    head = ("dialect", "kind", "problems", "found", "prec", "recall", "ttd p50 s", "ttd p95 s", "ttd max s",
-            "ids/problem max", "FP", "FP paged")
+    head = ("dialect", "kind", "problems", "found", "unobs", "prec", "recall", "ttd p50 s", "ttd p95 s",
+            "ttd max s", "ids/problem max", "FP", "FP paged")
     rows = [head]
     for (dialect, kind), a in sorted(pooled_replay(results).items()):
-        rows.append((dialect, kind, str(a["truth"]), str(a["detected"]), f"{a['precision']:.3f}",
-                     f"{a['recall']:.3f}", _ttd(a["ttd_p50_s"], a["truth"]), _ttd(a["ttd_p95_s"], a["truth"]),
-                     _num(a["ttd_max_s"], ".0f"), str(a["ids_max"]), str(a["findings"] - a["tp"]),
-                     str(a["fp_paged"])))
+        rows.append((dialect, kind, str(a["truth"]), str(a["detected"]), str(a["unobservable"]),
+                     f"{a['precision']:.3f}", f"{a['recall']:.3f}", _ttd(a["ttd_p50_s"], a["truth"]),
+                     _ttd(a["ttd_p95_s"], a["truth"]), _num(a["ttd_max_s"], ".0f"), str(a["ids_max"]),
+                     str(a["findings"] - a["tp"]), str(a["fp_paged"])))
         parts = [*(a["by_attribution"].items() if len(a["by_attribution"]) > 1 else ()),
                  *((b, a["by_slowdown"][b]) for _, b in SLOWDOWN_BANDS if b in a["by_slowdown"])]
         for name, c in parts:
-            rows.append(("", f"  {name}", str(c["truth"]), "", "", "", _ttd(c["ttd_p50_s"], c["truth"]),
+            rows.append(("", f"  {name}", str(c["truth"]), "", "", "", "", _ttd(c["ttd_p50_s"], c["truth"]),
                          _ttd(c["ttd_p95_s"], c["truth"]), _num(c["ttd_max_s"], ".0f"), "", "", ""))
     return _columns(rows, 2)
 
@@ -527,14 +552,15 @@ def _num(x: float | None, fmt: str) -> str:
 
 def format_table(results: Sequence[Mapping[str, Any]]) -> str:
     """Results of ``evaluate_scenarios`` as a fixed-width table, one line per scenario and kind."""
-    head = ("scenario", "dialect", "kind", "found", "truth", "TP", "FP", "FN", "prec", "recall", "F1",
+    head = ("scenario", "dialect", "kind", "found", "truth", "TP", "FP", "FN", "unobs", "prec", "recall", "F1",
             "onset med s", "onset max s", "cover", "FP/1kGPUh")
     rows = [head]
     for r in results:
         for kind, k in r["kinds"].items():
             rows.append((
                 r.get("scenario", "-"), r.get("dialect", "-"), kind, str(k["findings"]), str(k["truth"]),
-                str(k["tp"]), str(k["fp"]), str(k["missed"]), f"{k['precision']:.3f}", f"{k['recall']:.3f}",
+                str(k["tp"]), str(k["fp"]), str(k["missed"]), str(k["unobservable"]), f"{k['precision']:.3f}",
+                f"{k['recall']:.3f}",
                 f"{k['f1']:.3f}", _num(k["onset_median_s"], ".0f"), _num(k["onset_max_s"], ".0f"),
                 _num(k["coverage_mean"], ".2f"), _num(k["false_per_1000_gpu_hours"], ".2f"),
             ))
@@ -550,7 +576,8 @@ def pooled(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], dict[s
     acc: dict[tuple[str, str], dict[str, float]] = {}
     for r in results:
         for kind, k in r["kinds"].items():
-            a = acc.setdefault((str(r.get("dialect", "-")), kind), {"findings": 0, "tp": 0, "truth": 0, "detected": 0})
+            a = acc.setdefault((str(r.get("dialect", "-")), kind),
+                               {"findings": 0, "tp": 0, "truth": 0, "detected": 0, "unobservable": 0})
             for key in a:
                 a[key] += k[key]
     for a in acc.values():
@@ -559,6 +586,7 @@ def pooled(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], dict[s
     return acc
 
 
-__all__ = ["DEFAULT_KINDS", "evaluate", "evaluate_scenarios", "fleet_gpu_hours", "format_replay",
+__all__ = ["DEFAULT_KINDS", "EVIDENCE", "evaluate", "evaluate_scenarios", "fleet_gpu_hours", "format_replay",
            "format_table", "matches", "named_scenario_fleet", "pooled", "pooled_replay", "replay", "replay_cuts",
-           "replay_scenarios", "scenario_fleet", "scenario_runs", "ttd_quantile", "ttd_summary"]
+           "replay_scenarios", "scenario_fleet", "scenario_runs", "ttd_quantile", "ttd_summary",
+           "unobservable"]

@@ -348,8 +348,12 @@ def run_evaluate(args: argparse.Namespace, out: TextIO | None = None) -> int:
         for (dialect, kind), v in sorted(totals.items()):
             out.write(f"  {dialect:8} {kind:15} precision {v['precision']:.3f}  recall {v['recall']:.3f}  "
                       f"({v['tp']:.0f}/{v['findings']:.0f} findings true, {v['detected']:.0f}/{v['truth']:.0f} "
-                      f"problems found)\n")
+                      f"problems found{_unobservable(v)})\n")
     return _gate(totals, args)
+
+
+def _unobservable(v: dict[str, Any]) -> str:
+    return f"; {v['unobservable']:.0f} more the input cannot show" if v["unobservable"] else ""
 
 
 def _gate(totals: dict[tuple[str, str], dict[str, Any]], args: argparse.Namespace) -> int:

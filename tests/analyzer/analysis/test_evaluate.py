@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from analyzer.analysis.evaluate import (
@@ -11,8 +13,9 @@ from analyzer.analysis.evaluate import (
     fleet_gpu_hours,
     format_table,
     matches,
+    pooled,
 )
-from analyzer.findings import IDLE_ALLOCATED, IDLE_MASKING, STRAGGLER, THERMAL, Finding
+from analyzer.findings import GPU_FAULT, IDLE_ALLOCATED, IDLE_MASKING, STRAGGLER, THERMAL, Finding
 from exporter.simulator.scenario import list_scenarios
 from tests.fleets import T0, timeline
 
@@ -74,6 +77,30 @@ def test_precision_recall_f1_and_onset() -> None:
     assert k["onset_median_s"] == pytest.approx(210) and k["onset_max_s"] == pytest.approx(300)
     assert k["missed_truth"][0]["gpu"] == "2" and k["false_findings"][0]["gpu"] == 3
     assert k["coverage_mean"] == pytest.approx(((H - 120) / H + (H - 300) / H) / 2)
+
+
+def test_a_problem_the_input_cannot_show_is_unobservable_not_missed() -> None:
+    """An ECC storm where no ECC counter is collected is counted apart with the input's reason; the same
+    storm where the counter is collected, or a truth with no evidence rule, is missed as before."""
+    fleet = timeline([{"hostname": "n1", "gpu": "0", "sm_active": 0.5}], steps=4 * 60)
+    storm = {**truth(kind=GPU_FAULT), "attribution": "ecc_storm"}
+    other = {**truth(kind=GPU_FAULT, gpu="1"), "attribution": "xid79"}
+    blind = dataclasses.replace(fleet, missing={"ecc_correctable_rate": "ecc_correctable_rate unknown: not collected"})
+    k = evaluate([], [storm, other], (GPU_FAULT,), blind)["kinds"][GPU_FAULT]
+    assert (k["truth"], k["missed"], k["unobservable"], k["recall"]) == (1, 1, 1, 0.0)
+    assert k["unobservable_truth"][0]["why"] == "ecc_correctable_rate unknown: not collected"
+    k = evaluate([finding(kind=GPU_FAULT)], [storm], (GPU_FAULT,), blind)["kinds"][GPU_FAULT]
+    assert (k["tp"], k["fp"], k["truth"], k["unobservable"]) == (1, 0, 0, 1)  # still a true finding
+    k = evaluate([], [storm], (GPU_FAULT,), fleet)["kinds"][GPU_FAULT]
+    assert (k["truth"], k["missed"], k["unobservable"]) == (1, 1, 0)
+    assert pooled([{"dialect": "dcgm", "kinds": {GPU_FAULT: k}}])[("dcgm", GPU_FAULT)]["unobservable"] == 0
+    from analyzer.analysis.evaluate import pooled_replay, replay
+
+    res = replay(blind, [storm, other], [GPU_FAULT], interval=H, window=H)
+    k = res["kinds"][GPU_FAULT]
+    assert (k["truth"], k["missed"], k["unobservable"], k["ttd_p95_s"]) == (1, 1, 1, None)
+    assert [p["attribution"] for p in k["unobservable_problems"]] == ["ecc_storm"]
+    assert pooled_replay([{**res, "dialect": "dcgm"}])[("dcgm", GPU_FAULT)]["unobservable"] == 1
 
 
 def test_several_findings_on_one_truth_all_count_and_fragmentation_is_reported() -> None:
@@ -245,7 +272,8 @@ def test_replay_gives_straggler_times_to_detect_per_slowdown_band_of_the_targets
 
     problems = [{"slowdown": s, "ttd_s": t, "attribution": "unknown"}
                 for s, t in ((0.25, 120.0), (0.2, 180.0), (0.12, 540.0), (0.1, None), (0.06, 900.0), (None, 60.0))]
-    kind = {"findings": 5, "tp": 5, "fp_paged": 0, "truth": 6, "detected": 5, "ids_max": 1, "problems": problems}
+    kind = {"findings": 5, "tp": 5, "fp_paged": 0, "truth": 6, "detected": 5, "unobservable": 0, "ids_max": 1,
+            "problems": problems}
     res = [{"dialect": "truegpu", "kinds": {STRAGGLER: kind}}]
     bands = pooled_replay(res)[("truegpu", STRAGGLER)]["by_slowdown"]
     assert {b: (v["truth"], v["ttd_p50_s"], v["ttd_max_s"]) for b, v in bands.items()} == {

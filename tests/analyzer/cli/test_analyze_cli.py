@@ -166,19 +166,25 @@ def test_evaluate_replay_cli_reports_time_to_detect(capsys):
 
 
 def test_evaluate_dcgm_counters_choose_the_fields_the_dcgm_history_carries(capsys):
-    """NVLink error counters are not in dcgm-exporter's default set: with it the NVLink fault is missed (and
-    the result says which counter set it was judged on), with every field it is found; replay passes it too."""
+    """NVLink error counters are not in dcgm-exporter's default set: with it the NVLink fault is unobservable,
+    counted apart with the counters to enable (and the result says which counter set it was judged on), with
+    every field it is found; replay passes it too."""
     args = ["evaluate", "--scenario", "nvlink-errors", "--dialect", "dcgm", "--kinds", "gpu_fault", "--json"]
-    recall = {}
+    counts = {}
     for counters in ("all", "default"):
         assert main([*args, "--dcgm-counters", counters]) == 0
         doc = json.loads(capsys.readouterr().out)
         assert [r["dcgm_counters"] for r in doc["results"]] == [counters]
-        recall[counters] = doc["pooled"][0]["recall"]
-    assert recall == {"all": 1.0, "default": 0.0}
+        counts[counters] = tuple(doc["pooled"][0][k] for k in ("truth", "detected", "unobservable"))
+    assert counts == {"all": (1, 1, 0), "default": (0, 0, 1)}
+    (why,) = [t["why"] for t in doc["results"][0]["kinds"]["gpu_fault"]["unobservable_truth"]]
+    assert "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL" in why and "commented out in the default list" in why
+    assert main([*args[:-1], "--dcgm-counters", "default"]) == 0
+    assert "0/0 problems found; 1 more the input cannot show" in capsys.readouterr().out
     assert main([*args, "--dcgm-counters", "default", "--replay", "--interval", "30m"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["results"][0]["dcgm_counters"] == "default" and doc["pooled"][0]["detected"] == 0
+    assert doc["results"][0]["dcgm_counters"] == "default"
+    assert (doc["pooled"][0]["detected"], doc["pooled"][0]["unobservable"]) == (0, 1)
     with pytest.raises(SystemExit):
         main([*args, "--dcgm-counters", "some"])
     assert "invalid choice" in capsys.readouterr().err
