@@ -47,9 +47,10 @@ system-deps:
 lint: install
 	$(VENV)/bin/ruff check .
 
-# One worker per core; a module's tests run on one worker (tests/conftest.py's scheduler).
+# One worker per logical CPU ("auto" would count physical cores where psutil is installed); a module's tests
+# run on one worker (tests/conftest.py's scheduler).
 test: install $(CHECKOV) system-deps lint
-	$(VENV)/bin/pytest -n auto --dist loadscope
+	$(VENV)/bin/pytest -n logical --dist loadscope
 
 bench: install
 	$(PY) bench/bench_simulator.py
