@@ -157,15 +157,20 @@ def evaluate(
     result: dict[str, Any] = {"window": [w0, w1], "gpu_hours": gpu_hours, "kinds": {}}
     for kind in kinds:
         fs = [f for f in findings if f.kind == kind]
-        unseen = [{**_brief_truth(t), "why": why} for t in truth
-                  if t["kind"] == kind and (why := unobservable(t, fleet))]
-        hit_f = np.array([any(matches(f, t, w1, racks) for t in truth if t["kind"] == kind) for f in fs], bool)
-        ts = [t for t in truth if t["kind"] == kind and not unobservable(t, fleet)]
+        every = [t for t in truth if t["kind"] == kind]
+        hit = np.array([[matches(f, t, w1, racks) for t in every] for f in fs], bool).reshape(len(fs), len(every))
+        hit_f = hit.any(axis=1)  # a finding on an unobservable problem is still true
+        why = [unobservable(t, fleet) for t in every]
+        unseen = [{**_brief_truth(t), "attribution": t.get("attribution"), "why": w}
+                  for t, w in zip(every, why, strict=True) if w]
+        ts = [t for t, w in zip(every, why, strict=True) if not w]
         detected, onsets, coverage, fragmented = 0, [], [], 0
         missed = []
-        for t in ts:
-            m = [i for i, f in enumerate(fs) if matches(f, t, w1, racks)]
-            if not m:
+        for t, col, w in zip(every, hit.T, why, strict=True):
+            if w:
+                continue
+            m = np.flatnonzero(col)
+            if not len(m):
                 missed.append(_brief_truth(t))
                 continue
             detected += 1
@@ -560,8 +565,7 @@ def format_table(results: Sequence[Mapping[str, Any]]) -> str:
             rows.append((
                 r.get("scenario", "-"), r.get("dialect", "-"), kind, str(k["findings"]), str(k["truth"]),
                 str(k["tp"]), str(k["fp"]), str(k["missed"]), str(k["unobservable"]), f"{k['precision']:.3f}",
-                f"{k['recall']:.3f}",
-                f"{k['f1']:.3f}", _num(k["onset_median_s"], ".0f"), _num(k["onset_max_s"], ".0f"),
+                f"{k['recall']:.3f}", f"{k['f1']:.3f}", _num(k["onset_median_s"], ".0f"), _num(k["onset_max_s"], ".0f"),
                 _num(k["coverage_mean"], ".2f"), _num(k["false_per_1000_gpu_hours"], ".2f"),
             ))
     return _columns(rows, 3)

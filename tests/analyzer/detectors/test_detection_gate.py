@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from analyzer.analysis.evaluate import evaluate_scenarios, pooled
+from analyzer.analysis.evaluate import EVIDENCE, evaluate_scenarios, pooled
 from analyzer.detectors import load_detectors
 from analyzer.findings import GPU_FAULT
 
@@ -21,7 +21,7 @@ HEALTHY = ("healthy-fleet", "healthy-long", "noisy-neighbours", "healthy-heterog
 #: leaves out the ECC and NVLink error counters (commented out in its default-counters.csv), so error storms and
 #: rising NVLink errors are unobservable there; every other gpu_fault problem (XIDs, row remaps, lost GPUs, PCIe
 #: replays) is asked of it, and precision (no false claims) of every problem. Every counter carries them all.
-UNOBSERVABLE = {"truegpu": {}, "dcgm": {}, "dcgm-default": {GPU_FAULT: ("ecc_correctable_rate", "nvlink_error_rate")}}
+UNOBSERVABLE = {"truegpu": {}, "dcgm": {}, "dcgm-default": {GPU_FAULT: {"ecc_storm", "nvlink"}}}
 
 
 @pytest.fixture(scope="module", params=["truegpu", "dcgm", "dcgm-default"])
@@ -41,9 +41,9 @@ def test_every_kind_meets_the_gate(results):
         assert v["precision"] >= GATE, (d, kind, v)
         assert v["recall"] >= GATE, (d, kind, v)
         unseen = [t for r in res for t in r["kinds"][kind]["unobservable_truth"]]
-        assert bool(unseen) == (kind in UNOBSERVABLE[dialect]), (d, kind, unseen)
+        assert {t["attribution"] for t in unseen} == UNOBSERVABLE[dialect].get(kind, set()), (d, kind, unseen)
         for t in unseen:  # with the input's reason: a counter the default set leaves out, named
-            assert t["why"].startswith(UNOBSERVABLE[dialect][kind]), t
+            assert t["why"].startswith(EVIDENCE[t["attribution"]][0]), t
             assert "commented out in the default list" in t["why"], t
 
 
