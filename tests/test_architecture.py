@@ -117,3 +117,11 @@ def test_the_test_modules_sharing_scenario_fleets_run_on_one_worker() -> None:
     uses = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if p.name != "test_architecture.py"
             and any(name in p.read_text() for name in ("named_scenario_fleet", "evaluate_scenarios"))}
     assert uses == SCENARIO_MODULES
+
+
+def test_the_slow_units_handed_out_first_exist() -> None:
+    """A renamed or removed module in the longest-first list would silently stop being first."""
+    from tests.conftest import SLOW_FIRST
+
+    assert SLOW_FIRST[0] == "scenario fleets"
+    assert [m for m in SLOW_FIRST[1:] if not (ROOT / m).is_file()] == []
