@@ -134,19 +134,26 @@ Quiet stragglers (issue 12), found from the peer relation itself at GPU level:
   gang slows*. Per sample the least of three, each a fraction: its clock-normalized lead - 1; that lead minus
   its own median over the previous ``change_baseline_s`` 600 s; and how far its peers' activity fell below
   their median over the same 10 minutes (``then / now - 1``: the gang's slowdown, what a straggler costs).
-  It counts only while the member is the busiest of its job over two samples (else it can only fall):
-  ``S = min(2 change_h, max(0, S + (change - change_k) x minutes))``, an alarm at ``change_h`` 0.15. Why:
+  It counts only while the member is the busiest of its job over two samples, or in this one with a lead of
+  ``spell_lead`` (else it can only fall): the two-sample lead, half of it the minute before, put a spell's first
+  minute behind a drifting peer's and lost it; any member busiest in one sample would let the noise of many
+  gain (below). Nor while a member of its job is input-starved: the gang slows for that one, idle between
+  steps, and all its other members lead. ``S = min(2 change_h, max(0, S + (change - change_k) x minutes))``,
+  an alarm at ``change_h`` 0.15. Why:
   a healthy member's drift raises its lead but slows no one, and a gang slowing for its own reasons (a phase,
   a load drop) slows every member alike, so no lead rises with it; the peers' median moves ~1 % from sample to
   sample where one member's activity moves 3-5 %, so ``change_k`` 0.03 can sit below a 10 % slowdown's ~0.06-0.1
   and above that noise. Over 10 seeds (0..9) of all 25 scenarios the highest value a member outside the
-  truth reached was 0.105 (a peer of an input-starved node: the gang slowed and its drift made it the
-  busiest), 0.078 on the healthy scenarios, while the first 3-4 minute spell of a 10-15 % intermittent
+  truth reached was 0.096 (0.105, a peer of an input-starved node, before input-starved gangs were left out),
+  0.078 on the healthy scenarios, while the first 3-4 minute spell of a 10-15 % intermittent
   straggler, or the first minutes of a silent one, reach 0.11-0.43 (a few stay under 0.1: where chip spread
   leaves their gang only ~7 % slower, or their drift is at its low); a median over 10 minutes keeps the level
   from before a spell with up to 4 of those minutes slow (duty 0.3-0.4). Like the first CUSUM it only
-  suspects. With it the 15 % intermittent straggler is suspected in its first spell (2-3 min) in 8 of 10
-  replayed seeds instead of 4, at its second one otherwise.
+  suspects. With it the 15 % intermittent straggler alarms 1-2 minutes into its first spell at 9 of seeds 0..9
+  (7 before a spell's first minute counted; replayed, 4 were suspected there before the change CUSUM), at its
+  second one otherwise.
+  Counting that first minute left the highest value outside the truth where it was over the same 250 runs;
+  counting every member busiest in one sample raised it to 0.148 (a peer of the input-starved node).
 
 Early warning: a problem still open at the end of the data that has lasted
 ``suspect_after_s`` 180 s (3 samples at 60 s, the persistence rule's 3 of 5) but not yet
@@ -372,15 +379,15 @@ class Straggler:
         # Reset the sequential evidence where the gang is known not to be at work (an inference service
         # between bursts is no steady gang); hold it where nothing is known (a scrape gap).
         idle = ~gate & ~np.isnan(U) & ~np.isnan(rU)
-        silent, settled, spell, spell_lead, level = self._quiet(TEN, SM, use_t, clk_rel, throttled, gate,
-                                                                    quiet_work, idle, ref, top, long_w, spell_n,
+        silent, settled, spell, spell_lead, level = self._quiet(TEN, SM, use_t, clk_rel, throttled, starved & known,
+                                                                    gate, quiet_work, idle, ref, top, long_w, spell_n,
                                                                     step_s)
         return _Cells(compute & known, starved & known, nvlink & known, nvl_rel, known, lead, clk_rel, U, rU, rK,
                       CLK, silent, settled, spell, spell_lead, level)
 
     def _quiet(self, TEN: np.ndarray, SM: np.ndarray, use_t: np.ndarray, clk_rel: np.ndarray, throttled: np.ndarray,
-               gate: np.ndarray, at_work: np.ndarray, idle: np.ndarray, ref: Any, top: Blocks | None, long_w: int,
-               spell_n: int, step_s: float) -> tuple[np.ndarray, ...]:
+               starved: np.ndarray, gate: np.ndarray, at_work: np.ndarray, idle: np.ndarray, ref: Any,
+               top: Blocks | None, long_w: int, spell_n: int, step_s: float) -> tuple[np.ndarray, ...]:
         """(silent, settled, spell, short lead, alarm level): the quiet signatures, from the peer relation itself.
 
         silent: over ``silent_window_s`` the member is the busiest of its job by a clock-normalized lead
@@ -420,7 +427,12 @@ class Straggler:
             # activity fell below theirs), the least of the three; NaN (held) until a baseline is known.
             change = np.minimum(np.minimum(norm_1 - 1.0, norm_1 - trailing_median(norm_1, base_w)),
                                 trailing_median(level_1, base_w) / level_1 - 1.0)
-            change = np.where(busiest, change, np.minimum(change, 0.0))  # only the busiest member gains
+            # Only the busiest member gains: over two samples, or in this one by a spell's lead (the two-sample
+            # lead, half of it the minute before, lagged the first minute of a spell behind a drifting peer's).
+            busy_now = busiest | ((lead_1 >= block_max(top, lead_1)) & (norm_1 >= 1.0 + self.spell_lead))
+            # A gang waiting for an input-starved member slows for it, and all its other members lead: not theirs.
+            busy_now &= ~(block_max(top, starved.astype(np.float64)) == 1.0)
+            change = np.where(busy_now, change, np.minimum(change, 0.0))
             cusum_c = _cusum(np.where(gate & big, change - self.change_k, np.nan) * minutes, idle,
                              cap=2.0 * self.change_h)
             level = np.fmax(cusum / self.cusum_h, cusum_c / self.change_h)

@@ -303,6 +303,21 @@ def test_a_lead_that_slows_the_gang_is_suspected_in_the_first_spell_and_one_that
         assert stragglers(busy, cusum_h=10.0) == []
 
 
+def test_a_gang_waiting_for_an_input_starved_node_suspects_none_of_the_others() -> None:
+    """A node starved of input slows its gang, and every member of the other node leads its peers' median: one
+    of them 10 % busier in its own way (its kernel mix) rose while the gang slowed, which the change CUSUM alone
+    read as the busiest member's lead slowing the gang (suspected in the first minutes, confirmed by minute 10).
+    The gang waits for the idle member; the input node is the finding, none of the others."""
+    for seed in range(4):
+        for cut in (24, 27, 30):
+            fl = gang_fleet(hosts=2, gpus=8, steps=cut, starve={0: 0.12}, window=(20, 90), seed=seed)
+            f = fl.frame
+            f.loc[(f["hostname"] == "n02") & (f["gpu"] == "5") & (f["timestamp"] >= T0 + 20 * STEP),
+                  ["tensor_active", "sm_active"]] *= 1.10
+            found = [(f.hostname, f.gpu, f.evidence["cause"]) for f in stragglers(fl, cusum_h=10.0)]
+            assert found == ([("n01", None, "input")] if cut == 30 else []), (seed, cut)
+
+
 # Scenarios ---------------------------------------------------------------------------------
 
 HEALTHY = ("healthy-fleet", "healthy-long", "noisy-neighbours")
