@@ -137,9 +137,9 @@ Quiet stragglers (issue 12), found from the peer relation itself at GPU level:
   It counts only while the member is the busiest of its job over two samples, or in this one with a lead of
   ``spell_lead`` (else it can only fall): the two-sample lead, half of it the minute before, put a spell's first
   minute behind a drifting peer's and lost it; any member busiest in one sample would let the noise of many
-  gain (below). Nor while a member of its job is input-starved: the gang slows for that one, idle between
-  steps, and all its other members lead. ``S = min(2 change_h, max(0, S + (change - change_k) x minutes))``,
-  an alarm at ``change_h`` 0.15. Why:
+  gain (below). Nor while a member of its job is input-starved (nor does a spell count then): the gang slows
+  for that one, idle between steps, and all its other members lead.
+  ``S = min(2 change_h, max(0, S + (change - change_k) x minutes))``, an alarm at ``change_h`` 0.15. Why:
   a healthy member's drift raises its lead but slows no one, and a gang slowing for its own reasons (a phase,
   a load drop) slows every member alike, so no lead rises with it; the peers' median moves ~1 % from sample to
   sample where one member's activity moves 3-5 %, so ``change_k`` 0.03 can sit below a 10 % slowdown's ~0.06-0.1
@@ -416,7 +416,10 @@ class Straggler:
             norm_s = lead_s * rolling_mean(clk, 2)
             norm_1 = lead_1 * clk
             z = (norm_l - 1.0) / np.fmax(spread_l, self.mad_floor)  # NaN spread (a pair): the relative test decides
-            busiest = lead_s >= block_max(top, lead_s)
+            # A gang waiting for an input-starved member slows for that one, and all its other members lead: the
+            # busiest of them is no straggler (the spells and the change CUSUM name the busiest member).
+            fed = ~(block_max(top, starved.astype(np.float64)) == 1.0)
+            busiest = fed & (lead_s >= block_max(top, lead_s))
             silent = (gate & big & (norm_l >= 1.0 + self.silent_lead) & (norm_l >= block_max(top, norm_l))
                       & ~(z < self.silent_z))
             spell = gate & busiest & (
@@ -429,9 +432,7 @@ class Straggler:
                                 trailing_median(level_1, base_w) / level_1 - 1.0)
             # Only the busiest member gains: over two samples, or in this one by a spell's lead (the two-sample
             # lead, half of it the minute before, lagged the first minute of a spell behind a drifting peer's).
-            busy_now = busiest | ((lead_1 >= block_max(top, lead_1)) & (norm_1 >= 1.0 + self.spell_lead))
-            # A gang waiting for an input-starved member slows for it, and all its other members lead: not theirs.
-            busy_now &= ~(block_max(top, starved.astype(np.float64)) == 1.0)
+            busy_now = busiest | (fed & (lead_1 >= block_max(top, lead_1)) & (norm_1 >= 1.0 + self.spell_lead))
             change = np.where(busy_now, change, np.minimum(change, 0.0))
             cusum_c = _cusum(np.where(gate & big, change - self.change_k, np.nan) * minutes, idle,
                              cap=2.0 * self.change_h)
