@@ -161,7 +161,7 @@ def evaluate(
         hit = np.array([[matches(f, t, w1, racks) for t in every] for f in fs], bool).reshape(len(fs), len(every))
         hit_f = hit.any(axis=1)  # a finding on an unobservable problem is still true
         why = [unobservable(t, fleet) for t in every]
-        unseen = [{**_brief_truth(t), "attribution": t.get("attribution"), "why": w}
+        unseen = [{**_brief_truth(t), "attribution": t.get("attribution"), "unobservable": w}
                   for t, w in zip(every, why, strict=True) if w]
         ts = [t for t, w in zip(every, why, strict=True) if not w]
         detected, onsets, coverage, fragmented = 0, [], [], 0

@@ -88,7 +88,7 @@ def test_a_problem_the_input_cannot_show_is_unobservable_not_missed() -> None:
     blind = dataclasses.replace(fleet, missing={"ecc_correctable_rate": "ecc_correctable_rate unknown: not collected"})
     k = evaluate([], [storm, other], (GPU_FAULT,), blind)["kinds"][GPU_FAULT]
     assert (k["truth"], k["missed"], k["unobservable"], k["recall"]) == (1, 1, 1, 0.0)
-    assert k["unobservable_truth"][0]["why"] == "ecc_correctable_rate unknown: not collected"
+    assert k["unobservable_truth"][0]["unobservable"] == "ecc_correctable_rate unknown: not collected"
     k = evaluate([finding(kind=GPU_FAULT)], [storm], (GPU_FAULT,), blind)["kinds"][GPU_FAULT]
     assert (k["tp"], k["fp"], k["truth"], k["unobservable"]) == (1, 0, 0, 1)  # still a true finding
     k = evaluate([], [storm], (GPU_FAULT,), fleet)["kinds"][GPU_FAULT]

@@ -177,7 +177,7 @@ def test_evaluate_dcgm_counters_choose_the_fields_the_dcgm_history_carries(capsy
         assert [r["dcgm_counters"] for r in doc["results"]] == [counters]
         counts[counters] = tuple(doc["pooled"][0][k] for k in ("truth", "detected", "unobservable"))
     assert counts == {"all": (1, 1, 0), "default": (0, 0, 1)}
-    (why,) = [t["why"] for t in doc["results"][0]["kinds"]["gpu_fault"]["unobservable_truth"]]
+    (why,) = [t["unobservable"] for t in doc["results"][0]["kinds"]["gpu_fault"]["unobservable_truth"]]
     assert "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL" in why and "commented out in the default list" in why
     assert main([*args[:-1], "--dcgm-counters", "default"]) == 0
     assert "0/0 problems found; 1 more the input cannot show" in capsys.readouterr().out

@@ -43,8 +43,8 @@ def test_every_kind_meets_the_gate(results):
         unseen = [t for r in res for t in r["kinds"][kind]["unobservable_truth"]]
         assert {t["attribution"] for t in unseen} == UNOBSERVABLE[dialect].get(kind, set()), (d, kind, unseen)
         for t in unseen:  # with the input's reason: a counter the default set leaves out, named
-            assert t["why"].startswith(EVIDENCE[t["attribution"]][0]), t
-            assert "commented out in the default list" in t["why"], t
+            assert t["unobservable"].startswith(EVIDENCE[t["attribution"]][0]), t
+            assert "commented out in the default list" in t["unobservable"], t
 
 
 def test_healthy_scenarios_give_no_finding_of_any_kind(results):
