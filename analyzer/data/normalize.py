@@ -202,6 +202,9 @@ class _Grid:
     def __init__(self, start: float, step: float, T: int, spacing: float) -> None:
         self.start, self.step, self.T, self.spacing = start, step, T, spacing
         self.times = start + step * np.arange(T, dtype=np.float64)
+        #: Samples come about once a step or less often: each timeline's rows count whole steps from its
+        #: first sample (``_anchored``), so scrape jitter never moves a sample into its neighbour's row.
+        self.anchored = spacing >= step * (1.0 - HOLD_TOLERANCE)
 
     def row(self, ts: np.ndarray) -> np.ndarray:
         """The row whose interval ``[t, t + step)`` holds each time."""
@@ -211,6 +214,24 @@ class _Grid:
         """The row whose interval ``(t, t + step]`` holds each time (a time exactly at the start: row 0)."""
         be = np.ceil((ts - self.start) / self.step - _EPS).astype(np.int64) - 1
         return np.where((be < 0) & (np.abs(ts - self.start) < _EPS * max(self.step, 1.0)), 0, be)
+
+    def anchored_rows(self, rows: np.ndarray, ts: np.ndarray, tl: np.ndarray) -> np.ndarray:
+        """``rows`` (``row`` or ``row_ending`` of ``ts``) as each timeline's first sample's row plus the whole
+        steps since it, rounded (samples sorted by timeline and time; a timeline is never split between picks).
+
+        Why: a scrape target's samples sit at its own phase in the step, each a few ms early or late (more for
+        agents that do not align timestamps); a target whose phase is at a row boundary (the first sample of
+        the input's earliest target sets the grid's start) would put half its samples in the row before, each
+        leaving a row without a sample: unknown GPU-hours (~4 % of a 48-GPU history with +-3 ms of jitter) and
+        a gap the detectors bridge. Counting steps is right up to half a step of jitter. A sample the rounding
+        puts past the grid's last row while it lies in it stays in that row."""
+        if not self.anchored or not len(ts):
+            return rows
+        heads = np.flatnonzero(np.concatenate(([True], tl[1:] != tl[:-1])))
+        first = np.repeat(heads, np.diff(np.append(heads, len(ts))))
+        steps = np.floor((ts - ts[first]) / self.step + 0.5).astype(np.int64)
+        out = rows[first] + steps
+        return np.where((out >= self.T) & (rows < self.T), self.T - 1, out)
 
 
 @dataclass
@@ -232,11 +253,11 @@ class _Picked:
 
     @cached_property
     def bf(self) -> np.ndarray:
-        return self.grid.row(self.ts)
+        return self.grid.anchored_rows(self.grid.row(self.ts), self.ts, self.tl)
 
     @cached_property
     def be(self) -> np.ndarray:
-        return self.grid.row_ending(self.ts)
+        return self.grid.anchored_rows(self.grid.row_ending(self.ts), self.ts, self.tl)
 
 
 class _Input:
@@ -420,8 +441,9 @@ class _Input:
             if math.isnan(spacing):
                 step = SNAPSHOT_STEP
                 notes.append(f"one sample time only: step set to {SNAPSHOT_STEP:g} s (rates from counters unknown)")
-            else:
-                step = spacing
+            else:  # scrape intervals are whole seconds: jitter the median kept is not part of it
+                whole = round(spacing)
+                step = float(whole) if whole >= 1 and abs(spacing - whole) <= HOLD_TOLERANCE * spacing else spacing
         step = float(step)
         if not math.isfinite(step) or step <= 0:
             raise BudgetError(f"step must be a positive number of seconds, not {step!r}")
@@ -617,6 +639,11 @@ class _State:
             by = pd.Series(np.concatenate(gaps)).groupby(np.concatenate(srcs))
             med = by.median()[by.size() >= MIN_OWN_GAPS]
             spacing[med.index.to_numpy(dtype=np.int64)] = med.to_numpy(dtype=np.float64)
+        # A median gap within the tolerance of whole steps is that many steps: scrape jitter, not a slower
+        # scrape job (14.994 s on a 15 s grid read as 0.04 % of every row unobserved).
+        steps = np.round(spacing / self.g.step)
+        snap = (steps >= 1) & (np.abs(spacing - steps * self.g.step) <= HOLD_TOLERANCE * spacing)
+        spacing = np.where(snap, steps * self.g.step, spacing)
         return samples, series, spacing
 
     @property

@@ -24,7 +24,7 @@ import hashlib
 import io
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TextIO
@@ -100,13 +100,15 @@ def _header(family: Family) -> str:
 
 
 def write_openmetrics(out: TextIO, series: Iterable[SeriesItem], times: np.ndarray, *,
-                      repeat_every: int = 0) -> WriteStats:
+                      repeat_every: int = 0, host_times: Callable[[str], np.ndarray] | None = None) -> WriteStats:
     """Stream ``(family, labels, values)`` series, values aligned with ``times``, to ``out``.
 
     Series must arrive grouped by family (promtool rejects interleaved families); a family
     seen again after another one raises ValueError. Families with no sample at all are
     left out entirely. Writes the closing ``# EOF``. ``repeat_every`` k > 0 writes every
     k-th sample of each series twice (same series, time and value: a repeated sample).
+    ``host_times(host)``: the times a node's series are stamped with instead (its scrapes'; values
+    stay those of ``times``), for series with a hostname.
     """
     times = np.asarray(times, dtype=np.float64)
     if times.ndim != 1:
@@ -114,6 +116,7 @@ def write_openmetrics(out: TextIO, series: Iterable[SeriesItem], times: np.ndarr
     if times.size > 1 and not np.all(np.diff(times) > 0):
         raise ValueError("times must be strictly increasing")
     suffixes = _timestamp_suffixes(times)
+    stamped: dict[str, tuple[np.ndarray, list[str]]] = {}
     stats = WriteStats()
     done: set[str] = set()
     current: str | None = None
@@ -142,17 +145,24 @@ def write_openmetrics(out: TextIO, series: Iterable[SeriesItem], times: np.ndarr
             stats.families += 1
         sample_name = name + "_total" if family.type == "counter" else name
         prefix = sample_name + format_labels(labels) + " "
+        at, sufs_all = times, suffixes
+        host = labels.get("hostname") or labels.get("Hostname")
+        if host_times is not None and host:
+            if host not in stamped:
+                own = host_times(host)
+                stamped[host] = own, _timestamp_suffixes(own)
+            at, sufs_all = stamped[host]
         if idx.size == values.size:
-            vals, sufs = values.tolist(), suffixes
+            vals, sufs = values.tolist(), sufs_all
         else:
-            vals, sufs = values[idx].tolist(), [suffixes[i] for i in idx.tolist()]
+            vals, sufs = values[idx].tolist(), [sufs_all[i] for i in idx.tolist()]
         text = [_format_value(v) for v in vals] if np.isinf(values[idx]).any() else list(map(repr, vals))
         lines = [v + s for v, s in zip(text, sufs, strict=True)]
         out.write(prefix + prefix.join(lines))
         stats.series += 1
         stats.samples += len(lines)
-        stats.min_time = min(stats.min_time, float(times[idx[0]]))
-        stats.max_time = max(stats.max_time, float(times[idx[-1]]))
+        stats.min_time = min(stats.min_time, float(at[idx[0]]))
+        stats.max_time = max(stats.max_time, float(at[idx[-1]]))
     out.write("# EOF\n")
     return stats
 
@@ -190,7 +200,10 @@ class Mess:
     - ``pod_restarts``: ``(pod, at)``: the pod is recreated under a new name at ``at`` (a
       Deployment's or Job's pod: its random suffix changes; a StatefulSet's keeps its name);
     - ``slow_scrapes``: ``(hostname, every)``: the node is scraped at every ``every``-th sample
-      time only (its own scrape job with a longer interval: fleets mix them).
+      time only (its own scrape job with a longer interval: fleets mix them);
+    - ``scrape_jitter_ms``: > 0: each node is scraped at its own phase in the step (Prometheus spreads
+      its targets over the interval), each scrape up to this many ms early or late (agents that do not
+      align timestamps to the interval): every sample time of a node moves, its values do not.
     """
 
     node_gaps: tuple[tuple[str, float, float], ...] = ()
@@ -200,6 +213,7 @@ class Mess:
     replica_label: str = "prometheus_replica"
     pod_restarts: tuple[tuple[str, float], ...] = ()
     slow_scrapes: tuple[tuple[str, int], ...] = ()
+    scrape_jitter_ms: float = 0.0
 
 
 _SAFE = "bcdfghjklmnpqrstvwxz2456789"
@@ -254,6 +268,16 @@ def _slow_scraped(series: Iterable[SeriesItem], times: np.ndarray, mess: Mess) -
         yield family, labels, values if mask is None else np.where(mask, np.nan, np.asarray(values, np.float64))
 
 
+def scrape_times(host: str, times: np.ndarray, jitter_ms: float) -> np.ndarray:
+    """When ``host`` is scraped for each of ``times``: at its own phase in the step (sha256 of its name, as
+    Prometheus offsets its targets), each scrape up to ``jitter_ms`` early or late (a seeded draw per host), in
+    whole milliseconds like Prometheus' timestamps."""
+    step = float(times[1] - times[0]) if len(times) > 1 else 60.0
+    seed = int.from_bytes(hashlib.sha256(host.encode()).digest()[:8], "big")
+    rng = np.random.default_rng(seed)
+    return np.round(times + (seed % 1_000_000) / 1e6 * step + rng.uniform(-jitter_ms, jitter_ms, len(times)) / 1e3, 3)
+
+
 def _replicated(series: Iterable[SeriesItem], mess: Mess) -> Iterator[SeriesItem]:
     """Every series once per HA replica (consecutive, so each family stays contiguous)."""
     for family, labels, values in series:
@@ -293,5 +317,7 @@ def write_history(
         series = _slow_scraped(series, times, mess)
     if mess is not None and mess.replicas:
         series = _replicated(series, mess)
+    jitter = mess.scrape_jitter_ms if mess else 0.0
     with open_text(path) as out:
-        return write_openmetrics(out, series, times, repeat_every=mess.repeat_every if mess else 0)
+        return write_openmetrics(out, series, times, repeat_every=mess.repeat_every if mess else 0,
+                                 host_times=(lambda h: scrape_times(h, times, jitter)) if jitter > 0 else None)

@@ -357,7 +357,7 @@ def _check_straggler(ctx: _Ctx, key: str, kind: str, params: dict[str, float]) -
 
 
 _TOP_KEYS = ("name", "description", "seed", "duration", "start", "topology", "workloads", "fill", "faults", "mess")
-_MESS_KEYS = ("node_gaps", "exporter_restarts", "repeat_every", "replicas", "slow_scrapes")
+_MESS_KEYS = ("node_gaps", "exporter_restarts", "repeat_every", "replicas", "slow_scrapes", "scrape_jitter_ms")
 _OVERRIDES = ("duration", "seed", "start", "sites", "racks", "racks_per_site", "nodes_per_rack", "gpus_per_node",
               "model")
 
@@ -427,6 +427,7 @@ def _mess(ctx: _Ctx, raw: Any) -> dict[str, Any]:
           repeat_every: 7                                              # every 7th sample written twice
           replicas: [prom-a, prom-b]                                   # an HA pair, not deduplicated
           slow_scrapes: [{host: dc1-r2-n01, every: 4}]                 # scraped at every 4th sample time
+          scrape_jitter_ms: 5                                          # each node at its own phase, +-5 ms
     """
     m = ctx.mapping(raw, "mess", _MESS_KEYS)
     out: dict[str, Any] = {}
@@ -445,6 +446,8 @@ def _mess(ctx: _Ctx, raw: Any) -> dict[str, Any]:
                                                   ctx.int_(r.get("every"), f"mess.slow_scrapes[{i}].every", 2)))
     if "repeat_every" in m:
         out["repeat_every"] = ctx.int_(m["repeat_every"], "mess.repeat_every", 2)
+    if "scrape_jitter_ms" in m:
+        out["scrape_jitter_ms"] = ctx.num(m["scrape_jitter_ms"], "mess.scrape_jitter_ms", 0.0, 10_000.0)
     if "replicas" in m:
         out["replicas"] = ctx.str_list(m["replicas"], "mess.replicas")
     return {k: tuple(v) if isinstance(v, list) else v for k, v in out.items()}

@@ -119,7 +119,8 @@ def test_healthy_heterogeneous_is_mixed_messy_and_small():
     assert set(c.layout.node_model) == {"H100", "A100", "L40S"} and len(c.gpus) == 72 and c.duration == 5 * 3600
     assert {f.kind for f in sc.faults} == {"startup", "chip_spread", "power_spread"}
     assert any(w.start > 0 for w in sc.workloads) and any(w.end is not None for w in sc.workloads)
-    assert set(sc.mess) == {"node_gaps", "exporter_restarts", "repeat_every", "replicas", "slow_scrapes"}
+    assert set(sc.mess) == {"node_gaps", "exporter_restarts", "repeat_every", "replicas", "slow_scrapes",
+                            "scrape_jitter_ms"}
     assert all(d <= 180 for _h, _s, d in sc.mess["node_gaps"])  # a few scrape intervals, not an outage
 
 
