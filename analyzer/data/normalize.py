@@ -176,7 +176,9 @@ def _report_notes(report: IngestReport | None) -> list[str]:
                      f"scraped twice or an HA pair) kept once")
     if report.replicas:
         parts = ", ".join(f"{k}={'/'.join(sorted(v))}" for k, v in sorted(report.replicas.items()))
-        notes.append(f"HA Prometheus replicas merged into one copy ({parts}): every GPU counted once")
+        notes.append(f"HA Prometheus replicas merged into one copy ({parts}): every GPU counted once"
+                     + (f"; {report.replica_samples} samples the replicas took at their own times in the same "
+                        "scrape interval dropped" if report.replica_samples else ""))
     notes.extend(f"ingest warning: {w}" for w in report.warnings)
     return notes
 

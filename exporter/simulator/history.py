@@ -100,15 +100,16 @@ def _header(family: Family) -> str:
 
 
 def write_openmetrics(out: TextIO, series: Iterable[SeriesItem], times: np.ndarray, *,
-                      repeat_every: int = 0, host_times: Callable[[str], np.ndarray] | None = None) -> WriteStats:
+                      repeat_every: int = 0,
+                      stamp: Callable[[Mapping[str, str]], np.ndarray | None] | None = None) -> WriteStats:
     """Stream ``(family, labels, values)`` series, values aligned with ``times``, to ``out``.
 
     Series must arrive grouped by family (promtool rejects interleaved families); a family
     seen again after another one raises ValueError. Families with no sample at all are
     left out entirely. Writes the closing ``# EOF``. ``repeat_every`` k > 0 writes every
     k-th sample of each series twice (same series, time and value: a repeated sample).
-    ``host_times(host)``: the times a node's series are stamped with instead (its scrapes'; values
-    stay those of ``times``), for series with a hostname.
+    ``stamp(labels)``: the times a series is stamped with instead (its target's scrapes'; values stay
+    those of ``times``), or None for ``times``; one array per target (its timestamps are formatted once).
     """
     times = np.asarray(times, dtype=np.float64)
     if times.ndim != 1:
@@ -116,7 +117,7 @@ def write_openmetrics(out: TextIO, series: Iterable[SeriesItem], times: np.ndarr
     if times.size > 1 and not np.all(np.diff(times) > 0):
         raise ValueError("times must be strictly increasing")
     suffixes = _timestamp_suffixes(times)
-    stamped: dict[str, tuple[np.ndarray, list[str]]] = {}
+    stamped: dict[int, list[str]] = {}
     stats = WriteStats()
     done: set[str] = set()
     current: str | None = None
@@ -146,12 +147,11 @@ def write_openmetrics(out: TextIO, series: Iterable[SeriesItem], times: np.ndarr
         sample_name = name + "_total" if family.type == "counter" else name
         prefix = sample_name + format_labels(labels) + " "
         at, sufs_all = times, suffixes
-        host = labels.get("hostname") or labels.get("Hostname")
-        if host_times is not None and host:
-            if host not in stamped:
-                own = host_times(host)
-                stamped[host] = own, _timestamp_suffixes(own)
-            at, sufs_all = stamped[host]
+        own = stamp(labels) if stamp is not None else None
+        if own is not None:
+            if id(own) not in stamped:
+                stamped[id(own)] = _timestamp_suffixes(own)
+            at, sufs_all = own, stamped[id(own)]
         if idx.size == values.size:
             vals, sufs = values.tolist(), sufs_all
         else:
@@ -202,8 +202,8 @@ class Mess:
     - ``slow_scrapes``: ``(hostname, every)``: the node is scraped at every ``every``-th sample
       time only (its own scrape job with a longer interval: fleets mix them);
     - ``scrape_jitter_ms``: > 0: each node is scraped at its own phase in the step (Prometheus spreads
-      its targets over the interval), each scrape up to this many ms early or late (agents that do not
-      align timestamps to the interval): every sample time of a node moves, its values do not.
+      its targets over the interval; each HA replica at its own), each scrape up to this many ms early or
+      late (agents that do not align timestamps to the interval): every sample time moves, no value does.
     """
 
     node_gaps: tuple[tuple[str, float, float], ...] = ()
@@ -268,12 +268,12 @@ def _slow_scraped(series: Iterable[SeriesItem], times: np.ndarray, mess: Mess) -
         yield family, labels, values if mask is None else np.where(mask, np.nan, np.asarray(values, np.float64))
 
 
-def scrape_times(host: str, times: np.ndarray, jitter_ms: float) -> np.ndarray:
-    """When ``host`` is scraped for each of ``times``: at its own phase in the step (sha256 of its name, as
-    Prometheus offsets its targets), each scrape up to ``jitter_ms`` early or late (a seeded draw per host), in
-    whole milliseconds like Prometheus' timestamps."""
+def scrape_times(target: str, times: np.ndarray, jitter_ms: float) -> np.ndarray:
+    """When ``target`` (a node, or ``node/replica``) is scraped for each of ``times``: at its own phase in the
+    step (sha256 of its name, as Prometheus offsets its targets), each scrape up to ``jitter_ms`` early or late
+    (a seeded draw per target), in whole milliseconds like Prometheus' timestamps."""
     step = float(times[1] - times[0]) if len(times) > 1 else 60.0
-    seed = int.from_bytes(hashlib.sha256(host.encode()).digest()[:8], "big")
+    seed = int.from_bytes(hashlib.sha256(target.encode()).digest()[:8], "big")
     rng = np.random.default_rng(seed)
     return np.round(times + (seed % 1_000_000) / 1e6 * step + rng.uniform(-jitter_ms, jitter_ms, len(times)) / 1e3, 3)
 
@@ -317,7 +317,24 @@ def write_history(
         series = _slow_scraped(series, times, mess)
     if mess is not None and mess.replicas:
         series = _replicated(series, mess)
-    jitter = mess.scrape_jitter_ms if mess else 0.0
     with open_text(path) as out:
         return write_openmetrics(out, series, times, repeat_every=mess.repeat_every if mess else 0,
-                                 host_times=(lambda h: scrape_times(h, times, jitter)) if jitter > 0 else None)
+                                 stamp=_scrapes(times, mess) if mess and mess.scrape_jitter_ms > 0 else None)
+
+
+def _scrapes(times: np.ndarray, mess: Mess) -> Callable[[Mapping[str, str]], np.ndarray | None]:
+    """``write_openmetrics``'s ``stamp``: each node's scrapes (``scrape_times``), per HA replica (each replica
+    scrapes the node at its own phase); series without a node keep the sample times."""
+    known: dict[str, np.ndarray] = {}
+
+    def stamp(labels: Mapping[str, str]) -> np.ndarray | None:
+        host = labels.get("hostname") or labels.get("Hostname")
+        if not host:
+            return None
+        replica = labels.get(mess.replica_label)
+        target = f"{host}/{replica}" if replica else host
+        if target not in known:
+            known[target] = scrape_times(target, times, mess.scrape_jitter_ms)
+        return known[target]
+
+    return stamp

@@ -27,6 +27,11 @@ from exporter import schema
 #: two replicas are one series. The reader drops these labels, so the copies fall into one series and
 #: their repeated samples are deduplicated (never twice the GPU-hours).
 REPLICA_LABELS: frozenset[str] = frozenset({"replica", "prometheus_replica", "__replica__", "rule_replica"})
+#: A series merged from HA replicas whose shorter gap of two is below this share of the longer one (median pair)
+#: holds the replicas' own scrapes interleaved (``_interleaved``); at the same instants the two are equal.
+INTERLEAVED = 0.8
+#: Pairs of consecutive gaps a series needs for that judgement.
+MIN_PAIRS = 8
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ class IngestReport:
     duplicates: dict[str, int] = field(default_factory=dict)
     #: HA replica label -> the replica values merged (REPLICA_LABELS).
     replicas: dict[str, set[str]] = field(default_factory=dict)
+    #: Samples of HA replicas that scraped at their own times: all but the first of each scrape interval dropped.
+    replica_samples: int = 0
     warnings: list[str] = field(default_factory=list)
     #: ``# TYPE`` declarations seen in files (family name -> type).
     metric_types: dict[str, str] = field(default_factory=dict)
@@ -103,6 +110,8 @@ class IngestReport:
         if self.replicas:
             merged = ", ".join(f"{k} ({len(v)})" for k, v in sorted(self.replicas.items()))
             parts.append(f"HA replicas merged: {merged}")
+        if self.replica_samples:
+            parts.append(f"{self.replica_samples} samples of other replicas in the same scrape interval dropped")
         if self.filtered_samples:
             parts.append(f"{self.filtered_samples} samples filtered out")
         if self.missing:
@@ -366,6 +375,8 @@ class FrameBuilder:
         #: Per group: its pieces in arrival order.
         self._pieces: dict[int, list[_Piece]] = {}
         self._arrived = 0
+        #: Series id -> the replica label sets its copies came with (this read's; ``_interleaved``).
+        self._replicas_of: dict[int, set[tuple[tuple[str, str], ...]]] = {}
 
     def series_id(self, metric: str, labels: Iterable[tuple[str, str]]) -> int:
         """Id of the series ``metric{labels}`` (label order and empty values don't matter; the HA
@@ -390,6 +401,7 @@ class FrameBuilder:
             if c.replicas:
                 for k, v in c.replicas:
                     self.report.replicas.setdefault(k, set()).add(v)
+                self._replicas_of.setdefault(sid, set()).add(c.replicas)
             out.append(sid)
         if new:
             groups = {name: self._group_of(name) for name in dict.fromkeys(new)}  # an answer: one name, mostly
@@ -514,6 +526,10 @@ class FrameBuilder:
         canonical = by_arrival[np.argsort(rank[group], kind="stable")]
         sizes = np.bincount(rank[group], minlength=len(group_order))
         local_of = np.full(space.group.n, -1, dtype=np.int32)
+        copies = np.zeros(space.group.n, dtype=np.int64)  # per series, how many HA replicas it came from
+        for sid, sets in self._replicas_of.items():
+            copies[sid] = len(sets)
+        self._replicas_of = {}
         blocks, start, example = [], 0, None
         for g, size in zip(group_order.tolist(), sizes.tolist(), strict=True):
             ids = canonical[start:start + size]
@@ -523,6 +539,10 @@ class FrameBuilder:
             local, ts, val = sort_by_series(local_of[sid], ts, val)
             del sid
             keep, found = self._dedupe(metric, rank_of[ids], local, ts, val)
+            thin = _interleaved(local, ts, copies[ids], keep)
+            if thin is not None:
+                self.report.replica_samples += int(np.count_nonzero(~thin if keep is None else keep & ~thin))
+                keep = thin if keep is None else keep & thin
             if keep is not None:
                 local, ts, val = local[keep], ts[keep], val[keep]
             if found is not None and (example is None or found[0] < example[0]):
@@ -688,6 +708,61 @@ def _return_freed_memory() -> None:
     memory after building is the pieces plus the blocks, twice the samples."""
     if _TRIM is not None:
         _TRIM(0)
+
+
+def _interleaved(local: np.ndarray, ts: np.ndarray, copies: np.ndarray, keep: np.ndarray | None) -> np.ndarray | None:
+    """Keep mask of one metric's samples (sorted by series, time; ``keep``: those still kept) where series merged
+    from ``copies[local]`` >= 2 HA replicas hold each replica's own scrapes: the first sample of each scrape
+    interval, or None (nothing to drop).
+
+    Two Prometheus replicas scrape a target independently, each at its own offset in the interval: merged, a
+    series held samples 7 s and 53 s apart, its spacing read as 7 s and 3/4 of the GPU-hours as unknown.
+    Copies at the same instants (a tenth of a series' samples sharing a millisecond with their neighbour) are
+    ``_dedupe``'s; interleaved ones alternate a short and a long gap, the short one below ``INTERLEAVED`` of the
+    long one (the median pair, of ``MIN_PAIRS`` at least). Such a series' interval is the median time ``k``
+    samples span (``k`` replicas); each sample counts whole intervals from the series' first, rounded, and the
+    first sample of each counts (Thanos' deduplication keeps one replica's samples too; a gap in one replica is
+    filled by the other's). Replicas half an interval apart look like one target scraped twice as often and
+    are left so: their rows are all observed."""
+    idx = np.flatnonzero(copies[local] >= 2)
+    if len(idx) < 3:
+        return None
+    s, t = local[idx], ts[idx]
+    ms = np.rint(t * 1000.0)
+    same = s[1:] == s[:-1]
+    # Copies at the same instants (Prometheus' answers, files of replicas aligned to the interval) are _dedupe's.
+    aligned = np.bincount(s[1:][same & (ms[1:] == ms[:-1])], minlength=len(copies)) * 10 >= \
+        np.bincount(s, minlength=len(copies))
+    on = ~aligned[s] if keep is None else ~aligned[s] & keep[idx]
+    s, t, idx = s[on], t[on], idx[on]
+    gap = np.diff(t)
+    same = s[1:] == s[:-1]
+    pair = same[1:] & same[:-1]
+    lo = np.minimum(gap[1:], gap[:-1])[pair]
+    hi = np.maximum(gap[1:], gap[:-1])[pair]
+    by = pd.DataFrame({"s": s[2:][pair], "lo": lo, "hi": hi}).groupby("s")
+    med = by.median()[by.size() >= MIN_PAIRS]  # a few samples (a tick's new steps) tell nothing
+    if med.empty:
+        return None
+    interval = pd.Series(np.nan, index=med.index)
+    for n in np.unique(copies[med.index.to_numpy()]).tolist():  # the time n samples span, n replicas
+        ok = (s[n:] == s[:-n]) & (copies[s[n:]] == n)
+        interval.update(pd.Series(t[n:] - t[:-n])[ok].groupby(s[n:][ok]).median())
+    interval = interval.to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pick = (med["lo"].to_numpy() < INTERLEAVED * med["hi"].to_numpy()) & (interval > 0)
+    if not pick.any():
+        return None
+    width = pd.Series(interval[pick], index=med.index[pick])
+    inside = np.isin(s, width.index.to_numpy())
+    s, t, idx = s[inside], t[inside], idx[inside]
+    first = np.concatenate(([True], s[1:] != s[:-1]))
+    origin = t[np.flatnonzero(first)][np.cumsum(first) - 1]
+    slot = np.floor((t - origin) / width.reindex(s).to_numpy() + 0.5)
+    new = first | np.concatenate(([True], slot[1:] != slot[:-1]))
+    out = np.ones(len(local), dtype=bool)
+    out[idx[~new]] = False
+    return out if not out.all() else None
 
 
 def _repeats(local: np.ndarray, ts: np.ndarray) -> bool:

@@ -203,22 +203,31 @@ def test_an_unknown_value_through_an_ha_pair_is_one_unknown_sample_not_a_conflic
 
 
 @pytest.mark.parametrize("dialect", ["truegpu", "dcgm"])
-def test_nodes_scraped_at_their_own_phase_with_jitter_keep_every_gpu_hour(tmp_path: Path, dialect: str) -> None:
+@pytest.mark.parametrize("replicas", [(), ("prom-a", "prom-b")], ids=["one-prometheus", "ha-pair"])
+def test_nodes_scraped_at_their_own_phase_with_jitter_keep_every_gpu_hour(tmp_path: Path, dialect: str,
+                                                                           replicas: tuple[str, ...]) -> None:
     """Each node scraped at its own phase in the minute, each scrape a few ms early or late (timestamps not
-    aligned to the interval): the node whose first sample starts the grid sits on a row boundary, and a floor
-    put its samples in the row before whenever a scrape came earlier than that first one, leaving rows without
-    a sample (~4 % of the GPU-hours unknown, idle hours lost). Every hour and finding is the clean history's."""
+    aligned to the interval), and each replica of an HA pair at its own: the node whose first sample starts
+    the grid sits on a row boundary, and a floor put its samples in the row before whenever a scrape came
+    earlier than that first one, leaving rows without a sample (~4 % of the GPU-hours unknown); an HA pair's
+    two copies, merged, read as one series sampled every few seconds (3/4 of the hours unknown). Every hour
+    and finding is the clean history's."""
     cluster = Cluster(load_scenario("thermal-straggler"))
-    jittered = Mess(scrape_jitter_ms=5.0)
+    jittered = Mess(scrape_jitter_ms=5.0, replicas=replicas)
     times = sample_times(cluster.start, cluster.start + cluster.duration, STEP)
-    stamps = [scrape_times(h, times, jittered.scrape_jitter_ms) for h in sorted(set(cluster.gpus.hostname))]
+    targets = [f"{h}/{r}" if r else h for h in sorted(set(cluster.gpus.hostname)) for r in replicas or ("",)]
+    stamps = [scrape_times(t, times, jittered.scrape_jitter_ms) for t in targets]
     first = min(float(t.min()) for t in stamps)
     assert sum(int((np.floor((t - first) / STEP) != np.arange(len(t))).sum()) for t in stamps) > 20  # it bites
     clean, messy = history(tmp_path, cluster, None, dialect), history(tmp_path, cluster, jittered, dialect)
     assert messy.step == STEP and len(messy.frame) == len(clean.frame)
     assert observed_share(messy.frame).min() == 1.0
+    if replicas:
+        assert "samples the replicas took at their own times in the same scrape interval dropped" in \
+            " ".join(messy.notes)
     want, got = analyze(clean), analyze(messy)
     assert got.scores.partition.fleet == pytest.approx(want.scores.partition.fleet, rel=1e-9, abs=1e-9)
+
     def who(f: Finding) -> tuple:
         return f.kind, f.severity, f.hostname, f.gpu, f.job, f.rack
 
