@@ -717,7 +717,8 @@ def _interleaved(local: np.ndarray, ts: np.ndarray, copies: np.ndarray, keep: np
 
     Two Prometheus replicas scrape a target independently, each at its own offset in the interval: merged, a
     series held samples 7 s and 53 s apart, its spacing read as 7 s and 3/4 of the GPU-hours as unknown.
-    Copies at the same instants (a tenth of a series' samples sharing a millisecond with their neighbour) are
+    Copies at the same instants (a third of a series' samples or more sharing a millisecond with their
+    neighbour: two aligned replicas give a half; one target scraped twice now and then, far fewer) are
     ``_dedupe``'s; interleaved ones alternate a short and a long gap, the short one below ``INTERLEAVED`` of the
     long one (the median pair, of ``MIN_PAIRS`` at least). Such a series' interval is the median time ``k``
     samples span (``k`` replicas); each sample counts whole intervals from the series' first, rounded, and the
@@ -731,7 +732,7 @@ def _interleaved(local: np.ndarray, ts: np.ndarray, copies: np.ndarray, keep: np
     ms = np.rint(t * 1000.0)
     same = s[1:] == s[:-1]
     # Copies at the same instants (Prometheus' answers, files of replicas aligned to the interval) are _dedupe's.
-    aligned = np.bincount(s[1:][same & (ms[1:] == ms[:-1])], minlength=len(copies)) * 10 >= \
+    aligned = np.bincount(s[1:][same & (ms[1:] == ms[:-1])], minlength=len(copies)) * 3 >= \
         np.bincount(s, minlength=len(copies))
     on = ~aligned[s] if keep is None else ~aligned[s] & keep[idx]
     s, t, idx = s[on], t[on], idx[on]

@@ -210,10 +210,11 @@ def test_nodes_scraped_at_their_own_phase_with_jitter_keep_every_gpu_hour(tmp_pa
     aligned to the interval), and each replica of an HA pair at its own: the node whose first sample starts
     the grid sits on a row boundary, and a floor put its samples in the row before whenever a scrape came
     earlier than that first one, leaving rows without a sample (~4 % of the GPU-hours unknown); an HA pair's
-    two copies, merged, read as one series sampled every few seconds (3/4 of the hours unknown). Every hour
-    and finding is the clean history's."""
+    two copies, merged, read as one series sampled every few seconds (3/4 of the hours unknown), also where
+    some samples are repeated (a target scraped twice now and then). Every hour and finding is the clean
+    history's."""
     cluster = Cluster(load_scenario("thermal-straggler"))
-    jittered = Mess(scrape_jitter_ms=5.0, replicas=replicas)
+    jittered = Mess(scrape_jitter_ms=5.0, replicas=replicas, repeat_every=7 if replicas else 0)
     times = sample_times(cluster.start, cluster.start + cluster.duration, STEP)
     targets = [f"{h}/{r}" if r else h for h in sorted(set(cluster.gpus.hostname)) for r in replicas or ("",)]
     stamps = [scrape_times(t, times, jittered.scrape_jitter_ms) for t in targets]
