@@ -722,9 +722,9 @@ def _interleaved(local: np.ndarray, ts: np.ndarray, copies: np.ndarray, keep: np
     ``_dedupe``'s; interleaved ones alternate a short and a long gap, the short one below ``INTERLEAVED`` of the
     long one (the median pair, of ``MIN_PAIRS`` at least). Such a series' interval is the median time ``k``
     samples span (``k`` replicas); each sample counts whole intervals from the series' first, rounded, and the
-    first sample of each counts (Thanos' deduplication keeps one replica's samples too; a gap in one replica is
-    filled by the other's). Replicas half an interval apart look like one target scraped twice as often and
-    are left so: their rows are all observed."""
+    one nearest the interval's nominal time counts: the first sample's replica, the other filling its gaps
+    (Thanos' deduplication sticks to one replica too). Replicas half an interval apart look like one target
+    scraped twice as often and are left so: their rows are all observed."""
     idx = np.flatnonzero(copies[local] >= 2)
     if len(idx) < 3:
         return None
@@ -759,10 +759,16 @@ def _interleaved(local: np.ndarray, ts: np.ndarray, copies: np.ndarray, keep: np
     s, t, idx = s[inside], t[inside], idx[inside]
     first = np.concatenate(([True], s[1:] != s[:-1]))
     origin = t[np.flatnonzero(first)][np.cumsum(first) - 1]
-    slot = np.floor((t - origin) / width.reindex(s).to_numpy() + 0.5)
-    new = first | np.concatenate(([True], slot[1:] != slot[:-1]))
+    steps = (t - origin) / width.reindex(s).to_numpy()
+    slot = np.floor(steps + 0.5)
+    # In each interval the sample nearest its nominal time: the first sample's replica whenever it has one
+    # there, the other only in its gaps (the first one's in a slot, a replica scraping later than half an
+    # interval after it put each of its samples an interval late: a node a row behind its peers).
+    order = np.lexsort((np.abs(steps - slot), slot, s))
+    s_o, slot_o = s[order], slot[order]
+    new = np.concatenate(([True], (s_o[1:] != s_o[:-1]) | (slot_o[1:] != slot_o[:-1])))
     out = np.ones(len(local), dtype=bool)
-    out[idx[~new]] = False
+    out[idx[order[~new]]] = False
     return out if not out.all() else None
 
 
