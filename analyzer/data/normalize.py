@@ -205,7 +205,7 @@ class _Grid:
         self.start, self.step, self.T, self.spacing = start, step, T, spacing
         self.times = start + step * np.arange(T, dtype=np.float64)
         #: Samples come about once a step or less often: each timeline's rows count whole steps from its
-        #: first sample (``_anchored``), so scrape jitter never moves a sample into its neighbour's row.
+        #: first sample (``rows``), so scrape jitter never moves a sample into its neighbour's row.
         self.anchored = spacing >= step * (1.0 - HOLD_TOLERANCE)
 
     def row(self, ts: np.ndarray) -> np.ndarray:
@@ -217,9 +217,10 @@ class _Grid:
         be = np.ceil((ts - self.start) / self.step - _EPS).astype(np.int64) - 1
         return np.where((be < 0) & (np.abs(ts - self.start) < _EPS * max(self.step, 1.0)), 0, be)
 
-    def anchored_rows(self, rows: np.ndarray, ts: np.ndarray, tl: np.ndarray) -> np.ndarray:
-        """``rows`` (``row`` or ``row_ending`` of ``ts``) as each timeline's first sample's row plus the whole
-        steps since it, rounded (samples sorted by timeline and time; a timeline is never split between picks).
+    def rows(self, ts: np.ndarray, tl: np.ndarray, ending: bool = False) -> np.ndarray:
+        """``row`` (or ``row_ending``) of each time; where the grid is ``anchored``, each timeline's first sample's
+        row plus the whole steps since it, rounded (samples sorted by timeline and time; a timeline is never split
+        between picks).
 
         Why: a scrape target's samples sit at its own phase in the step, each a few ms early or late (more for
         agents that do not align timestamps); a target whose phase is at a row boundary (the first sample of
@@ -228,12 +229,18 @@ class _Grid:
         a gap the detectors bridge. Counting steps is right up to half a step of jitter. A sample the rounding
         puts past the grid's last row while it lies in it stays in that row."""
         if not self.anchored or not len(ts):
-            return rows
+            return self.row_ending(ts) if ending else self.row(ts)
+        u = (ts - self.start) / self.step
         heads = np.flatnonzero(np.concatenate(([True], tl[1:] != tl[:-1])))
-        first = np.repeat(heads, np.diff(np.append(heads, len(ts))))
-        steps = np.floor((ts - ts[first]) / self.step + 0.5).astype(np.int64)
-        out = rows[first] + steps
-        return np.where((out >= self.T) & (rows < self.T), self.T - 1, out)
+        u0 = u[heads]
+        base = self.row_ending(ts[heads]) if ending else np.floor(u0 + _EPS)
+        # base + round(u - u0), base an integer
+        out = np.floor(u + np.repeat(base - u0, np.diff(np.append(heads, len(ts)))) + 0.5).astype(np.int64)
+        over = np.flatnonzero(out >= self.T)
+        if len(over):
+            inside = (self.row_ending(ts[over]) if ending else self.row(ts[over])) < self.T
+            out[over[inside]] = self.T - 1
+        return out
 
 
 @dataclass
@@ -255,11 +262,11 @@ class _Picked:
 
     @cached_property
     def bf(self) -> np.ndarray:
-        return self.grid.anchored_rows(self.grid.row(self.ts), self.ts, self.tl)
+        return self.grid.rows(self.ts, self.tl)
 
     @cached_property
     def be(self) -> np.ndarray:
-        return self.grid.anchored_rows(self.grid.row_ending(self.ts), self.ts, self.tl)
+        return self.grid.rows(self.ts, self.tl, ending=True)
 
 
 class _Input:
