@@ -451,8 +451,7 @@ class _Input:
                 step = SNAPSHOT_STEP
                 notes.append(f"one sample time only: step set to {SNAPSHOT_STEP:g} s (rates from counters unknown)")
             else:  # scrape intervals are whole seconds: jitter the median kept is not part of it
-                whole = round(spacing)
-                step = float(whole) if whole >= 1 and abs(spacing - whole) <= HOLD_TOLERANCE * spacing else spacing
+                step = float(_snap(np.float64(spacing), 1.0))
         step = float(step)
         if not math.isfinite(step) or step <= 0:
             raise BudgetError(f"step must be a positive number of seconds, not {step!r}")
@@ -525,6 +524,13 @@ _SHARE_NAMES = frozenset({S.MEMORY_USED.name, *(n for f in S.MEMORY_USED.dcgm fo
 
 def _blank(n: int) -> np.ndarray:
     return np.full(n, "", dtype=object)
+
+
+def _snap(spacing: np.ndarray, unit: float) -> np.ndarray:
+    """Sample spacings within ``HOLD_TOLERANCE`` of a whole number (>= 1) of ``unit`` as that multiple: a scrape
+    interval with its timestamps' jitter taken out."""
+    k = np.round(spacing / unit)
+    return np.where((k >= 1) & (np.abs(spacing - k * unit) <= HOLD_TOLERANCE * spacing), k * unit, spacing)
 
 
 def _median(values: list[np.ndarray], counts: list[np.ndarray]) -> float:
@@ -650,10 +656,7 @@ class _State:
             spacing[med.index.to_numpy(dtype=np.int64)] = med.to_numpy(dtype=np.float64)
         # A median gap within the tolerance of whole steps is that many steps: scrape jitter, not a slower
         # scrape job (14.994 s on a 15 s grid read as 0.04 % of every row unobserved).
-        steps = np.round(spacing / self.g.step)
-        snap = (steps >= 1) & (np.abs(spacing - steps * self.g.step) <= HOLD_TOLERANCE * spacing)
-        spacing = np.where(snap, steps * self.g.step, spacing)
-        return samples, series, spacing
+        return samples, series, _snap(spacing, self.g.step)
 
     @property
     def src_spacing(self) -> np.ndarray:

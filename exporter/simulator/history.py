@@ -101,7 +101,8 @@ def _header(family: Family) -> str:
 
 def write_openmetrics(out: TextIO, series: Iterable[SeriesItem], times: np.ndarray, *,
                       repeat_every: int = 0,
-                      stamp: Callable[[Mapping[str, str]], np.ndarray | None] | None = None) -> WriteStats:
+                      stamp: Callable[[Mapping[str, str]], tuple[np.ndarray, list[str]] | None] | None = None
+                      ) -> WriteStats:
     """Stream ``(family, labels, values)`` series, values aligned with ``times``, to ``out``.
 
     Series must arrive grouped by family (promtool rejects interleaved families); a family
@@ -109,7 +110,7 @@ def write_openmetrics(out: TextIO, series: Iterable[SeriesItem], times: np.ndarr
     left out entirely. Writes the closing ``# EOF``. ``repeat_every`` k > 0 writes every
     k-th sample of each series twice (same series, time and value: a repeated sample).
     ``stamp(labels)``: the times a series is stamped with instead (its target's scrapes'; values stay
-    those of ``times``), or None for ``times``; one array per target (its timestamps are formatted once).
+    those of ``times``) and their ``_timestamp_suffixes``, or None for ``times``.
     """
     times = np.asarray(times, dtype=np.float64)
     if times.ndim != 1:
@@ -117,7 +118,6 @@ def write_openmetrics(out: TextIO, series: Iterable[SeriesItem], times: np.ndarr
     if times.size > 1 and not np.all(np.diff(times) > 0):
         raise ValueError("times must be strictly increasing")
     suffixes = _timestamp_suffixes(times)
-    stamped: dict[int, list[str]] = {}
     stats = WriteStats()
     done: set[str] = set()
     current: str | None = None
@@ -146,12 +146,8 @@ def write_openmetrics(out: TextIO, series: Iterable[SeriesItem], times: np.ndarr
             stats.families += 1
         sample_name = name + "_total" if family.type == "counter" else name
         prefix = sample_name + format_labels(labels) + " "
-        at, sufs_all = times, suffixes
         own = stamp(labels) if stamp is not None else None
-        if own is not None:
-            if id(own) not in stamped:
-                stamped[id(own)] = _timestamp_suffixes(own)
-            at, sufs_all = own, stamped[id(own)]
+        at, sufs_all = own if own is not None else (times, suffixes)
         if idx.size == values.size:
             vals, sufs = values.tolist(), sufs_all
         else:
@@ -322,19 +318,20 @@ def write_history(
                                  stamp=_scrapes(times, mess) if mess and mess.scrape_jitter_ms > 0 else None)
 
 
-def _scrapes(times: np.ndarray, mess: Mess) -> Callable[[Mapping[str, str]], np.ndarray | None]:
+def _scrapes(times: np.ndarray, mess: Mess) -> Callable[[Mapping[str, str]], tuple[np.ndarray, list[str]] | None]:
     """``write_openmetrics``'s ``stamp``: each node's scrapes (``scrape_times``), per HA replica (each replica
-    scrapes the node at its own phase); series without a node keep the sample times."""
-    known: dict[str, np.ndarray] = {}
+    scrapes the node at its own phase), formatted once per target; series without a node keep the sample times."""
+    known: dict[str, tuple[np.ndarray, list[str]]] = {}
 
-    def stamp(labels: Mapping[str, str]) -> np.ndarray | None:
+    def stamp(labels: Mapping[str, str]) -> tuple[np.ndarray, list[str]] | None:
         host = labels.get("hostname") or labels.get("Hostname")
         if not host:
             return None
         replica = labels.get(mess.replica_label)
         target = f"{host}/{replica}" if replica else host
         if target not in known:
-            known[target] = scrape_times(target, times, mess.scrape_jitter_ms)
+            at = scrape_times(target, times, mess.scrape_jitter_ms)
+            known[target] = at, _timestamp_suffixes(at)
         return known[target]
 
     return stamp

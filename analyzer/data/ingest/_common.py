@@ -65,7 +65,7 @@ class IngestReport:
     duplicates: dict[str, int] = field(default_factory=dict)
     #: HA replica label -> the replica values merged (REPLICA_LABELS).
     replicas: dict[str, set[str]] = field(default_factory=dict)
-    #: Samples of HA replicas that scraped at their own times: all but the first of each scrape interval dropped.
+    #: Samples of HA replicas that scraped at their own times: all but one per scrape interval dropped.
     replica_samples: int = 0
     warnings: list[str] = field(default_factory=list)
     #: ``# TYPE`` declarations seen in files (family name -> type).
@@ -527,8 +527,8 @@ class FrameBuilder:
         sizes = np.bincount(rank[group], minlength=len(group_order))
         local_of = np.full(space.group.n, -1, dtype=np.int32)
         copies = np.zeros(space.group.n, dtype=np.int64)  # per series, how many HA replicas it came from
-        for sid, sets in self._replicas_of.items():
-            copies[sid] = len(sets)
+        copies[np.fromiter(self._replicas_of, np.int64, len(self._replicas_of))] = np.fromiter(
+            map(len, self._replicas_of.values()), np.int64, len(self._replicas_of))
         self._replicas_of = {}
         blocks, start, example = [], 0, None
         for g, size in zip(group_order.tolist(), sizes.tolist(), strict=True):
@@ -712,8 +712,8 @@ def _return_freed_memory() -> None:
 
 def _interleaved(local: np.ndarray, ts: np.ndarray, copies: np.ndarray, keep: np.ndarray | None) -> np.ndarray | None:
     """Keep mask of one metric's samples (sorted by series, time; ``keep``: those still kept) where series merged
-    from ``copies[local]`` >= 2 HA replicas hold each replica's own scrapes: the first sample of each scrape
-    interval, or None (nothing to drop).
+    from ``copies[local]`` >= 2 HA replicas hold each replica's own scrapes: one sample per scrape interval, or
+    None (nothing to drop).
 
     Two Prometheus replicas scrape a target independently, each at its own offset in the interval: merged, a
     series held samples 7 s and 53 s apart, its spacing read as 7 s and 3/4 of the GPU-hours as unknown.
