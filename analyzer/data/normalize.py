@@ -60,7 +60,7 @@ from analyzer.data.frame import (
     merged_accounting,
 )
 from analyzer.data.hosts import map_exporter_pods, node_zones, pod_info
-from analyzer.data.ingest import IngestReport, Samples
+from analyzer.data.ingest import IngestReport, Samples, one_per_interval
 from analyzer.data.ingest.samples import Block
 from analyzer.data.mig import with_uncarved
 from analyzer.data.signals import ALLOCATION_COLUMNS, SIGNALS, Signal
@@ -86,6 +86,9 @@ HOLD_TOLERANCE = 0.01
 MIN_OWN_GAPS = 4
 #: Samples read at a time (a chunk ends where a timeline does, so it may hold more).
 _CHUNK = 1 << 18
+#: Labels Prometheus gives a scrape target: one GPU's series under two of them are the same telemetry twice
+#: (the exporter in two scrape jobs: a ServiceMonitor and a static config, a pod IP and a node name).
+TARGET_LABELS = ("job", "instance")
 
 
 def normalize(
@@ -308,6 +311,8 @@ class _Input:
             if samples.memo is not None:
                 samples.memo[_Input] = (key, {k: v for k, v in vars(self).items() if k not in before})
         self.ts_min = min(float(b.times.min()) for b in blocks)
+        #: (block offset, chunk) -> samples of a second scrape target dropped there (``_one_target``).
+        self.other_target_samples: dict[tuple[int, int], int] = {}
 
     def _per_series(self, samples: Samples, blocks: list[Block], pods: pd.DataFrame) -> None:
         """The series' tables: their labels, canonical labels, devices' keys, timelines, metric and dialect."""
@@ -328,10 +333,51 @@ class _Input:
         # a representative series per timeline (same metric, device and contract labels)
         self.tl_rep = np.zeros(self.n_tl, dtype=np.int64)
         self.tl_rep[self.tl_series[::-1]] = np.arange(self.n_series)[::-1]
+        self._targets()
         self.metric = table["metric"]
         self.dialect_of_series = np.array([D.dialect_of(m) or "" for m in self.metric], dtype=object)
         used = {d for d in self.dialect_of_series if d}
         self.dialect = "mixed" if len(used) > 1 else (used.pop() if used else "truegpu")
+
+    def _targets(self) -> None:
+        """``series_target``: each series' scrape target (TARGET_LABELS, a code); ``tl_copies``: how many targets a
+        telemetry timeline's series came from, or None where every one has one. Info series are left alone: in
+        data from before the workload label's rename ``job`` names the workload, two of them on a shared GPU."""
+        names = [k for k in TARGET_LABELS if k in self.table and k != self.job_label]
+        code = np.zeros(self.n_series, dtype=np.int64)
+        for k in names:
+            c, uniq = pd.factorize(self.table[k])
+            code = code * (len(uniq) + 1) + c
+        self.series_target = code
+        self.tl_copies = None
+        telemetry = ~np.isin(self.table["metric"], list(_INFO_NAMES))
+        if names and telemetry.any():
+            pairs = np.unique(self.tl_series[telemetry].astype(np.int64) * (int(code.max()) + 1) + code[telemetry])
+            copies = np.bincount(pairs // (int(code.max()) + 1), minlength=self.n_tl)
+            if (copies >= 2).any():
+                self.tl_copies = copies
+
+    def _one_target(self, sid: np.ndarray, tls: np.ndarray, ts: np.ndarray) -> np.ndarray | None:
+        """Keep mask of a chunk's samples (sorted by timeline, time) with one copy of a GPU scraped by two targets,
+        or None (nothing to drop). Copies at one instant (a Prometheus answer's steps): the lowest target's. Each
+        target at its own phase (a file of raw scrapes): one sample per scrape interval (``one_per_interval``, the
+        interval a target's own spacing), or the step read as the phases' distance, rates from a counter's
+        stale copy alternated 0 and twice the rate, and a growing ECC storm was lost."""
+        multi = self.tl_copies[tls] >= 2
+        if not multi.any():
+            return None
+        ms = np.rint(ts * 1000.0)
+        head = np.concatenate(([True], (tls[1:] != tls[:-1]) | (ms[1:] != ms[:-1])))
+        group = np.cumsum(head) - 1
+        target = self.series_target[sid]
+        keep = ~multi | (target == np.minimum.reduceat(target, np.flatnonzero(head))[group])
+        at = np.flatnonzero(keep & multi)
+        s, t, g = tls[at], ts[at], target[at]
+        by_target = np.lexsort((t, g, s))
+        same = (s[by_target][1:] == s[by_target][:-1]) & (g[by_target][1:] == g[by_target][:-1])
+        spacing = pd.Series(np.diff(t[by_target])[same]).groupby(s[by_target][1:][same]).median()
+        keep[at] = one_per_interval(s, t, spacing.reindex(s).to_numpy())
+        return None if keep.all() else keep
 
     def picks(self, series_mask: np.ndarray, *, known: bool = True) -> Iterator[_Picked]:
         """The samples of the series in ``series_mask`` sorted by (timeline, time), a metric at a time in
@@ -367,6 +413,10 @@ class _Input:
                 if merged and (tl[j0 + 1:j1] == tl[j0:j1 - 1]).any():
                     order = np.lexsort((ts, tls))
                     sid, ts, val, tls = sid[order], ts[order], val[order], tls[order]
+                    one = self._one_target(sid, tls, ts) if self.tl_copies is not None else None
+                    if one is not None:
+                        self.other_target_samples[(off, j0)] = int(np.count_nonzero(~one))
+                        sid, ts, val, tls = sid[one], ts[one], val[one], tls[one]
                 if known:
                     ok = ~np.isnan(val)
                     if not ok.all():
@@ -435,6 +485,7 @@ class _Input:
         if not telemetry.any():
             telemetry[:] = True
         spacings, counts = [], []
+        self.other_target_samples.clear()
         for p in self.picks(telemetry, known=False):
             d = np.diff(p.ts)
             d = d[(p.tl[1:] == p.tl[:-1]) & (d > 0)]
@@ -446,6 +497,9 @@ class _Input:
                 spacings.append(vc.index.to_numpy(dtype=np.float64))
                 counts.append(vc.to_numpy())
         spacing = _median(spacings, counts)
+        if self.other_target_samples:
+            notes.append(f"{sum(self.other_target_samples.values())} samples of GPUs scraped by more than one target "
+                         f"({'/'.join(TARGET_LABELS)}) dropped: one copy per scrape interval, not twice the counters")
         if step is None:
             if math.isnan(spacing):
                 step = SNAPSHOT_STEP

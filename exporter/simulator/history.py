@@ -10,7 +10,8 @@ the family name) per family, every series of a family contiguous, counter sample
 ``Mess`` (``write_history(..., mess=Mess(...))``) writes the ingestion mess real fleets
 have, so detectors can be judged on it: whole-node scrape gaps, exporter restarts that
 reset the exporter's counters, repeated samples, an HA Prometheus pair (every series once
-per replica, told apart by a replica label), and pods restarted under new names.
+per replica, told apart by a replica label), exporters in two scrape jobs (``job``/``instance``
+apart), targets scraped at their own phases with jitter, and pods restarted under new names.
 
 Formatting is the hot path (millions of lines for a day of a fleet): the timestamp
 strings are built once per file, each series' label set once, and values are rendered
@@ -198,8 +199,11 @@ class Mess:
     - ``slow_scrapes``: ``(hostname, every)``: the node is scraped at every ``every``-th sample
       time only (its own scrape job with a longer interval: fleets mix them);
     - ``scrape_jitter_ms``: > 0: each node is scraped at its own phase in the step (Prometheus spreads
-      its targets over the interval; each HA replica at its own), each scrape up to this many ms early or
-      late (agents that do not align timestamps to the interval): every sample time moves, no value does.
+      its targets over the interval; each HA replica and scrape job at its own), each scrape up to this many
+      ms early or late (agents that do not align timestamps to the interval): every sample time moves, no
+      value does;
+    - ``scrape_jobs``: every series written once per scrape job, with Prometheus' target labels ``job`` =
+      the job's name and ``instance`` (the exporter scraped by two jobs: a ServiceMonitor and a static config).
     """
 
     node_gaps: tuple[tuple[str, float, float], ...] = ()
@@ -210,6 +214,7 @@ class Mess:
     pod_restarts: tuple[tuple[str, float], ...] = ()
     slow_scrapes: tuple[tuple[str, int], ...] = ()
     scrape_jitter_ms: float = 0.0
+    scrape_jobs: tuple[str, ...] = ()
 
 
 _SAFE = "bcdfghjklmnpqrstvwxz2456789"
@@ -274,11 +279,20 @@ def scrape_times(target: str, times: np.ndarray, jitter_ms: float) -> np.ndarray
     return np.round(times + (seed % 1_000_000) / 1e6 * step + rng.uniform(-jitter_ms, jitter_ms, len(times)) / 1e3, 3)
 
 
-def _replicated(series: Iterable[SeriesItem], mess: Mess) -> Iterator[SeriesItem]:
-    """Every series once per HA replica (consecutive, so each family stays contiguous)."""
+def _copied(series: Iterable[SeriesItem], mess: Mess) -> Iterator[SeriesItem]:
+    """Every series once per HA replica and scrape job (consecutive, so each family stays contiguous)."""
     for family, labels, values in series:
-        for name in mess.replicas:
-            yield family, {**labels, mess.replica_label: name}, values
+        host = labels.get("hostname") or labels.get("Hostname")
+        for name in mess.replicas or (None,):
+            for job in mess.scrape_jobs or (None,):
+                copy = dict(labels)
+                if name is not None:
+                    copy[mess.replica_label] = name
+                if job is not None:
+                    copy["job"] = job
+                    if host:
+                        copy["instance"] = f"{host}:9400"
+                yield family, copy, values
 
 
 def write_history(
@@ -311,24 +325,23 @@ def write_history(
         raise ValueError(f"unknown dialect {dialect!r} (truegpu or dcgm)")
     if mess is not None and mess.slow_scrapes:
         series = _slow_scraped(series, times, mess)
-    if mess is not None and mess.replicas:
-        series = _replicated(series, mess)
+    if mess is not None and (mess.replicas or mess.scrape_jobs):
+        series = _copied(series, mess)
     with open_text(path) as out:
         return write_openmetrics(out, series, times, repeat_every=mess.repeat_every if mess else 0,
                                  stamp=_scrapes(times, mess) if mess and mess.scrape_jitter_ms > 0 else None)
 
 
 def _scrapes(times: np.ndarray, mess: Mess) -> Callable[[Mapping[str, str]], tuple[np.ndarray, list[str]] | None]:
-    """``write_openmetrics``'s ``stamp``: each node's scrapes (``scrape_times``), per HA replica (each replica
-    scrapes the node at its own phase), formatted once per target; series without a node keep the sample times."""
+    """``write_openmetrics``'s ``stamp``: each node's scrapes (``scrape_times``), per HA replica and scrape job
+    (each scrapes the node at its own phase), formatted once per target; series without a node keep the sample times."""
     known: dict[str, tuple[np.ndarray, list[str]]] = {}
 
     def stamp(labels: Mapping[str, str]) -> tuple[np.ndarray, list[str]] | None:
         host = labels.get("hostname") or labels.get("Hostname")
         if not host:
             return None
-        replica = labels.get(mess.replica_label)
-        target = f"{host}/{replica}" if replica else host
+        target = "/".join([host, *(labels[k] for k in (mess.replica_label, "job") if labels.get(k))])
         if target not in known:
             at = scrape_times(target, times, mess.scrape_jitter_ms)
             known[target] = at, _timestamp_suffixes(at)

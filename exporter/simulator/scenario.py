@@ -357,7 +357,8 @@ def _check_straggler(ctx: _Ctx, key: str, kind: str, params: dict[str, float]) -
 
 
 _TOP_KEYS = ("name", "description", "seed", "duration", "start", "topology", "workloads", "fill", "faults", "mess")
-_MESS_KEYS = ("node_gaps", "exporter_restarts", "repeat_every", "replicas", "slow_scrapes", "scrape_jitter_ms")
+_MESS_KEYS = ("node_gaps", "exporter_restarts", "repeat_every", "replicas", "slow_scrapes", "scrape_jitter_ms",
+              "scrape_jobs")
 _OVERRIDES = ("duration", "seed", "start", "sites", "racks", "racks_per_site", "nodes_per_rack", "gpus_per_node",
               "model")
 
@@ -428,6 +429,7 @@ def _mess(ctx: _Ctx, raw: Any) -> dict[str, Any]:
           replicas: [prom-a, prom-b]                                   # an HA pair, not deduplicated
           slow_scrapes: [{host: dc1-r2-n01, every: 4}]                 # scraped at every 4th sample time
           scrape_jitter_ms: 5                                          # each node at its own phase, +-5 ms
+          scrape_jobs: [gpu-metrics, dcgm-exporter]                    # every exporter in two scrape jobs
     """
     m = ctx.mapping(raw, "mess", _MESS_KEYS)
     out: dict[str, Any] = {}
@@ -448,8 +450,9 @@ def _mess(ctx: _Ctx, raw: Any) -> dict[str, Any]:
         out["repeat_every"] = ctx.int_(m["repeat_every"], "mess.repeat_every", 2)
     if "scrape_jitter_ms" in m:
         out["scrape_jitter_ms"] = ctx.num(m["scrape_jitter_ms"], "mess.scrape_jitter_ms", 0.0, 10_000.0)
-    if "replicas" in m:
-        out["replicas"] = ctx.str_list(m["replicas"], "mess.replicas")
+    for key in ("replicas", "scrape_jobs"):
+        if key in m:
+            out[key] = ctx.str_list(m[key], f"mess.{key}")
     return {k: tuple(v) if isinstance(v, list) else v for k, v in out.items()}
 
 

@@ -16,6 +16,7 @@ from analyzer.data.ingest._common import (
     LabelSets,
     MetricFilter,
     metric_filter,
+    one_per_interval,
 )
 from analyzer.data.ingest.openmetrics import read_openmetrics
 from analyzer.data.ingest.prometheus import (
@@ -39,6 +40,7 @@ __all__ = [
     "Samples",
     "aggregate_query",
     "metric_filter",
+    "one_per_interval",
     "promql_string",
     "query_prometheus",
     "read_openmetrics",

@@ -757,19 +757,27 @@ def _interleaved(local: np.ndarray, ts: np.ndarray, copies: np.ndarray, keep: np
     width = pd.Series(interval[pick], index=med.index[pick])
     inside = np.isin(s, width.index.to_numpy())
     s, t, idx = s[inside], t[inside], idx[inside]
+    out = np.ones(len(local), dtype=bool)
+    out[idx] = one_per_interval(s, t, width.reindex(s).to_numpy())
+    return out if not out.all() else None
+
+
+def one_per_interval(s: np.ndarray, t: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """Keep mask of samples (sorted by series ``s``, time ``t``) of copies scraped at their own times: per series,
+    the one sample nearest each interval's nominal time (whole ``width``s from the series' first sample, rounded).
+    That is the first sample's copy whenever it has one there, the other only in its gaps: keeping the first
+    in each interval instead put a copy scraping over half an interval later an interval late (a node a row
+    behind its peers). A NaN width keeps every sample of its series."""
     first = np.concatenate(([True], s[1:] != s[:-1]))
     origin = t[np.flatnonzero(first)][np.cumsum(first) - 1]
-    steps = (t - origin) / width.reindex(s).to_numpy()
+    steps = (t - origin) / width
     slot = np.floor(steps + 0.5)
-    # In each interval the sample nearest its nominal time: the first sample's replica whenever it has one
-    # there, the other only in its gaps (the first one's in a slot, a replica scraping later than half an
-    # interval after it put each of its samples an interval late: a node a row behind its peers).
     order = np.lexsort((np.abs(steps - slot), slot, s))
     s_o, slot_o = s[order], slot[order]
     new = np.concatenate(([True], (s_o[1:] != s_o[:-1]) | (slot_o[1:] != slot_o[:-1])))
-    out = np.ones(len(local), dtype=bool)
-    out[idx[order[~new]]] = False
-    return out if not out.all() else None
+    keep = np.ones(len(s), dtype=bool)
+    keep[order[~new]] = False
+    return keep | np.isnan(width)
 
 
 def _repeats(local: np.ndarray, ts: np.ndarray) -> bool:

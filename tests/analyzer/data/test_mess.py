@@ -19,7 +19,7 @@ from analyzer.data.normalize import normalize
 from analyzer.detectors.idle_allocated import IdleAllocated
 from analyzer.detectors.idle_masking import IdleMasking
 from analyzer.detectors.topology import Topology
-from analyzer.findings import IDLE_ALLOCATED, IDLE_MASKING, TOPOLOGY, Finding
+from analyzer.findings import GPU_FAULT, IDLE_ALLOCATED, IDLE_MASKING, TOPOLOGY, Finding
 from analyzer.pipeline import analyze
 from exporter.simulator.dcgm_dialect import DcgmOptions
 from exporter.simulator.history import Mess, renamed_pod, sample_times, scrape_times, write_history
@@ -167,6 +167,28 @@ def test_one_gpu_scraped_by_two_jobs_is_one_device(tmp_path: Path) -> None:
     assert "scraped under more than one instance" in " ".join(fleet.notes)
 
 
+def test_counter_copies_of_two_scrape_jobs_at_one_instant_rate_as_one(tmp_path: Path) -> None:
+    """A Prometheus answer puts both scrape jobs' copies of a counter at each step, each the value of its own
+    last scrape: the job scraped 10 s earlier lags. Its copy must not enter the rate (interleaved by series
+    order, every step counted the lag once more: 500 errors a minute read as 584)."""
+    lines = ["# TYPE truegpu_ecc_errors counter"]
+    for job, lag in (("gpu-a", 0), ("gpu-b", 84)):  # 8.4 errors/s x 10 s behind
+        for t in range(10):
+            lines.append(f'truegpu_ecc_errors_total{{hostname="n1",gpu="0",uuid="GPU-1",type="correctable",'
+                         f'scope="volatile",job="{job}",instance="n1:9400"}} {500 * t - lag * (t > 0)} '
+                         f'{1_700_000_000 + 60 * t}')
+    lines += ["# TYPE truegpu_gpu_utilization_ratio gauge"] + [
+        f'truegpu_gpu_utilization_ratio{{hostname="n1",gpu="0",uuid="GPU-1",job="{job}",instance="n1:9400"}} 0.5 '
+        f'{1_700_000_000 + 60 * t}' for job in ("gpu-a", "gpu-b") for t in range(10)] + ["# EOF"]
+    path = tmp_path / "lagging.om"
+    path.write_text("\n".join(lines) + "\n")
+    frame, report = read_openmetrics(path)
+    fleet = normalize(frame, step=60.0, report=report)
+    rate = fleet.frame["ecc_correctable_rate"].to_numpy()
+    assert rate[:-1] == pytest.approx(np.full(9, 500 / 60.0)) and np.isnan(rate[-1])  # a row: the minute after
+    assert "samples of GPUs scraped by more than one target" in " ".join(fleet.notes)
+
+
 def test_dcgm_pods_get_workloads_from_owners_not_prefixes(tmp_path: Path) -> None:
     """StatefulSet pods ``tensorflow-0..3`` are one workload ``tensorflow``; a pod with a training operator's
     label (dcgm-exporter --kubernetes-enable-pod-labels, sanitized) is named by it; ``llama-3`` alone stays."""
@@ -235,3 +257,31 @@ def test_nodes_scraped_at_their_own_phase_with_jitter_keep_every_gpu_hour(tmp_pa
     assert [who(f) for f in got.findings] == [who(f) for f in want.findings]
     for a, b in zip(got.findings, want.findings, strict=True):  # each node's rows start at its first scrape
         assert abs(a.start - b.start) < STEP, who(a)
+
+
+@pytest.mark.parametrize("dialect", ["truegpu", "dcgm"])
+@pytest.mark.parametrize("jitter_ms", [0.0, 5.0], ids=["same-instants", "own-phases"])
+def test_every_gpu_scraped_by_two_jobs_counts_once_with_its_counters(tmp_path: Path, dialect: str,
+                                                                      jitter_ms: float) -> None:
+    """Every exporter in two scrape jobs (series told apart by ``job`` and ``instance`` only), at the same
+    instants (a Prometheus answer's steps) or each job at its own phase (raw scrapes): one GPU, one copy per
+    scrape interval. Merged at their own phases, the step read as the jobs' distance, a counter's stale copy
+    gave rates alternating 0 and twice the rate, and a growing correctable-ECC storm was lost."""
+    cluster = Cluster(load_scenario("error-storms"))
+    clean = history(tmp_path, cluster, Mess(scrape_jitter_ms=jitter_ms), dialect)
+    twice = history(tmp_path, cluster, Mess(scrape_jitter_ms=jitter_ms, scrape_jobs=("gpu-metrics", "dcgm")),
+                    dialect)
+    assert twice.step == STEP and len(twice.frame) == len(clean.frame)
+    assert observed_share(twice.frame).min() == 1.0
+    assert "samples of GPUs scraped by more than one target (job/instance) dropped" in " ".join(twice.notes)
+    want, got = analyze(clean), analyze(twice)
+    assert got.scores.partition.fleet == pytest.approx(want.scores.partition.fleet, rel=1e-9, abs=1e-9)
+    for col in ("ecc_correctable_rate", "nvlink_error_rate"):
+        assert np.allclose(twice.frame[col], clean.frame[col], rtol=1e-3, equal_nan=True), col  # jitter apart
+
+    def faults(result: object) -> list[tuple]:
+        return [(f.hostname, f.gpu, f.summary.split(" on GPU")[0].split(" at ")[0]) for f in result.findings
+                if f.kind == GPU_FAULT]
+
+    assert faults(got) == faults(want)
+    assert {s for *_, s in faults(want)} == {"correctable ECC errors", "NVLink errors"}
