@@ -137,11 +137,17 @@ def find_episodes(
     min_duration_s: float = 300.0,
     split_on: Sequence[str] = ("job",),
     max_unknown_s: float = MAX_UNKNOWN_S,
+    timer_unknown_s: float = 0.0,
 ) -> Episodes:
     """Merge per-row ``condition`` (True/False/NaN, aligned with ``fleet.frame``) into episodes.
 
     Unknown stretches up to ``max(max_unknown_steps x step, max_unknown_s)`` are bridged
-    (module docstring); ``max_unknown_s=0`` gives the step-count rule alone.
+    (module docstring); ``max_unknown_s=0`` gives the step-count rule alone. An episode is kept
+    when its known time plus at most ``timer_unknown_s`` of its unknown time within bridging reach
+    (gaps inside it, and unknown time joining it to the start or end of the data) reaches
+    ``min_duration_s``: a long timer (idle for 30 minutes) runs on through a scrape gap, where
+    known time alone restarted it (analyzed over serve's 30-minute window, a 2-minute gap anywhere
+    in it left 28 known minutes: the finding withdrawn for half an hour, then back under a new id).
 
     ``split_on`` columns are part of the device key, so an allocation change (another job
     on the GPU) ends one episode and starts another: each finding names one owner.
@@ -204,7 +210,16 @@ def find_episodes(
     # Known time: the span less its unknown steps (an open episode's unknown tail is not known either).
     evidence = (end - start) - unknown_steps * step
 
-    keep = evidence >= min_duration_s - 1e-6
+    # The timer's unknown time: bridged gaps, and unknown time joining the episode to either end of the data
+    # within bridging reach: an open episode's tail, and a head of unknown rows of its device (and owner) from
+    # the data's start (rows of no owner before it are another key: an allocation's start is no gap).
+    dev_first = np.searchsorted(d, d[first], side="left")
+    known_cum = np.concatenate(([0], np.cumsum(~np.isnan(c))))
+    head = np.where((dev_first < first) & (known_cum[first] == known_cum[dev_first])
+                    & (t[dev_first] - fleet.start < step) & (t[first] - t[dev_first] <= unknown_ok * step + 1e-6),
+                    t[first] - t[dev_first], 0.0)
+    tail = np.where(is_open, np.maximum(fleet.end - end, 0.0), 0.0)
+    keep = evidence + np.minimum(unknown_steps * step + head + tail, timer_unknown_s) >= min_duration_s - 1e-6
     first, last, start, end, is_open = first[keep], last[keep], start[keep], end[keep], is_open[keep]
     duration, true_steps, unknown_steps = duration[keep], true_steps[keep], unknown_steps[keep]
     evidence = evidence[keep]

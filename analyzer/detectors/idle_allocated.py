@@ -14,7 +14,9 @@ False). Thresholds (configurable fields):
   DRAM activity <= ``fallback_dram_max`` 0.05, confidence "low" (idle DRAM reads ~0.002;
   real kernels move memory). It cannot tell a spinning (hung) kernel from an idle GPU.
 - ``min_duration_s`` 1800 (30 min): shorter idle stretches are start-up, checkpointing or
-  a user between two runs; holding a GPU idle for half an hour is a decision to act on.
+  a user between two runs; holding a GPU idle for half an hour is a decision to act on. The
+  timer runs on through a bridged scrape gap (up to ``max_unknown_s`` of it counts; the gap's
+  hours stay unknown): serve analyzes 30 minutes, so a gap anywhere in them withdrew the finding.
 - A GPU that went idle because an XID killed its process is a fault (gpu_fault), not the
   owner's waste: an episode that starts within ``fault_window_s`` 600 s of an XID event
   on the same physical GPU is dropped, and so is one on a GPU that shows a row remap pending for
@@ -100,7 +102,7 @@ class IdleAllocated:
     def detect(self, fleet: Fleet) -> list[Finding]:
         cond, use_fb = self.condition(fleet)
         eps = find_episodes(fleet, cond, max_gap_steps=self.max_gap_steps, max_unknown_steps=self.max_unknown_steps,
-                            max_unknown_s=self.max_unknown_s,
+                            max_unknown_s=self.max_unknown_s, timer_unknown_s=self.max_unknown_s,
                             min_duration_s=self.min_duration_s)
         if not len(eps):
             return []

@@ -19,7 +19,7 @@ from analyzer.data.normalize import normalize
 from analyzer.detectors.idle_allocated import IdleAllocated
 from analyzer.detectors.idle_masking import IdleMasking
 from analyzer.detectors.topology import Topology
-from analyzer.findings import GPU_FAULT, IDLE_ALLOCATED, IDLE_MASKING, TOPOLOGY, Finding
+from analyzer.findings import GPU_FAULT, IDLE_ALLOCATED, IDLE_MASKING, TOPOLOGY, Finding, IdMemory
 from analyzer.pipeline import analyze
 from exporter.simulator.dcgm_dialect import DcgmOptions
 from exporter.simulator.history import Mess, renamed_pod, sample_times, scrape_times, write_history
@@ -77,6 +77,23 @@ def test_a_whole_node_gap_inside_an_idle_episode_neither_splits_nor_restarts_it(
     for kind, det in ((IDLE_ALLOCATED, IdleAllocated()), (IDLE_MASKING, IdleMasking())):
         k = judged(messy, cluster, det, kind)
         assert (k["precision"], k["recall"], k["fragmented"]) == (1.0, 1.0, 0), kind
+
+
+def test_a_whole_node_gap_never_withdraws_an_idle_finding_in_serves_windows(messy: Fleet) -> None:
+    """Analyzed the way serve does (the last 30 minutes, every minute), the notebook's finding is shown from 30
+    minutes after its pod got the GPUs through the gap and beyond under one id: with known minutes alone counting
+    toward its 30, a gap anywhere in the window withdrew it for half an hour (the alert's 30-minute ``for:``
+    restarting each time). The minutes before the pod held the GPUs are no gap: never counted."""
+    ids, shown = IdMemory(1800.0), {}
+    due = messy.start + 1200.0 + 1800.0  # nb-alice holds its GPUs idle from 20 min
+    cuts = np.arange(due - 600.0, messy.start + 2100.0 + 240.0 + 1800.0 + 600.0, STEP)
+    assert cuts[0] < messy.start + 2100.0 + 1800.0 < cuts[-1]  # the gap enters and leaves the window
+    for cut in cuts:
+        found = [f for f in IdleAllocated().detect(messy.between(cut - 1800.0, cut)) if f.job == "nb-alice"]
+        ids.carry(found, cut)
+        shown[float(cut) - messy.start] = sorted(f.id for f in found)
+    assert {t: len(v) for t, v in shown.items()} == {t: 2 * (t >= due - messy.start) for t in shown}
+    assert len({i for v in shown.values() for i in v}) == 2  # one id per GPU throughout
 
 
 def test_repeated_samples_and_an_ha_pair_count_one_copy(clean: Fleet, messy: Fleet) -> None:
