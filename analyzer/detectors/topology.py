@@ -24,7 +24,9 @@ per-node truth of that job), open while the placement lasts. Problems (``evidenc
   NVLink exist in the fleet (otherwise there is nowhere better to go: not "without need").
   Without topology (dcgm-exporter), confidence "low": on a node with >= 2 GPUs of the job
   no member moves NVLink traffic (``nvlink_bps`` below ``nvlink_traffic_bps`` 1 GB/s, or
-  not reported) while some GPU of the fleet does (so the counter is collected and NVLink
+  not reported on that node at all: DCGM leaves the field blank on PCIe cards; reported there
+  but unknown while the job works, as at a rate's first sample after a scrape gap, is nothing
+  to judge) while some GPU of the fleet does (so the counter is collected and NVLink
   exists): a gang on NVLink moves 10-40 GB/s per GPU, so silence means PCIe-only GPUs (or
   NCCL P2P disabled: the same fix). Only samples with the member at work count (SM activity >=
   ``work_sm_min`` 0.1; where SM is not collected, as in dcgm-exporter's default counters, any
@@ -304,6 +306,9 @@ class Topology:
         at_work = act >= (self.work_sm_min if signal == "sm_active" else self.work_tensor_min)
         whole = whole.assign(nvl=nvl[whole["row"].to_numpy()])
         job_nvl = whole[at_work].groupby(["job", "hostname"])["nvl"].max()
+        # Not reported on a node at all: its GPUs have no NVLink (DCGM leaves the field blank on PCIe cards). Reported
+        # there but unknown while the job worked (a scrape gap, a rate's first sample after it): nothing to judge.
+        reported = set(fleet.frame["hostname"][np.isfinite(nvl)].astype(str).unique())
         bit = np.left_shift(1, whole["gpu"].to_numpy().astype(np.int64))
         own = (whole.assign(bit=bit).drop_duplicates(["job", "hostname", "timestamp", "gpu"])
                .groupby(["job", "hostname", "timestamp"])["bit"].sum().rename("own").reset_index())
@@ -324,7 +329,8 @@ class Topology:
             if has_nvlink and slow:
                 no_nv.append((job, host, mask))
             elif host not in host_gpus and nvlink_used and (job, host) in job_nvl.index \
-                    and not job_nvl.get((job, host), np.nan) >= self.nvlink_traffic_bps:
+                    and not job_nvl.get((job, host), np.nan) >= self.nvlink_traffic_bps \
+                    and (np.isfinite(job_nvl.get((job, host), np.nan)) or host not in reported):
                 no_nv.append((job, host, mask))  # no topology: silent NVLink while others talk over it
             groups = numa.get(host)
             k = _popcount(mask)

@@ -195,6 +195,14 @@ def test_without_topology_no_nvlink_comes_from_traffic_with_low_confidence() -> 
     (f,) = Topology().detect(fleet(no_sm(gang + ok)))
     assert (f.job, f.evidence["problem"]) == ("tp", "no_nvlink")
     assert Topology().detect(fleet(no_sm(hung + ok))) == []
+    # NVLink reported on the node (0 while the gang loads) but unknown while it works (a scrape gap: a rate has no
+    # value at its first sample after one, SM activity has): unknown, not silence (serve's window as a fine-tune
+    # began on an HGX node: "talks over PCIe").
+    half = STEPS // 2
+    starting = node("p1", "tp", "tp-worker-0", {
+        **{k: [0.0] * half + [v] * half for k, v in TRAIN.items()},
+        "nvlink_bps": [0.0] * half + [None] * half}, gpus=range(4))
+    assert Topology().detect(fleet(starting + ok)) == []
 
 
 def test_no_nvlink_anywhere_means_nowhere_better_to_go() -> None:
