@@ -218,7 +218,8 @@ def find_episodes(
     head = np.where((dev_first < first) & (known_cum[first] == known_cum[dev_first])
                     & (t[dev_first] - fleet.start < step) & (t[first] - t[dev_first] <= unknown_ok * step + 1e-6),
                     t[first] - t[dev_first], 0.0)
-    tail = np.where(is_open, np.maximum(fleet.end - end, 0.0), 0.0)
+    dev_last = np.searchsorted(d, d[last], side="right") - 1
+    tail = np.where(is_open, np.maximum(t[dev_last] + step - end, 0.0), 0.0)  # its unknown rows (not the cut's time)
     keep = evidence + np.minimum(unknown_steps * step + head + tail, timer_unknown_s) >= min_duration_s - 1e-6
     first, last, start, end, is_open = first[keep], last[keep], start[keep], end[keep], is_open[keep]
     duration, true_steps, unknown_steps = duration[keep], true_steps[keep], unknown_steps[keep]

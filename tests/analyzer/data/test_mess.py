@@ -79,20 +79,25 @@ def test_a_whole_node_gap_inside_an_idle_episode_neither_splits_nor_restarts_it(
         assert (k["precision"], k["recall"], k["fragmented"]) == (1.0, 1.0, 0), kind
 
 
-def test_a_whole_node_gap_never_withdraws_an_idle_finding_in_serves_windows(messy: Fleet) -> None:
+@pytest.mark.parametrize("phase", [0.0, 56.0])  # serve's cuts fall on its clock's minutes, the rows on the data's
+def test_a_whole_node_gap_never_withdraws_an_idle_finding_in_serves_windows(cluster: Cluster, tmp_path: Path,
+                                                                           phase: float) -> None:
     """Analyzed the way serve does (the last 30 minutes, every minute), the notebook's finding is shown from 30
-    minutes after its pod got the GPUs through the gap and beyond under one id: with known minutes alone counting
-    toward its 30, a gap anywhere in the window withdrew it for half an hour (the alert's 30-minute ``for:``
-    restarting each time). The minutes before the pod held the GPUs are no gap: never counted."""
+    minutes after its pod got the GPUs on, through node gaps before and after that, under one id: with known
+    minutes alone counting toward its 30, a gap anywhere in the window withdrew it for half an hour (the alert's
+    30-minute ``for:`` restarting each time), and a cut inside a gap withdrew it for the gap's length. The
+    minutes before the pod held the GPUs are no gap: never counted."""
+    gaps = ((NOTEBOOKS, 2100.0, 240.0), (NOTEBOOKS, 4000.0, 180.0))  # inside its first 30 minutes; after them
+    fleet = history(tmp_path, cluster, Mess(node_gaps=gaps))
     ids, shown = IdMemory(1800.0), {}
-    due = messy.start + 1200.0 + 1800.0  # nb-alice holds its GPUs idle from 20 min
-    cuts = np.arange(due - 600.0, messy.start + 2100.0 + 240.0 + 1800.0 + 600.0, STEP)
-    assert cuts[0] < messy.start + 2100.0 + 1800.0 < cuts[-1]  # the gap enters and leaves the window
-    for cut in cuts:
-        found = [f for f in IdleAllocated().detect(messy.between(cut - 1800.0, cut)) if f.job == "nb-alice"]
-        ids.carry(found, cut)
-        shown[float(cut) - messy.start] = sorted(f.id for f in found)
-    assert {t: len(v) for t, v in shown.items()} == {t: 2 * (t >= due - messy.start) for t in shown}
+    due = 1200.0 + 1800.0  # nb-alice holds its GPUs idle from 20 min
+    for cut in np.arange(due - 600.0, 4180.0 + 1800.0 + 300.0, STEP) + phase:
+        found = [f for f in IdleAllocated().detect(fleet.between(fleet.start + cut - 1800.0, fleet.start + cut))
+                 if f.job == "nb-alice"]
+        ids.carry(found, fleet.start + cut)
+        shown[float(cut)] = sorted(f.id for f in found)
+    # due once the window holds the row starting a step before (rows count whole)
+    assert {t: len(v) for t, v in shown.items()} == {t: 2 * (t > due - STEP) for t in shown}
     assert len({i for v in shown.values() for i in v}) == 2  # one id per GPU throughout
 
 
