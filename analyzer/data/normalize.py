@@ -344,14 +344,16 @@ class _Input:
         telemetry timeline's series came from, or None where every one has one. Info series are left alone: in
         data from before the workload label's rename ``job`` names the workload, two of them on a shared GPU."""
         names = [k for k in TARGET_LABELS if k in self.table and k != self.job_label]
-        code = np.zeros(self.n_series, dtype=np.int64)
+        self.series_target = code = np.zeros(self.n_series, dtype=np.int64)
+        self.tl_copies = None
+        if not names or self.n_tl == self.n_series:  # every timeline one series (the common case): no copies
+            return
         for k in names:
             c, uniq = pd.factorize(self.table[k])
             code = code * (len(uniq) + 1) + c
         self.series_target = code
-        self.tl_copies = None
         telemetry = ~np.isin(self.table["metric"], list(_INFO_NAMES))
-        if names and telemetry.any():
+        if telemetry.any():
             pairs = np.unique(self.tl_series[telemetry].astype(np.int64) * (int(code.max()) + 1) + code[telemetry])
             copies = np.bincount(pairs // (int(code.max()) + 1), minlength=self.n_tl)
             if (copies >= 2).any():
