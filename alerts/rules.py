@@ -915,8 +915,10 @@ def _finding(kind: str, **extra: str) -> str:
 
 def analyzer_findings(t: Timing) -> Group:
     """Alerts on the analyzer's open findings, one per kind the detector registry pages on
-    (analyzer.detectors: each detector's ``paging``): a fixed severity tickets (FinOps waste), the
-    finding's own severity pages what the analyzer calls critical, never a ticket."""
+    (analyzer.detectors: each detector's ``paging``): a fixed severity tickets (FinOps waste); else the
+    finding's own severity: what the analyzer calls critical pages, never a ticket, and what it calls
+    info (an early suspected straggler, a placement to review) is logged, never a ticket: as a warning,
+    a suspect held for the rule's ``for:`` ticketed the team though its finding never reached warning."""
     where = ("GPU {{ $labels.gpu }} on {{ $labels.hostname }} (workload {{ $labels.namespace }}/"
              "{{ $labels.workload }})")
     score = "score {{ $value | humanizePercentage }}"
@@ -931,8 +933,8 @@ def analyzer_findings(t: Timing) -> Group:
         if p.severity is not None:
             rules.append(Alert(expr=_finding(kind), severity=p.severity, **common))
         else:
-            rules += [Alert(expr=_finding(kind, severity=match), severity=severity, **common)
-                      for severity, match in (("critical", "critical"), ("warning", "!=critical"))]
+            rules += [Alert(expr=_finding(kind, severity=severity), severity=severity, **common)
+                      for severity in SEVERITIES]
     return Group(name="truegpu-findings", rules=tuple(rules))
 
 

@@ -919,50 +919,29 @@ def analyzer_waste_case() -> dict[str, Any]:
     ])
 
 
+#: The finding alerts that follow their finding's severity: (alert, kind, team, what the description says).
+SEVERITY_FOLLOWING = (
+    ("GpuStraggler", "straggler", "training", "is the straggler slowing its training gang"),
+    ("GpuDegraded", "degraded_gpu", "training", "runs degraded (power cap, PCIe or NVLink)"),
+    ("GpuFault", "gpu_fault", "training", "has a hardware fault (XID, ECC, NVLink, PCIe, lost GPU)"),
+    ("GpuThermal", "thermal", "sre", "runs hot or throttles for heat (GPU, node or rack)"),
+)
+#: Per severity, the GPU its finding sits on and its score.
+SEVERITY_GPUS = (("critical", 0, "0.9"), ("warning", 1, "0.5"), ("info", 2, "0.2"))
+
+
 def analyzer_severity_case() -> dict[str, Any]:
-    """GpuStraggler, GpuDegraded, GpuFault, GpuThermal: the finding's severity is the alert's."""
-    return case("GpuStraggler, GpuDegraded, GpuFault, GpuThermal: the finding's severity decides page or ticket", [
-        *open_finding(finding("straggler", "critical"), "1x20", "0.9"),
-        *open_finding(finding("straggler", "warning", 1), "1x20", "0.4"),
-        *open_finding(finding("degraded_gpu", "critical", 2), "1x20", "0.7"),
-        *open_finding(finding("degraded_gpu", "info", 3), "1x20", "0.2"),
-        *open_finding(finding("thermal", "critical", 4), "1x20", "0.9"),   # a critical thermal finding pages
-        *open_finding(finding("thermal", "warning", 6), "1x20", "0.5"),
-        *open_finding(finding("gpu_fault", "critical", 7), "1x20", "1"),
-        *open_finding(finding("gpu_fault", "warning", 8), "1x20", "0.6"),
+    """GpuStraggler, GpuDegraded, GpuFault, GpuThermal: the finding's severity is the alert's (critical pages,
+    warning tickets, info, an early suspect, is logged), and a blip shorter than ``for:`` raises nothing."""
+    return case("GpuStraggler, GpuDegraded, GpuFault, GpuThermal: the finding's severity decides page, ticket or log", [
+        *(s for _, kind, _, _ in SEVERITY_FOLLOWING for sev, n, score in SEVERITY_GPUS
+          for s in open_finding(finding(kind, sev, n), "1x20", score)),
         *open_finding(finding("straggler", "critical", 5), "1x2 stale", "0.9"),  # a blip shorter than for:
-    ], alerts=[
-        check("4m", "GpuStraggler"),
-        check("10m", "GpuStraggler",
-              expect(finding_alert("straggler"), "critical", "training", annotations(
-                  "GpuStraggler", "Straggler: GPU 0 of node-1",
-                  f"{WHERE} is the straggler slowing its training gang (score 90%); see the analyzer's finding for "
-                  "the evidence.")),
-              expect(finding_alert("straggler", 1), "warning", "training", annotations(
-                  "GpuStraggler", "Straggler: GPU 1 of node-1",
-                  "GPU 1 on node-1 (workload ml/train) is the straggler slowing its training gang (score 40%); see the "
-                  "analyzer's finding for the evidence."))),
-        check("4m", "GpuDegraded"),
-        check("10m", "GpuDegraded",
-              expect(finding_alert("degraded_gpu", 2), "critical", "training", annotations(
-                  "GpuDegraded", "Degraded: GPU 2 of node-1",
-                  "GPU 2 on node-1 (workload ml/train) runs degraded (power cap, PCIe or NVLink) (score 70%); see the "
-                  "analyzer's finding for the evidence.")),
-              expect(finding_alert("degraded_gpu", 3), "warning", "training", annotations(
-                  "GpuDegraded", "Degraded: GPU 3 of node-1",
-                  "GPU 3 on node-1 (workload ml/train) runs degraded (power cap, PCIe or NVLink) (score 20%); see the "
-                  "analyzer's finding for the evidence."))),
-        *(c for alert, kind, team, what, cases in (
-            ("GpuThermal", "thermal", "sre", "runs hot or throttles for heat (GPU, node or rack)",
-             ((4, "critical", "90%"), (6, "warning", "50%"))),
-            ("GpuFault", "gpu_fault", "training", "has a hardware fault (XID, ECC, NVLink, PCIe, lost GPU)",
-             ((7, "critical", "100%"), (8, "warning", "60%"))),
-        ) for c in (check("4m", alert), check("10m", alert, *(
-            expect(finding_alert(kind, n), sev, team, annotations(
-                alert, f"{alert.removeprefix('Gpu')}: GPU {n} of node-1",
-                f"GPU {n} on node-1 (workload ml/train) {what} (score {pct}); see the analyzer's finding for the "
-                "evidence.")) for n, sev, pct in cases)))),
-    ])
+    ], alerts=[c for alert, kind, team, what in SEVERITY_FOLLOWING for c in (check("4m", alert), check("10m", alert, *(
+        expect(finding_alert(kind, n), sev, team, annotations(
+            alert, f"{alert.removeprefix('Gpu')}: GPU {n} of node-1",
+            f"GPU {n} on node-1 (workload ml/train) {what} (score {round(float(score) * 100)}%); see the analyzer's "
+            "finding for the evidence.")) for sev, n, score in SEVERITY_GPUS)))])
 
 
 def analyzer_health_case() -> dict[str, Any]:
