@@ -104,6 +104,14 @@ class Episodes:
         np.maximum.at(latest, self.member[pos], pos)
         return np.where(latest >= 0, v[np.maximum(latest, 0)], np.nan) if len(v) else np.full(len(self.table), np.nan)
 
+    def max(self, values: np.ndarray) -> np.ndarray:
+        """Per-episode maximum of ``values`` over every row of its span, NaN skipped (NaN when none)."""
+        v = np.asarray(values, dtype=np.float64)[self.order]
+        sel = (self.member >= 0) & ~np.isnan(v)
+        out = np.full(len(self.table), -np.inf)
+        np.maximum.at(out, self.member[sel], v[sel])
+        return np.where(np.isneginf(out), np.nan, out)
+
     def mean(self, values: np.ndarray, where: str = "true") -> np.ndarray:
         """Per-episode mean of ``values`` (one per frame row), NaN skipped.
 

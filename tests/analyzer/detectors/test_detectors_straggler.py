@@ -215,6 +215,19 @@ def test_intermittent_straggler_is_one_finding_with_its_duty_cycle() -> None:
                                  spells=(15, 4), same_clock=True)) == []
 
 
+def test_a_suspect_stays_between_spells_while_its_alarm_is_not_forgotten() -> None:
+    """Analyzed the way serve does (the last 30 minutes, every minute), an intermittent straggler's suspect
+    stays shown from its first spell through the next while the CUSUM that alarmed still holds evidence (it
+    decays over minutes); with "in alarm now" alone it was withdrawn after every spell (an API entry and an
+    alert that flap: 10 times for straggler-intermittent's 15 % member in the replay)."""
+    fl = gang_fleet(hosts=2, gpus=8, steps=120, slow={(0, 4): 1 / 1.17}, window=(20, 100), spells=(10, 3),
+                    same_clock=True)
+    shown = {k: [f.evidence["suspected"] for f in stragglers(fl.between(T0 + k * STEP - 1800.0, T0 + k * STEP))
+                 if (f.hostname, f.gpu) == ("n01", 4)] for k in range(21, 40)}
+    first = min(k for k, v in shown.items() if v)
+    assert first <= 24 and all(shown[k] == [True] for k in range(first, 40)), shown  # spells at 20, 30: one suspect
+
+
 def test_cusum_accumulates_holds_over_unknown_and_resets_when_not_at_work() -> None:
     from analyzer.detectors.stragglers import _alarm_runs, _cusum, _fill_gaps
 
