@@ -150,12 +150,9 @@ def find_episodes(
     """Merge per-row ``condition`` (True/False/NaN, aligned with ``fleet.frame``) into episodes.
 
     Unknown stretches up to ``max(max_unknown_steps x step, max_unknown_s)`` are bridged
-    (module docstring); ``max_unknown_s=0`` gives the step-count rule alone. An episode is kept
-    when its known time plus at most ``timer_unknown_s`` of its unknown time within bridging reach
-    (gaps inside it, and unknown time joining it to the start or end of the data) reaches
-    ``min_duration_s``: a long timer (idle for 30 minutes) runs on through a scrape gap, where
-    known time alone restarted it (analyzed over serve's 30-minute window, a 2-minute gap anywhere
-    in it left 28 known minutes: the finding withdrawn for half an hour, then back under a new id).
+    (module docstring); ``max_unknown_s=0`` gives the step-count rule alone. Kept: known time plus at
+    most ``timer_unknown_s`` of the unknown time in it or joining it to an end of the data (``_unknown_ends``)
+    reaching ``min_duration_s``, so a long timer runs on through a scrape gap (idle_allocated says why).
 
     ``split_on`` columns are part of the device key, so an allocation change (another job
     on the GPU) ends one episode and starts another: each finding names one owner.
@@ -218,17 +215,8 @@ def find_episodes(
     # Known time: the span less its unknown steps (an open episode's unknown tail is not known either).
     evidence = (end - start) - unknown_steps * step
 
-    # The timer's unknown time: bridged gaps, and unknown time joining the episode to either end of the data
-    # within bridging reach: an open episode's tail, and a head of unknown rows of its device (and owner) from
-    # the data's start (rows of no owner before it are another key: an allocation's start is no gap).
-    dev_first = np.searchsorted(d, d[first], side="left")
-    known_cum = np.concatenate(([0], np.cumsum(~np.isnan(c))))
-    head = np.where((dev_first < first) & (known_cum[first] == known_cum[dev_first])
-                    & (t[dev_first] - fleet.start < step) & (t[first] - t[dev_first] <= unknown_ok * step + 1e-6),
-                    t[first] - t[dev_first], 0.0)
-    dev_last = np.searchsorted(d, d[last], side="right") - 1
-    tail = np.where(is_open, np.maximum(t[dev_last] + step - end, 0.0), 0.0)  # its unknown rows (not the cut's time)
-    keep = evidence + np.minimum(unknown_steps * step + head + tail, timer_unknown_s) >= min_duration_s - 1e-6
+    unknown = unknown_steps * step + _unknown_ends(fleet, d, t, c, first, end, is_open, unknown_ok * step)
+    keep = evidence + np.minimum(unknown, timer_unknown_s) >= min_duration_s - 1e-6
     first, last, start, end, is_open = first[keep], last[keep], start[keep], end[keep], is_open[keep]
     duration, true_steps, unknown_steps = duration[keep], true_steps[keep], unknown_steps[keep]
     evidence = evidence[keep]
@@ -268,6 +256,22 @@ def find_episodes(
     if len(perm):
         member = np.where(member >= 0, rank[np.maximum(member, 0)], -1)
     return Episodes(table.iloc[perm].reset_index(drop=True), order, member, c)
+
+
+def _unknown_ends(fleet: Fleet, d: np.ndarray, t: np.ndarray, c: np.ndarray, first: np.ndarray, end: np.ndarray,
+                  is_open: np.ndarray, reach_s: float) -> np.ndarray:
+    """Per episode, unknown time joining it to either end of the data within bridging reach (``reach_s``): an open
+    episode's tail (its device's unknown rows after it, not the time to the cut: serve's cuts fall on its clock's
+    minutes, the rows on the data's), and a head of unknown rows of its device (and owner) from the data's start
+    (rows of no owner before it are another key: an allocation's start is no gap)."""
+    step = float(fleet.step)
+    dev_first = np.searchsorted(d, d[first], side="left")
+    known_cum = np.concatenate(([0], np.cumsum(~np.isnan(c))))
+    head = np.where((dev_first < first) & (known_cum[first] == known_cum[dev_first])
+                    & (t[dev_first] - fleet.start < step) & (t[first] - t[dev_first] <= reach_s + 1e-6),
+                    t[first] - t[dev_first], 0.0)
+    dev_last = np.searchsorted(d, d[first], side="right") - 1
+    return head + np.where(is_open, np.maximum(t[dev_last] + step - end, 0.0), 0.0)
 
 
 def _is_open(fleet: Fleet, keys: Sequence[str], order: np.ndarray, d: np.ndarray, t: np.ndarray,

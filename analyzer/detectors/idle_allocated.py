@@ -16,7 +16,8 @@ False). Thresholds (configurable fields):
 - ``min_duration_s`` 1800 (30 min): shorter idle stretches are start-up, checkpointing or
   a user between two runs; holding a GPU idle for half an hour is a decision to act on. The
   timer runs on through a bridged scrape gap (up to ``max_unknown_s`` of it counts; the gap's
-  hours stay unknown): serve analyzes 30 minutes, so a gap anywhere in them withdrew the finding.
+  hours stay unknown): serve analyzes 30 minutes, so a 2-minute gap anywhere in them left 28 known
+  minutes, withdrew the finding for half an hour and brought it back under a new id.
 - A GPU that went idle because an XID killed its process is a fault (gpu_fault), not the
   owner's waste: an episode that starts within ``fault_window_s`` 600 s of an XID event
   on the same physical GPU is dropped, and so is one on a GPU that shows a row remap pending for

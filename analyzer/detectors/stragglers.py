@@ -542,7 +542,7 @@ class Straggler:
         if not ep.open or v is None:
             return None
         # Early, only on strong evidence: a lower clock explaining the lead, a large slowdown, or the
-        # busiest member by the CUSUM of its clock-normalized lead, in alarm now (the peer relation itself).
+        # busiest member by a CUSUM that alarmed in this episode and has not forgotten it (the peer relation itself).
         clocked = v["compute"] >= 0.5 and v["clk_rel"] <= 1.0 - self.clock_drop
         silent = v["silent"] >= 0.5 and v["alarm_now"] > 0.0 and v["alarm_max"] >= 1.0
         return "suspected" if clocked or silent or self._slowdown(v) >= self.suspect_slowdown else None

@@ -16,7 +16,7 @@ from exporter.simulator.dcgm_dialect import DcgmOptions
 from exporter.simulator.history import (
     Mess,
     _contract_mess,
-    _replicated,
+    _copied,
     renamed_pod,
     sample_times,
     write_history,
@@ -190,7 +190,7 @@ def test_mess_gaps_restarts_renames_repeats_and_replicas():
     assert a1["pod"] == "api-7c9d4b8f5-x2k9q" and a2["pod"] == renamed_pod("api-7c9d4b8f5-x2k9q")
     assert a2["pod"].startswith("api-7c9d4b8f5-") and a2["pod"] != a1["pod"]
     assert np.isnan(v1[7:]).all() and np.isnan(v2[:7]).all() and not np.isnan(v1[[0, 1, 2, 3, 4, 6]]).any()
-    pair = list(_replicated(out[:1], Mess(replicas=("r0", "r1"))))
+    pair = list(_copied(out[:1], Mess(replicas=("r0", "r1"))))
     assert [lab["prometheus_replica"] for _, lab, _ in pair] == ["r0", "r1"]
     buf = io.StringIO()
     stats = write_openmetrics(buf, [(schema.GPU_UTILIZATION, GPU1, np.array([0.25, 0.75, 0.125]))], TIMES,

@@ -171,7 +171,7 @@ def test_a_new_detector_reaches_every_consumer_without_other_edits(toy_detector:
     enum = next(p for p in app.openapi()["paths"]["/api/findings"]["get"]["parameters"] if p["name"] == "kind")
     assert "toy" in json.dumps(enum["schema"])  # the API's kind enum
     alerts = [a for a in analyzer_file(Timing()).alerts() if a.alert == "GpuToy"]
-    assert [a.severity for a in alerts] == ["critical", "warning"] and 'kind="toy"' in alerts[0].expr
+    assert [a.severity for a in alerts] == ["critical", "warning", "info"] and 'kind="toy"' in alerts[0].expr
     assert "| `toy` | GpuToy | sre |" in render() and "`floor` = 0.0" in render()  # docs/findings.md
     settings = detector_settings(parse_site({"detectors": {"toy": {"floor": 0.5}}}))
     assert settings["toy"] == {"floor": 0.5}  # the site config's detectors section
