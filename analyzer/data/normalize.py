@@ -311,8 +311,8 @@ class _Input:
             if samples.memo is not None:
                 samples.memo[_Input] = (key, {k: v for k, v in vars(self).items() if k not in before})
         self.ts_min = min(float(b.times.min()) for b in blocks)
-        #: (block offset, chunk) -> samples of a second scrape target dropped there (``_one_target``).
-        self.other_target_samples: dict[tuple[int, int], int] = {}
+        #: Samples of a second scrape target ``picks`` dropped (``_one_target``; grid counts its one pass).
+        self.other_target_samples = 0
 
     def _per_series(self, samples: Samples, blocks: list[Block], pods: pd.DataFrame) -> None:
         """The series' tables: their labels, canonical labels, devices' keys, timelines, metric and dialect."""
@@ -353,11 +353,11 @@ class _Input:
             code = code * (len(uniq) + 1) + c
         self.series_target = code
         telemetry = ~np.isin(self.table["metric"], list(_INFO_NAMES))
-        if telemetry.any():
-            pairs = np.unique(self.tl_series[telemetry].astype(np.int64) * (int(code.max()) + 1) + code[telemetry])
-            copies = np.bincount(pairs // (int(code.max()) + 1), minlength=self.n_tl)
-            if (copies >= 2).any():
-                self.tl_copies = copies
+        width = int(code.max()) + 1
+        pairs = np.unique(self.tl_series[telemetry].astype(np.int64) * width + code[telemetry])
+        copies = np.bincount(pairs // width, minlength=self.n_tl)
+        if (copies >= 2).any():
+            self.tl_copies = copies
 
     def _one_target(self, sid: np.ndarray, tls: np.ndarray, ts: np.ndarray) -> np.ndarray | None:
         """Keep mask of a chunk's samples (sorted by timeline, time) with one copy of a GPU scraped by two targets,
@@ -417,7 +417,7 @@ class _Input:
                     sid, ts, val, tls = sid[order], ts[order], val[order], tls[order]
                     one = self._one_target(sid, tls, ts) if self.tl_copies is not None else None
                     if one is not None:
-                        self.other_target_samples[(off, j0)] = int(np.count_nonzero(~one))
+                        self.other_target_samples += int(np.count_nonzero(~one))
                         sid, ts, val, tls = sid[one], ts[one], val[one], tls[one]
                 if known:
                     ok = ~np.isnan(val)
@@ -487,7 +487,7 @@ class _Input:
         if not telemetry.any():
             telemetry[:] = True
         spacings, counts = [], []
-        self.other_target_samples.clear()
+        self.other_target_samples = 0
         for p in self.picks(telemetry, known=False):
             d = np.diff(p.ts)
             d = d[(p.tl[1:] == p.tl[:-1]) & (d > 0)]
@@ -500,7 +500,7 @@ class _Input:
                 counts.append(vc.to_numpy())
         spacing = _median(spacings, counts)
         if self.other_target_samples:
-            notes.append(f"{sum(self.other_target_samples.values())} samples of GPUs scraped by more than one target "
+            notes.append(f"{self.other_target_samples} samples of GPUs scraped by more than one target "
                          f"({'/'.join(TARGET_LABELS)}) dropped: one copy per scrape interval, not twice the counters")
         if step is None:
             if math.isnan(spacing):

@@ -308,7 +308,7 @@ class Topology:
         job_nvl = whole[at_work].groupby(["job", "hostname"])["nvl"].max()
         # Not reported on a node at all: its GPUs have no NVLink (DCGM leaves the field blank on PCIe cards). Reported
         # there but unknown while the job worked (a scrape gap, a rate's first sample after it): nothing to judge.
-        reported = set(fleet.frame["hostname"][np.isfinite(nvl)].astype(str).unique())
+        reported = set(pd.unique(fleet.frame["hostname"][np.isfinite(nvl)]).astype(str))
         bit = np.left_shift(1, whole["gpu"].to_numpy().astype(np.int64))
         own = (whole.assign(bit=bit).drop_duplicates(["job", "hostname", "timestamp", "gpu"])
                .groupby(["job", "hostname", "timestamp"])["bit"].sum().rename("own").reset_index())

@@ -341,7 +341,8 @@ def _scrapes(times: np.ndarray, mess: Mess) -> Callable[[Mapping[str, str]], tup
         host = labels.get("hostname") or labels.get("Hostname")
         if not host:
             return None
-        target = "/".join([host, *(labels[k] for k in (mess.replica_label, "job") if labels.get(k))])
+        copy_of = (mess.replica_label, *(("job",) if mess.scrape_jobs else ()))
+        target = "/".join([host, *(labels[k] for k in copy_of if labels.get(k))])
         if target not in known:
             at = scrape_times(target, times, mess.scrape_jitter_ms)
             known[target] = at, _timestamp_suffixes(at)
