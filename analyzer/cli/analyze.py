@@ -119,6 +119,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--input", action="append", type=Path, metavar="FILE",
                      help="OpenMetrics/Prometheus text file with timestamps, plain or gzip (repeatable)")
     src.add_argument("--prometheus", metavar="URL", help="Prometheus, Thanos, Mimir or VictoriaMetrics base URL")
+    src.add_argument("--workers", type=_arg(_positive_int), default=None, metavar="N",
+                     help="processes reading one large plain --input file (default: the CPUs this process may "
+                     "use, up to 8; 1: one process)")
     win = p.add_argument_group("window")
     add_range_arguments(win, "Prometheus default: end - 1h")
     win.add_argument("--step", type=_arg(parse_positive_duration), default=None,
@@ -243,7 +246,8 @@ def _load(args: argparse.Namespace, progress: _Progress) -> Fleet:
         if missing:
             raise ValueError(f"input file not found: {', '.join(missing)}")
         progress(f"reading {len(args.input)} file(s)")
-        fleet = load_files(args.input, step=args.step, job_label=args.job_label, start=args.start, end=args.end)
+        fleet = load_files(args.input, step=args.step, job_label=args.job_label, start=args.start, end=args.end,
+                           workers=getattr(args, "workers", None))
         return shard_fleet(fleet, shard) if shard else fleet
     start, end = resolve_range(args.start, args.end, None, 3600.0)
     step = args.step or DEFAULT_STEP

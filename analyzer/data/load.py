@@ -61,17 +61,19 @@ def load_files(
     start: float | None = None,
     end: float | None = None,
     default_timestamp: float | None = None,
+    workers: int | None = None,
 ) -> Fleet:
     """Read OpenMetrics/Prometheus text files (plain or .gz) and normalize them.
 
-    ``default_timestamp`` stamps samples written without one (a scraped ``/metrics`` page).
+    ``default_timestamp`` stamps samples written without one (a scraped ``/metrics`` page); ``workers``:
+    processes reading one big plain file (None: as many as this process has CPUs, analyzer.data.ingest.split).
     Raises ValueError naming the files when they hold no GPU telemetry.
     """
     paths = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
     if not paths:
         raise ValueError("load_files: no input files given")
     samples, report = read_openmetrics(paths, metric_filter=metric_filter(), default_timestamp=default_timestamp,
-                                       compact=True)
+                                       compact=True, workers=workers)
     where = ", ".join(map(str, paths))
     if not len(samples):
         hint = f" ({report.bad_line_count} unreadable lines)" if report.bad_line_count else ""
@@ -105,18 +107,7 @@ def _is_dcgm_rate(name: str) -> bool:
 def _merge(reports: list[IngestReport]) -> IngestReport:
     out = IngestReport()
     for r in reports:
-        out.samples += r.samples
-        out.series += r.series
-        out.bad_lines += r.bad_lines
-        out.bad_line_count += r.bad_line_count
-        for mine, theirs in ((out.sentinels, r.sentinels), (out.out_of_range, r.out_of_range),
-                             (out.conflicts, r.conflicts)):
-            for k, v in theirs.items():
-                mine[k] = mine.get(k, 0) + v
-        out.conflict_example = out.conflict_example or r.conflict_example
-        out.warnings += r.warnings
-        out.missing += r.missing
-        out.queries.update(r.queries)
+        out.add(r)
     return out
 
 

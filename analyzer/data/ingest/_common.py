@@ -11,7 +11,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -78,6 +80,8 @@ class IngestReport:
     missing: list[str] = field(default_factory=list)
     #: Prometheus: metric name -> the PromQL that fetched it.
     queries: dict[str, str] = field(default_factory=dict)
+    #: Byte ranges of files that other processes read (analyzer.data.ingest.split); 0: one process read it all.
+    worker_parts: int = 0
     max_examples: int = 20
 
     def add_bad(self, source: str, line_number: int, reason: str, text: str | bytes) -> None:
@@ -87,6 +91,30 @@ class IngestReport:
             if isinstance(text, bytes):
                 text = text.decode("utf-8", "backslashreplace")
             self.bad_lines.append(BadLine(source, line_number, reason, text[:200]))
+
+    def add(self, other: IngestReport, line_offset: int = 0) -> None:
+        """Count ``other``'s reading in too (another read, or a worker's part of this file whose line numbers
+        start after ``line_offset`` lines); examples stay the first ``max_examples``."""
+        self.samples += other.samples
+        self.series += other.series
+        self.bad_line_count += other.bad_line_count
+        room = max(self.max_examples - len(self.bad_lines), 0)
+        self.bad_lines += [replace(b, line_number=b.line_number + line_offset) for b in other.bad_lines[:room]]
+        for mine, theirs in ((self.sentinels, other.sentinels), (self.out_of_range, other.out_of_range),
+                             (self.conflicts, other.conflicts), (self.duplicates, other.duplicates)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
+        self.conflict_example = self.conflict_example or other.conflict_example
+        for k, values in other.replicas.items():
+            self.replicas.setdefault(k, set()).update(values)
+        self.replica_samples += other.replica_samples
+        self.warnings += other.warnings
+        self.metric_types.update(other.metric_types)
+        self.filtered_samples += other.filtered_samples
+        self.exemplars_ignored += other.exemplars_ignored
+        self.missing += [m for m in other.missing if m not in self.missing]
+        self.queries.update(other.queries)
+        self.worker_parts += other.worker_parts
 
     @property
     def sentinel_count(self) -> int:
@@ -565,6 +593,39 @@ class FrameBuilder:
         self._arrived = 0
         return Samples(table, tuple(blocks), memo)
 
+    def export(self) -> BuilderPart:
+        """Everything added so far, as another process's builder can ``absorb`` it (a worker's part of a file:
+        analyzer.data.ingest.split)."""
+        self._flush()
+        space = self._space
+        sets = list(space.labelsets)
+        return BuilderPart([space.names[g] for g in space.group.array.tolist()],
+                           [sets[i] for i in space.lsid.array.tolist()], space.first.array.copy(), self._arrived,
+                           self._replicas_of, {space.names[g]: pieces for g, pieces in self._pieces.items()})
+
+    def absorb(self, part: BuilderPart, pieces: Iterable[tuple[str, list[_Piece]]]) -> np.ndarray:
+        """Add what another builder exported (``part``; its pieces per metric as ``pieces`` yields them, so a
+        worker's part need not be held twice) as if its samples came here after all so far; returns its series'
+        ids here. The Samples are then exactly those of one builder given everything in that order."""
+        self._flush()
+        canon = self.labelsets.get
+        remap = np.zeros(len(part.metrics), dtype=np.int32)
+        at = 0
+        for metric, run in groupby(zip(part.metrics, part.pairs, strict=True), key=itemgetter(0)):
+            sids = self.series_ids(metric, [canon(pairs) for _, pairs in run])
+            remap[at:at + len(sids)] = sids
+            at += len(sids)
+        for sid, sets in part.replicas_of.items():
+            self._replicas_of.setdefault(int(remap[sid]), set()).update(sets)
+        first = self._space.first.array
+        came = np.flatnonzero(part.first >= 0)
+        new = came[first[remap[came]] < 0]
+        first[remap[new]] = self._arrived + part.first[new]
+        self._arrived += part.arrived
+        for metric, group in pieces:
+            self._pieces.setdefault(self._group_of(metric), []).extend(p._replace(sid=remap[p.sid]) for p in group)
+        return remap
+
     def build(self) -> pd.DataFrame:
         """The long frame: metric, timestamp, value, then one categorical column per label (Samples.frame)."""
         return self.samples().frame()
@@ -642,6 +703,19 @@ class FrameBuilder:
         k = int(np.argmin(keys))
         return keep, (int(keys[k]), int(sids[k]), float(ts[first_of_run[k]]), float(bad["min"].iloc[k]),
                       float(bad["max"].iloc[k]))
+
+
+class BuilderPart(NamedTuple):
+    """A builder's samples as ``FrameBuilder.export`` hands them to another process: per series (its numbering)
+    the metric and label pairs, when its first sample arrived (-1: none) and its HA replicas' label sets; how many
+    samples arrived; the pieces per metric (sent apart: ``absorb`` takes them one metric at a time)."""
+
+    metrics: list[str]
+    pairs: list[tuple[tuple[str, str], ...]]
+    first: np.ndarray
+    arrived: int
+    replicas_of: dict[int, set[tuple[tuple[str, str], ...]]]
+    pieces: dict[str, list[_Piece]]
 
 
 class _Piece(NamedTuple):

@@ -11,7 +11,9 @@ parser rounds exactly like ``float()`` and is ~6x faster per token). At ~2 M sam
 nearly all the time is in C. Anything the fast path does not recognise (comments, a
 new key, label values with spaces and no timestamp, exemplars, odd whitespace, missing
 timestamps, garbage) goes to a careful per-line parser, which either reads the sample or
-reports a bad line with its line number. One bad line never stops the file.
+reports a bad line with its line number. One bad line never stops the file. A big plain file is
+cut into byte ranges read by forked workers on the other cores and merged in file order, exactly as
+one process reads it (analyzer.data.ingest.split).
 
 Timestamp unit, decided per file (``timestamp_unit="auto"``):
 
@@ -33,15 +35,17 @@ import gzip
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from itertools import chain, compress, groupby, repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 import orjson
 import pandas as pd
 
+from analyzer.data.ingest import split
 from analyzer.data.ingest._common import FrameBuilder, IngestReport, MetricFilter
 from analyzer.data.ingest.samples import Samples
 
@@ -284,6 +288,8 @@ class _FileState:
     def __init__(self, source: str, builder: FrameBuilder) -> None:
         self.source = source
         self.eof_line = 0
+        #: Lines after the ``# EOF`` line that carried something (all bad lines).
+        self.after_eof = 0
         self.builder = builder
         self.mark = builder.mark()
         self.biggest = 0.0
@@ -323,7 +329,11 @@ class OpenMetricsReader:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         max_bad_examples: int = 20,
         sentinels: bool = True,
+        workers: int | None = None,
+        min_part_bytes: int | None = None,
     ) -> None:
+        """``workers``: processes reading one big plain file (analyzer.data.ingest.split; None: the CPUs this
+        process may use), each given at least ``min_part_bytes`` (None: split.MIN_PART_BYTES)."""
         if timestamp_unit not in ("auto", "s", "ms"):
             raise ValueError(f"timestamp_unit must be 'auto', 's' or 'ms', not {timestamp_unit!r}")
         if chunk_bytes < 1:
@@ -337,22 +347,71 @@ class OpenMetricsReader:
         self._keys = _KeyCache(self._key_ids)
         self._seen_names: set[str] = set()
         self._pending_bad: list[tuple[int, str, str, bytes]] = []
+        self.workers = split.default_workers() if workers is None else int(workers)
+        self.min_part_bytes = split.MIN_PART_BYTES if min_part_bytes is None else int(min_part_bytes)
 
     # -- public ------------------------------------------------------------------------
     def read(self, path: str | Path) -> None:
-        """Read one file (plain or gzip) into the pending frame."""
+        """Read one file (plain or gzip) into the pending frame; a big plain file on several cores (split)."""
         path = Path(path)
-        source = str(path)
-        state = _FileState(source, self.builder)
-        lineno = 0
-        with _open_binary(path) as f:
+        state = _FileState(str(path), self.builder)
+        spans: list[tuple[int, int] | None] = [None]
+        if self.workers > 1:
+            spans = [*split.byte_ranges(path, self.workers, self.min_part_bytes)]
+            spans[0] = None if len(spans) == 1 else spans[0]
+        workers = [split.Worker(partial(self._read_part, path, span)) for span in spans[1:]]
+        try:
+            lineno = self._read_range(path, spans[0], 0, state)
+            for span, worker in zip(spans[1:], workers, strict=True):
+                lineno += self._take(worker, path, span, lineno, state)
+        finally:
+            for worker in workers:
+                worker.stop()
+        self._finish_file(state)
+        self.report.files.append(str(path))
+
+    def _read_range(self, path: Path, span: tuple[int, int] | None, lineno: int, state: _FileState) -> int:
+        """Parse the lines of bytes ``span`` of ``path`` (None: all of it, plain or gzip), numbered after
+        ``lineno``; return how many there were."""
+        first = lineno
+        with _open_binary(path) if span is None else split.RangeFile(path, *span) as f:
             try:
                 for buffer, start, end in _read_blocks(f, self.chunk_bytes):
                     lineno += self._parse_block(buffer, start, end, lineno, state)
             except (OSError, EOFError, zlib.error) as e:  # truncated or corrupt gzip
-                self.report.add_bad(source, lineno + 1, f"unreadable from here on: {type(e).__name__}: {e}", b"")
-        self._finish_file(state)
-        self.report.files.append(source)
+                self.report.add_bad(state.source, lineno + 1, f"unreadable from here on: {type(e).__name__}: {e}", b"")
+        return lineno - first
+
+    def _read_part(self, path: Path, span: tuple[int, int]) -> tuple[split.Part, dict[str, list[Any]]]:
+        """(In a worker.) Bytes ``span`` of ``path`` read as a file of their own, for ``_take``."""
+        reader = OpenMetricsReader(self.filter, self.default_timestamp, self.timestamp_unit, self.chunk_bytes,
+                                   self.report.max_examples, self.builder.sentinels, workers=1)
+        state = _FileState(str(path), reader.builder)
+        lines = reader._read_range(path, span, 0, state)
+        state.flush()
+        got = reader.builder.export()
+        return split.Part(got._replace(pieces={}), reader.report, lines, state.eof_line, state.after_eof,
+                          state.biggest, state.defaulted, reader._seen_names), got.pieces
+
+    def _take(self, worker: split.Worker, path: Path, span: tuple[int, int], lineno: int, state: _FileState) -> int:
+        """A worker's range, its lines numbered after ``lineno``: its part added as if read here, or read here
+        where it follows a ``# EOF`` or the worker failed; return how many lines it had."""
+        part = worker.part() if not state.eof_line else None
+        if isinstance(part, split.Part) and not part.after_eof:
+            state.flush()  # what came before it arrives first
+            remap = self.builder.absorb(part.builder, worker.pieces())
+            self.report.add(part.report, line_offset=lineno)
+            self.report.worker_parts += 1
+            self._seen_names |= part.seen
+            state.biggest = max(state.biggest, part.biggest)
+            state.eof_line = lineno + part.eof_line if part.eof_line else 0
+            state.defaulted += [(remap[sids], vals) for sids, vals in part.defaulted]
+            return part.lines
+        if isinstance(part, str):
+            self.report.warnings.append(f"{path}: the worker reading bytes {span[0]}-{span[1]} failed ({part}); "
+                                        "read by the main process")
+        worker.stop()
+        return self._read_range(path, span, lineno, state)
 
     def samples(self) -> Samples:
         """The compact Samples of everything read so far (and fill ``report.missing``)."""
@@ -532,6 +591,7 @@ class OpenMetricsReader:
         """Samples the fast path accepted after ``# EOF`` are bad lines, like every line there."""
         start = max(state.eof_line - first_lineno, 0)
         late = np.flatnonzero(sids[start:] >= _FILTERED) + start
+        state.after_eof += len(late)
         for i in late.tolist():
             self._bad(state.source, first_lineno + i + 1, f"content after '# EOF' (line {state.eof_line})", lines[i])
         sids[late] = _SKIP
@@ -564,6 +624,7 @@ class OpenMetricsReader:
         if not stripped:
             return _SKIP, None
         if state.eof_line:
+            state.after_eof += 1
             self._bad(source, lineno, f"content after '# EOF' (line {state.eof_line})", raw)
             return _SKIP, None
         try:
@@ -659,6 +720,8 @@ def read_openmetrics(
     max_bad_examples: int = 20,
     sentinels: bool = True,
     compact: bool = False,
+    workers: int | None = None,
+    min_part_bytes: int | None = None,
 ) -> tuple[pd.DataFrame | Samples, IngestReport]:
     """Read OpenMetrics / Prometheus text files (plain or gzip) into the long frame.
 
@@ -680,6 +743,8 @@ def read_openmetrics(
         chunk_bytes=chunk_bytes,
         max_bad_examples=max_bad_examples,
         sentinels=sentinels,
+        workers=workers,
+        min_part_bytes=min_part_bytes,
     )
     for path in paths:
         reader.read(path)

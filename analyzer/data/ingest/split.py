@@ -1,0 +1,150 @@
+"""One large history file read on several cores: byte ranges cut at line ends, each past the first read by a
+worker process, merged into the reader's builder in file order.
+
+Reading is ~95 % of ``analyze --input`` on a big file and runs at ~2 M samples/s on one core, Python-bound
+(the GIL keeps threads from helping). A worker reads its range as the reader reads a whole file (the same
+code, a fresh builder) and sends what it read back: its series, its pieces one metric at a time, its report
+and what the file-level decisions need (its largest timestamp, its ``# EOF`` line, samples without a
+timestamp). ``FrameBuilder.absorb`` adds them as if read in order, so the Samples, the report and every
+line number are those of one process reading the file: tests compare them field by field.
+
+Only plain files of at least two ``MIN_PART_BYTES`` ranges are cut (gzip streams cannot be entered in the
+middle), and only from a process with no other thread running: the workers are forked (no re-import, and
+no ``if __name__ == "__main__"`` needed in a caller's script), and forking a threaded process could copy a
+lock another thread held. A range after a ``# EOF`` line, or a worker that failed, is read by the reader
+itself: slower, never different. ``IngestReport.worker_parts`` counts the ranges workers read.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from analyzer.data.ingest._common import BuilderPart, IngestReport
+
+#: A range a worker reads is at least this big: below it, starting the worker costs more than it saves.
+MIN_PART_BYTES = 256 << 20
+#: Workers (reader included) at most, whatever the CPUs.
+MAX_WORKERS = 8
+
+
+def default_workers() -> int:
+    """The CPUs this process may run on (its affinity, as a container's cpuset gives it), up to MAX_WORKERS."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_WORKERS))
+
+
+def byte_ranges(path: Path, workers: int, min_bytes: int = MIN_PART_BYTES) -> list[tuple[int, int]]:
+    """``[start, end)`` byte ranges of ``path``, each starting a line, at least ``min_bytes`` (one range for
+    a gzip file or where a split would not pay)."""
+    size = path.stat().st_size
+    parts = min(max(workers, 1), size // max(min_bytes, 1))
+    if parts < 2 or threading.active_count() > 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return [(0, size)]
+    cuts = [0]
+    with open(path, "rb") as f:
+        if f.read(2) == b"\x1f\x8b":
+            return [(0, size)]
+        for i in range(1, parts):
+            f.seek(i * size // parts)
+            f.readline()  # to the start of the next line
+            if cuts[-1] < f.tell() < size:
+                cuts.append(f.tell())
+    cuts.append(size)
+    return list(pairwise(cuts))
+
+
+class RangeFile:
+    """``path``'s bytes ``[start, end)`` as a binary file."""
+
+    def __init__(self, path: Path, start: int, end: int) -> None:
+        self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
+        self._f.seek(start)
+        self._left = end - start
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._left if n < 0 else min(n, self._left)
+        data = self._f.read(n) if n > 0 else b""
+        self._left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> RangeFile:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+@dataclass
+class Part:
+    """What a worker read of its range, but its pieces (they follow one metric at a time): line numbers in
+    ``report`` and ``eof_line`` count from the range's first line."""
+
+    builder: BuilderPart
+    report: IngestReport
+    lines: int
+    eof_line: int
+    #: Lines after its ``# EOF`` that carried something (then the reader reads the range itself).
+    after_eof: int
+    biggest: float
+    defaulted: list[tuple[np.ndarray, np.ndarray]]
+    seen: set[str] = field(default_factory=set)
+
+
+def _work(read: Callable[[], tuple[Part, dict[str, list[Any]]]], conn: Any) -> None:
+    """A worker's body: read, send the part, then its pieces a metric at a time, then None; or ("error", why)."""
+    try:
+        part, pieces = read()
+        conn.send(part)
+        for item in pieces.items():
+            conn.send(item)
+        conn.send(None)
+    except Exception as e:  # the reader reads the range itself
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        conn.close()
+
+
+class Worker:
+    """A forked process reading one range (``read`` runs there); the reader takes its part, then its pieces."""
+
+    def __init__(self, read: Callable[[], tuple[Part, dict[str, list[Any]]]]) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self._conn, child = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(target=_work, args=(read, child), daemon=True)
+        self._process.start()
+        child.close()
+
+    def part(self) -> Part | str:
+        """The worker's part, or why there is none."""
+        try:
+            got = self._conn.recv()
+        except (EOFError, OSError) as e:
+            self._process.join(10.0)  # its pipe closes as it ends: its exit code follows
+            return f"the worker ended without an answer ({type(e).__name__}; exit code {self._process.exitcode})"
+        return got if isinstance(got, Part) else str(got[1])
+
+    def pieces(self) -> Iterator[tuple[str, list[Any]]]:
+        while (item := self._conn.recv()) is not None:
+            yield item
+
+    def stop(self) -> None:
+        if self._process.is_alive():
+            self._process.terminate()
+        self._process.join()
+        self._conn.close()
