@@ -361,8 +361,7 @@ GPU_INSTANCE_BY = by((*S.GPU_LABELS, S.GPU_INSTANCE))
 NAMESPACE, WORKLOAD = "namespace", S.WORKLOAD
 assert NAMESPACE in S.GPU_ALLOCATION_INFO.labels and WORKLOAD in S.GPU_ALLOCATION_INFO.labels
 assert NAMESPACE in O.FINDING_LABELS and WORKLOAD in O.FINDING_LABELS
-#: Prometheus' own target label (the scrape job), never a workload.
-SCRAPE_JOB = "job"
+SCRAPE_JOB, INSTANCE = S.SCRAPE_JOB, S.INSTANCE
 THERMAL = alternatives(S.THERMAL_REASONS)
 
 GPU_REF = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.hostname }}"
@@ -562,8 +561,8 @@ def exporter_down(t: Timing, job: str, presence: str, alert: str, norm: Callable
     ``presence`` is a selector (already matching ``job``) of a series every target sends; ``norm``
     brings its labels to ``hostname`` (dcgm-exporter's spellings)."""
     up = f"{sel(UP, job=job)} == 0"
-    hosts = f"max by ({SCRAPE_JOB}, instance, {S.HOSTNAME}) ({norm(f'last_over_time({presence}[{t.window(3600)}])')})"
-    expr = f"{hosts} * on ({SCRAPE_JOB}, instance) group_left () ({up}) or on ({SCRAPE_JOB}, instance) {up}"
+    hosts = f"max by ({SCRAPE_JOB}, {INSTANCE}, {S.HOSTNAME}) ({norm(f'last_over_time({presence}[{t.window(3600)}])')})"
+    expr = f"{hosts} * on ({SCRAPE_JOB}, {INSTANCE}) group_left () ({up}) or on ({SCRAPE_JOB}, {INSTANCE}) {up}"
     return Alert(alert=alert, expr=expr, for_=t.hold(300), severity="warning", team="sre",
                  summary="Exporter {{ $labels.instance }} is down",
                  description=f"Prometheus cannot scrape {{{{ $labels.instance }}}} (job {{{{ $labels.job }}}}"
@@ -683,12 +682,12 @@ def collection_health(t: Timing, exporter_job: str) -> tuple[Alert, ...]:
     """The exporter is up but a source is not: failing (some GPU or the endpoint unreadable), serving
     stale values (collections overrun the deadline), or slow. Carry the node from truegpu_node_info."""
     def on_node(expr: str) -> str:
-        node = f"max by ({SCRAPE_JOB}, instance, {S.HOSTNAME}) ({sel(S.NODE_INFO.name, job=exporter_job)})"
-        return (f"({expr}) * on ({SCRAPE_JOB}, instance) group_left ({S.HOSTNAME}) {node} "
-                f"or on ({SCRAPE_JOB}, instance, source) ({expr})")
+        node = f"max by ({SCRAPE_JOB}, {INSTANCE}, {S.HOSTNAME}) ({sel(S.NODE_INFO.name, job=exporter_job)})"
+        return (f"({expr}) * on ({SCRAPE_JOB}, {INSTANCE}) group_left ({S.HOSTNAME}) {node} "
+                f"or on ({SCRAPE_JOB}, {INSTANCE}, source) ({expr})")
 
     def per_source(metric: S.Metric, condition: str) -> str:
-        by_source = f"{SCRAPE_JOB}, instance, source"  # the exporter's node, where it publishes truegpu_node_info
+        by_source = f"{SCRAPE_JOB}, {INSTANCE}, source"  # the exporter's node, where it publishes truegpu_node_info
         return on_node(f"max by ({by_source}) ({sel(metric.name, job=exporter_job)}) {condition}")
 
     where = "source {{ $labels.source }} of the exporter on {{ $labels.hostname }} ({{ $labels.instance }})"

@@ -40,6 +40,11 @@ MIG_LABELS: tuple[str, ...] = (GPU_INSTANCE, MIG_PROFILE)
 #: (which lets a target overwrite ``job`` and ``instance``). Older truegpu data says ``job``
 #: (``exported_job`` once Prometheus renamed it); the analyzer still reads both.
 WORKLOAD = "workload"
+#: The labels Prometheus gives every scrape target: its scrape job and address. Never a workload; one GPU's
+#: series under two targets are the same telemetry twice (the exporter in two scrape jobs).
+SCRAPE_JOB = "job"
+INSTANCE = "instance"
+TARGET_LABELS: tuple[str, ...] = (SCRAPE_JOB, INSTANCE)
 
 Scope = Literal["gpu", "node", "exporter"]
 MetricType = Literal["gauge", "counter"]

@@ -86,9 +86,9 @@ HOLD_TOLERANCE = 0.01
 MIN_OWN_GAPS = 4
 #: Samples read at a time (a chunk ends where a timeline does, so it may hold more).
 _CHUNK = 1 << 18
-#: Labels Prometheus gives a scrape target: one GPU's series under two of them are the same telemetry twice
-#: (the exporter in two scrape jobs: a ServiceMonitor and a static config, a pod IP and a node name).
-TARGET_LABELS = ("job", "instance")
+#: A GPU's series under two scrape targets (the exporter in two scrape jobs: a ServiceMonitor and a static config,
+#: a pod IP and a node name) are the same telemetry twice.
+TARGET_LABELS = S.TARGET_LABELS
 
 
 def normalize(
@@ -439,9 +439,9 @@ class _Input:
 
         self.lab = {canon: pick(names) for canon, names in D.LABEL_ALIASES.items()}
         host = self.lab["hostname"]
-        if "instance" in t:
+        if S.INSTANCE in t:
             # dcgm-exporter 1.x has no host label; Prometheus' target label tells hosts apart
-            inst_host = np.array([v.rsplit(":", 1)[0] if v else "" for v in t["instance"]], dtype=object)
+            inst_host = np.array([v.rsplit(":", 1)[0] if v else "" for v in t[S.INSTANCE]], dtype=object)
             from_instance = (host == "") & (inst_host != "")
             host = np.where(host != "", host, inst_host)
             host = self._one_host_per_uuid(host, from_instance)
