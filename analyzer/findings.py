@@ -33,6 +33,8 @@ JSON_SCHEMA_VERSION = 2
 
 Severity = Literal["critical", "warning", "info"]
 SEVERITY_ORDER: dict[str, int] = {"critical": 0, "warning": 1, "info": 2}
+#: How long a finding keeps the most urgent severity its detector last gave it (IdMemory).
+HOLD_SEVERITY_S = 900.0
 
 #: The built-in finding kinds (DESIGN.md): detectors, rules and dashboards name a kind with these constants,
 #: never their own strings. The list of kinds is the detector registry's (analyzer.detectors.kinds()).
@@ -165,20 +167,38 @@ class IdMemory:
     memory holds one window's worth of findings at most. A remembered finding gives its id to a finding
     of the same kind and entity within ``keep_s`` of its span even when they don't touch: the problem
     recurred (an intermittent straggler's next spells, an ECC storm flaring again), and one id keeps its
-    alert and its API entry from flapping; a run that still shows the earlier episode keeps that id on it."""
+    alert and its API entry from flapping; a run that still shows the earlier episode keeps that id on it.
 
-    def __init__(self, keep_s: float) -> None:
+    A finding also keeps the most urgent severity its detector gave its id within the last ``hold_s``
+    (evidence ``severity_held``): the alert rules are one per severity, so a straggler confirmed in its
+    slow spells and only suspected between them (warning, info, warning) would resolve and re-page its
+    warning each spell. Held for 15 minutes by default: a straggler's confirmation rests on its 15-minute
+    lead, and a problem gone that long is a new page when it comes back."""
+
+    def __init__(self, keep_s: float, hold_s: float = HOLD_SEVERITY_S) -> None:
         self.keep_s = float(keep_s)
+        self.hold_s = float(hold_s)
         #: id -> (the finding as last shown, the end of the run that showed it)
         self._seen: dict[str, tuple[Finding, float]] = {}
+        #: id -> (the most urgent severity its detector gave it lately, the end of the last run that gave it)
+        self._urgent: dict[str, tuple[Severity, float]] = {}
 
     def carry(self, current: Sequence[Finding], current_end: float) -> None:
-        """:func:`carry_ids` from every remembered finding, then remember ``current``."""
+        """:func:`carry_ids` from every remembered finding, hold severities, then remember ``current``."""
         carry_ids([f for f, _ in self._seen.values()], current_end, current, current_end, gap_s=self.keep_s)
         for f in current:
+            held = self._urgent.get(f.id)
+            if held is None or SEVERITY_ORDER[f.severity] <= SEVERITY_ORDER[held[0]] or \
+                    current_end - held[1] > self.hold_s:
+                self._urgent[f.id] = (f.severity, current_end)
+            else:
+                f.evidence = {**f.evidence, "severity_held": {"severity": held[0], "given_until": rfc3339(held[1]),
+                                                              "detector_says": f.severity}}
+                f.severity = held[0]
             self._seen[f.id] = (f if f.end is not None else replace(f, end=current_end), current_end)
         horizon = current_end - self.keep_s
         self._seen = {k: seen for k, seen in self._seen.items() if seen[1] >= horizon}
+        self._urgent = {k: held for k, held in self._urgent.items() if k in self._seen}
 
 
 def rfc3339(ts: float) -> str:

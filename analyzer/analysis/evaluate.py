@@ -362,7 +362,8 @@ def replay(
     matches the cut's findings to the truth (:func:`matches`, open ends at the cut). A truth's time to
     detect is the first cut holding a matching finding minus its onset (missed when none does); ``withdrawn``
     counts the cuts where a problem still going on lost every matching finding it had at the cut before
-    (an alert on it resolves, or its ``for:`` starts over: a flap, whatever the id). The
+    (an alert on it resolves, or its ``for:`` starts over: a flap, whatever the id), ``downgraded`` those where
+    its most urgent matching finding became less urgent (the alert rule of that severity resolves). The
     findings of the replay are the distinct ids: an id is true when it ever matched a truth, so a false
     finding counts once however many runs show it. ``ids`` per problem counts the distinct ids that
     matched it: more than one is either several devices of a node- or rack-level problem or an id that
@@ -376,13 +377,14 @@ def replay(
     first: dict[int, float] = {}
     ids_of: dict[int, set[str]] = {}
     seen: dict[str, _Seen] = {}
-    shown: set[int] = set()  # problems a finding matched at the last cut
+    shown: dict[int, int] = {}  # problems a finding matched at the last cut: the most urgent one's SEVERITY_ORDER
     withdrawn: dict[int, int] = {}
+    downgraded: dict[int, int] = {}
     ids = IdMemory(window)
     for cut in cuts:
         found = detect(fleet.between(cut - window, cut), kinds, site, config)
         ids.carry(found, cut)
-        now: set[int] = set()
+        now: dict[int, int] = {}
         for f in found:
             rec = seen.setdefault(f.id, _Seen(f.kind, cut, f, severity_max=f.severity))
             if SEVERITY_ORDER[f.severity] < SEVERITY_ORDER[rec.severity_max]:
@@ -392,10 +394,13 @@ def replay(
                     rec.true = True
                     first.setdefault(j, cut)
                     ids_of.setdefault(j, set()).add(f.id)
-                    now.add(j)
-        for j in shown - now:  # gone while the problem goes on: its alert resolves (a firing one) or restarts its for:
-            if truth[j]["end"] is None or cut < float(truth[j]["end"]):
-                withdrawn[j] = withdrawn.get(j, 0) + 1
+                    now[j] = min(now.get(j, len(SEVERITY_ORDER)), SEVERITY_ORDER[f.severity])
+        for j, order in shown.items():  # while the problem goes on: gone, its alert resolves (a firing one) or
+            if truth[j]["end"] is None or cut < float(truth[j]["end"]):  # restarts its for:; less urgent, the
+                if j not in now:  # alert of its severity resolves and one of the lower starts
+                    withdrawn[j] = withdrawn.get(j, 0) + 1
+                elif now[j] > order:
+                    downgraded[j] = downgraded.get(j, 0) + 1
         shown = now
     gpu_hours = fleet_gpu_hours(fleet)
     result: dict[str, Any] = {"window": [fleet.start, fleet.end], "gpu_hours": gpu_hours, "cuts": len(cuts),
@@ -404,7 +409,8 @@ def replay(
         problems = [
             {**_brief_truth(t), "attribution": t.get("attribution"), "slowdown": t.get("slowdown"),
              "ttd_s": first[j] - float(t["start"]) if j in first else None, "ids": len(ids_of.get(j, ())),
-             "withdrawn": withdrawn.get(j, 0), "unobservable": unobservable(t, fleet)}
+             "withdrawn": withdrawn.get(j, 0), "downgraded": downgraded.get(j, 0),
+             "unobservable": unobservable(t, fleet)}
             for j, t in enumerate(truth) if t["kind"] == kind
         ]
         ids = [r for r in seen.values() if r.kind == kind]
@@ -425,6 +431,7 @@ def _replay_counts(every: list[dict[str, Any]], ids: list[_Seen], gpu_hours: flo
         **ttd_summary(ttd),
         "ids_max": max((p["ids"] for p in problems), default=0),
         "withdrawn": sum(p["withdrawn"] for p in problems),
+        "downgraded": sum(p["downgraded"] for p in problems),
         "false_per_1000_gpu_hours": (len(ids) - tp) / gpu_hours * 1000.0 if gpu_hours else None,
         "problems": problems,
         "unobservable_problems": [p for p in every if p["unobservable"]],
@@ -500,8 +507,8 @@ def pooled_replay(results: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str],
         for kind, k in r["kinds"].items():
             a = acc.setdefault((str(r.get("dialect", "-")), kind),
                                {"findings": 0, "tp": 0, "fp_paged": 0, "truth": 0, "detected": 0, "unobservable": 0,
-                                "withdrawn": 0, "ids_max": 0, "problems": []})
-            for key in ("findings", "tp", "fp_paged", "truth", "detected", "unobservable", "withdrawn"):
+                                "withdrawn": 0, "downgraded": 0, "ids_max": 0, "problems": []})
+            for key in ("findings", "tp", "fp_paged", "truth", "detected", "unobservable", "withdrawn", "downgraded"):
                 a[key] += k[key]
             a["ids_max"] = max(a["ids_max"], k["ids_max"])
             a["problems"] += k["problems"]
@@ -538,18 +545,18 @@ def _ttd(x: float | None, truth: int) -> str:
 def format_replay(results: Sequence[Mapping[str, Any]]) -> str:
     """Replay results pooled per (dialect, kind), with the time to detect per attribution under each kind."""
     head = ("dialect", "kind", "problems", "found", "unobs", "prec", "recall", "ttd p50 s", "ttd p95 s",
-            "ttd max s", "ids/problem max", "withdrawn", "FP", "FP paged")
+            "ttd max s", "ids/problem max", "withdrawn", "downgraded", "FP", "FP paged")
     rows = [head]
     for (dialect, kind), a in sorted(pooled_replay(results).items()):
         rows.append((dialect, kind, str(a["truth"]), str(a["detected"]), str(a["unobservable"]),
                      f"{a['precision']:.3f}", f"{a['recall']:.3f}", _ttd(a["ttd_p50_s"], a["truth"]),
                      _ttd(a["ttd_p95_s"], a["truth"]), _num(a["ttd_max_s"], ".0f"), str(a["ids_max"]),
-                     str(a["withdrawn"]), str(a["findings"] - a["tp"]), str(a["fp_paged"])))
+                     str(a["withdrawn"]), str(a["downgraded"]), str(a["findings"] - a["tp"]), str(a["fp_paged"])))
         parts = [*(a["by_attribution"].items() if len(a["by_attribution"]) > 1 else ()),
                  *((b, a["by_slowdown"][b]) for _, b in SLOWDOWN_BANDS if b in a["by_slowdown"])]
         for name, c in parts:
             rows.append(("", f"  {name}", str(c["truth"]), "", "", "", "", _ttd(c["ttd_p50_s"], c["truth"]),
-                         _ttd(c["ttd_p95_s"], c["truth"]), _num(c["ttd_max_s"], ".0f"), "", "", "", ""))
+                         _ttd(c["ttd_p95_s"], c["truth"]), _num(c["ttd_max_s"], ".0f"), "", "", "", "", ""))
     return _columns(rows, 2)
 
 

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from analyzer.findings import GPU_FAULT, THERMAL, Finding, IdMemory, assign_ids, carry_ids, finding_id
+from analyzer.findings import (
+    GPU_FAULT,
+    HOLD_SEVERITY_S,
+    THERMAL,
+    Finding,
+    IdMemory,
+    assign_ids,
+    carry_ids,
+    finding_id,
+    rfc3339,
+)
 
 T = 1_767_571_200.0
 
@@ -113,3 +123,31 @@ def test_the_same_fleet_analyzed_twice_gets_the_same_ids() -> None:
     assert once and all(x.id for x in once)
     assert [x.id for x in once] == [x.id for x in again]
     assert len({x.id for x in once}) == len(once)
+
+
+def test_a_finding_keeps_the_most_urgent_severity_its_detector_gave_it_lately() -> None:
+    """An intermittent straggler confirmed in its spells, suspected between them: its warning does not resolve
+    and re-page each spell. The detector's word is in the evidence; after HOLD_SEVERITY_S the finding says what
+    the detector says, and a more urgent severity always shows at once."""
+    memory = IdMemory(keep_s=1800)
+
+    def run(at: float, severity: str) -> Finding:
+        x = f(600)
+        x.severity = severity
+        assign_ids([x])
+        memory.carry([x], T + at)
+        return x
+
+    first = run(900, "warning")
+    between = run(960, "info")
+    assert between.id == first.id and between.severity == "warning"
+    assert between.evidence["severity_held"] == {"severity": "warning", "given_until": rfc3339(T + 900),
+                                                 "detector_says": "info"}
+    assert run(900 + HOLD_SEVERITY_S, "info").severity == "warning"  # 15 min after it said warning: still held
+    assert run(960 + HOLD_SEVERITY_S, "info").severity == "info"  # then what the detector says
+    assert run(1900, "critical").severity == "critical"
+    lapsed = run(1960, "info")
+    assert lapsed.severity == "critical" and lapsed.evidence["severity_held"]["detector_says"] == "info"
+    assert run(1960, "warning").severity == "critical"
+    assert run(1900 + HOLD_SEVERITY_S + 1, "warning").severity == "warning"  # critical lapsed, warning stands
+    assert run(2000 + HOLD_SEVERITY_S, "info").severity == "warning"

@@ -273,9 +273,10 @@ def test_replay_gives_straggler_times_to_detect_per_slowdown_band_of_the_targets
     problems = [{"slowdown": s, "ttd_s": t, "attribution": "unknown"}
                 for s, t in ((0.25, 120.0), (0.2, 180.0), (0.12, 540.0), (0.1, None), (0.06, 900.0), (None, 60.0))]
     kind = {"findings": 5, "tp": 5, "fp_paged": 0, "truth": 6, "detected": 5, "unobservable": 0, "ids_max": 1,
-            "withdrawn": 2, "problems": problems}
+            "withdrawn": 2, "downgraded": 1, "problems": problems}
     res = [{"dialect": "truegpu", "kinds": {STRAGGLER: kind}}]
-    assert pooled_replay(res)[("truegpu", STRAGGLER)]["withdrawn"] == 2
+    assert (pooled_replay(res)[("truegpu", STRAGGLER)]["withdrawn"], pooled_replay(res)[("truegpu", STRAGGLER)][
+        "downgraded"]) == (2, 1)
     bands = pooled_replay(res)[("truegpu", STRAGGLER)]["by_slowdown"]
     assert {b: (v["truth"], v["ttd_p50_s"], v["ttd_max_s"]) for b, v in bands.items()} == {
         "slowdown >= 20%": (2, 120.0, 180.0), "slowdown 10-20%": (2, 540.0, 540.0), "slowdown < 10%": (1, 900.0, 900.0)}
