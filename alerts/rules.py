@@ -232,6 +232,8 @@ class Alert:
     summary: str
     description: str
     labels: dict[str, str] = field(default_factory=dict)
+    #: ``keep_firing_for`` ("": none): how long it fires on after its condition stops holding.
+    keep_firing_for: str = ""
     #: dcgm-exporter fields the rule reads (dcgm dialect only); documents non-default counters.
     dcgm_fields: tuple[str, ...] = ()
 
@@ -254,10 +256,12 @@ class Alert:
             annotations["dcgm_counters"] = (
                 "needs dcgm-exporter counters beyond the default list: " + ", ".join(self.non_default_fields)
             )
+        keep = {"keep_firing_for": self.keep_firing_for} if self.keep_firing_for else {}
         return {
             "alert": self.alert,
             "expr": self.expr,
             "for": self.for_,
+            **keep,
             "labels": {"severity": self.severity, "team": self.team, **self.labels},
             "annotations": annotations,
         }
@@ -926,7 +930,8 @@ def analyzer_findings(t: Timing) -> Group:
         p: Paging | None = load_detectors()[kind].paging
         if p is None:
             continue
-        common = {"alert": p.alert, "for_": t.hold(p.hold_s), "team": p.team,
+        common = {"alert": p.alert, "for_": t.hold(p.hold_s), "keep_firing_for": t.hold(p.keep_s) if p.keep_s else "",
+                  "team": p.team,
                   "summary": (p.summary or f"{p.alert.removeprefix('Gpu')}: ") + SHORT_REF,
                   "description": f"{where} {p.says.format(score=score)}"}
         if p.severity is not None:

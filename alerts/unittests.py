@@ -944,6 +944,26 @@ def analyzer_severity_case() -> dict[str, Any]:
             "finding for the evidence.")) for sev, n, score in SEVERITY_GPUS)))])
 
 
+def analyzer_keep_firing_case() -> dict[str, Any]:
+    """GpuStraggler and GpuDegraded keep firing through a withdrawal (an intermittent straggler between spells,
+    a flickering degraded GPU): no resolve and re-page; a finding gone for good resolves after keep_firing_for."""
+    straggler, degraded = finding("straggler", "warning", 1), finding("degraded_gpu", "warning", 3)
+    fires = [expect(finding_alert("straggler", 1), "warning", "training", annotations(
+        "GpuStraggler", "Straggler: GPU 1 of node-1", "GPU 1 on node-1 (workload ml/train) is the straggler slowing "
+        "its training gang (score 50%); see the analyzer's finding for the evidence."))]
+    return case("GpuStraggler, GpuDegraded: a finding withdrawn for a few runs keeps its alert firing", [
+        *open_finding(straggler, "1x20 stale _x4 1x10", "0.5"),  # withdrawn from 21 to 25 min, back at 26
+        *open_finding(degraded, "1x20 stale", "0.5"),  # gone for good at 21 min
+    ], alerts=[
+        check("24m", "GpuStraggler", *fires),
+        check("24m", "GpuDegraded", expect(finding_alert("degraded_gpu", 3), "warning", "training", annotations(
+            "GpuDegraded", "Degraded: GPU 3 of node-1", "GPU 3 on node-1 (workload ml/train) runs degraded (power "
+            "cap, PCIe or NVLink) (score 50%); see the analyzer's finding for the evidence."))),
+        check("30m", "GpuStraggler", *fires),
+        check("40m", "GpuDegraded"),  # 15 min after its finding closed: resolved
+    ])
+
+
 def analyzer_health_case() -> dict[str, Any]:
     """TruegpuAnalyzerDown: not scraped, or stuck."""
     job = {"job": ANALYZER_JOB, "instance": "analyzer:8000"}
@@ -968,7 +988,7 @@ def analyzer_health_case() -> dict[str, Any]:
 
 #: analyzer_test.yaml's cases, in file order.
 ANALYZER_CASES: tuple[Callable[[], dict[str, Any]], ...] = (
-    analyzer_waste_case, analyzer_severity_case, analyzer_health_case,
+    analyzer_waste_case, analyzer_severity_case, analyzer_keep_firing_case, analyzer_health_case,
 )
 
 

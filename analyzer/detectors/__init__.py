@@ -39,13 +39,16 @@ class Paging:
 
     ``says`` completes "GPU g on host (workload ns/w) ..." and may hold ``{score}``; ``severity``
     None pages with the finding's own severity (what the detector calls critical pages), a fixed
-    one (FinOps waste: "warning") tickets; ``hold_s`` is the alert's ``for``."""
+    one (FinOps waste: "warning") tickets; ``hold_s`` is the alert's ``for``, ``keep_s`` its ``keep_firing_for``
+    (0: none): a finding that flickers (withdrawn for a run or a few, then back) keeps its alert firing instead of
+    resolving and paging again."""
 
     alert: str
     team: str
     says: str
     severity: str | None = None
     hold_s: float = 300.0
+    keep_s: float = 0.0
     #: The summary before "GPU g of host" (default: the alert name without "Gpu").
     summary: str | None = None
 

@@ -89,7 +89,7 @@ from sklearn.covariance import MinCovDet
 from analyzer.analysis.episodes import column, find_episodes, format_duration
 from analyzer.data.frame import Fleet
 from analyzer.detectors import Paging, clock_max, gpu_busy, register
-from analyzer.findings import DEGRADED_GPU, Finding
+from analyzer.findings import DEGRADED_GPU, HOLD_SEVERITY_S, Finding
 from analyzer.site import THRESHOLDS
 
 #: Soft features scored by the MCD model, in order; cap_deficit is handled apart (configuration).
@@ -156,7 +156,7 @@ class DegradedGpu:
 
     kind = DEGRADED_GPU
     paging = Paging(alert="GpuDegraded", team="training", says="runs degraded (power cap, PCIe or NVLink) ({score}); "
-                    "see the analyzer's finding for the evidence.")
+                    "see the analyzer's finding for the evidence.", keep_s=HOLD_SEVERITY_S)
     window_s: float = 600.0
     temp_excess_c: float = 8.0
     temp_shift_c: float = 6.0

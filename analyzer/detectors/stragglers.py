@@ -214,7 +214,7 @@ from analyzer.detectors._peers import (
     rolling_mean,
     trailing_median,
 )
-from analyzer.findings import STRAGGLER, Finding
+from analyzer.findings import HOLD_SEVERITY_S, STRAGGLER, Finding
 from analyzer.site import THRESHOLDS
 
 CAUSES: tuple[str, ...] = ("thermal", "power", "pcie", "nvlink", "input", "unknown")
@@ -275,7 +275,7 @@ class Straggler:
 
     kind = STRAGGLER
     paging = Paging(alert="GpuStraggler", team="training", says="is the straggler slowing its training gang ({score}); "
-                    "see the analyzer's finding for the evidence.")
+                    "see the analyzer's finding for the evidence.", keep_s=HOLD_SEVERITY_S)
     busy_util: float = 0.9
     progress_sm: float = 0.1
     min_tensor: float = 0.02
