@@ -352,23 +352,32 @@ class OpenMetricsReader:
 
     # -- public ------------------------------------------------------------------------
     def read(self, path: str | Path) -> None:
-        """Read one file (plain or gzip) into the pending frame; a big plain file on several cores (split)."""
-        path = Path(path)
-        state = _FileState(str(path), self.builder)
-        spans: list[tuple[int, int] | None] = [None]
-        if self.workers > 1:
-            spans = [*split.byte_ranges(path, self.workers, self.min_part_bytes)]
-            spans[0] = None if len(spans) == 1 else spans[0]
-        workers = [split.Worker(partial(self._read_part, path, span)) for span in spans[1:]]
+        """Read one file (plain or gzip) into the pending frame."""
+        self.read_all([path])
+
+    def read_all(self, paths: Iterable[str | Path]) -> None:
+        """Read files (plain or gzip) into the pending frame, in order; with ``workers``, on several cores: a big
+        plain file in byte ranges, several files at once (analyzer.data.ingest.split). Each piece a worker read is
+        added in file order, as if read here."""
+        tasks = split.plan([Path(p) for p in paths], self.workers, self.min_part_bytes)
+        running: dict[int, split.Worker] = {}
+        files: dict[int, tuple[_FileState, int]] = {}
         try:
-            lineno = self._read_range(path, spans[0], 0, state)
-            for span, worker in zip(spans[1:], workers, strict=True):
-                lineno += self._take(worker, path, span, lineno, state)
+            for i, task in enumerate(tasks):
+                for j in range(i + 1, min(i + self.workers, len(tasks))):  # the next pieces, on the other cores
+                    if len(running) < self.workers - 1 and tasks[j].to_worker and j not in running:
+                        running[j] = split.Worker(partial(self._read_part, tasks[j].path, tasks[j].span))
+                state, lineno = files.get(task.index) or (_FileState(str(task.path), self.builder), 0)
+                worker = running.pop(i, None)
+                lineno += (self._take(worker, task.path, task.span, lineno, state) if worker is not None else
+                           self._read_range(task.path, task.span, lineno, state))
+                files[task.index] = (state, lineno)
+                if task.last:
+                    self._finish_file(state)
+                    self.report.files.append(str(task.path))
         finally:
-            for worker in workers:
+            for worker in running.values():
                 worker.stop()
-        self._finish_file(state)
-        self.report.files.append(str(path))
 
     def _read_range(self, path: Path, span: tuple[int, int] | None, lineno: int, state: _FileState) -> int:
         """Parse the lines of bytes ``span`` of ``path`` (None: all of it, plain or gzip), numbered after
@@ -382,8 +391,8 @@ class OpenMetricsReader:
                 self.report.add_bad(state.source, lineno + 1, f"unreadable from here on: {type(e).__name__}: {e}", b"")
         return lineno - first
 
-    def _read_part(self, path: Path, span: tuple[int, int]) -> tuple[split.Part, dict[str, list[Any]]]:
-        """(In a worker.) Bytes ``span`` of ``path`` read as a file of their own, for ``_take``."""
+    def _read_part(self, path: Path, span: tuple[int, int] | None) -> tuple[split.Part, dict[str, list[Any]]]:
+        """(In a worker.) Bytes ``span`` of ``path`` (None: all of it) read as a file of their own, for ``_take``."""
         reader = OpenMetricsReader(self.filter, self.default_timestamp, self.timestamp_unit, self.chunk_bytes,
                                    self.report.max_examples, self.builder.sentinels, workers=1)
         state = _FileState(str(path), reader.builder)
@@ -393,7 +402,8 @@ class OpenMetricsReader:
         return split.Part(got._replace(pieces={}), reader.report, lines, state.eof_line, state.after_eof,
                           state.biggest, state.defaulted, reader._seen_names), got.pieces
 
-    def _take(self, worker: split.Worker, path: Path, span: tuple[int, int], lineno: int, state: _FileState) -> int:
+    def _take(self, worker: split.Worker, path: Path, span: tuple[int, int] | None, lineno: int,
+              state: _FileState) -> int:
         """A worker's range, its lines numbered after ``lineno``: its part added as if read here, or read here
         where it follows a ``# EOF`` or the worker failed; return how many lines it had."""
         part = worker.part() if not state.eof_line else None
@@ -408,8 +418,8 @@ class OpenMetricsReader:
             state.defaulted += [(remap[sids], vals) for sids, vals in part.defaulted]
             return part.lines
         if isinstance(part, str):
-            self.report.warnings.append(f"{path}: the worker reading bytes {span[0]}-{span[1]} failed ({part}); "
-                                        "read by the main process")
+            what = "it" if span is None else f"bytes {span[0]}-{span[1]}"
+            self.report.warnings.append(f"{path}: the worker reading {what} failed ({part}); read by the main process")
         worker.stop()
         return self._read_range(path, span, lineno, state)
 
@@ -746,6 +756,5 @@ def read_openmetrics(
         workers=workers,
         min_part_bytes=min_part_bytes,
     )
-    for path in paths:
-        reader.read(path)
+    reader.read_all(paths)
     return (reader.samples() if compact else reader.frame()), reader.report

@@ -1,5 +1,6 @@
-"""One large history file read on several cores: byte ranges cut at line ends, each past the first read by a
-worker process, merged into the reader's builder in file order.
+"""History files read on several cores: a large plain file in byte ranges cut at line ends, several files at
+once, each piece past the one the reader reads itself read by a worker process and merged into the reader's
+builder in file order.
 
 Reading is ~95 % of ``analyze --input`` on a big file and runs at ~2 M samples/s on one core, Python-bound
 (the GIL keeps threads from helping). A worker reads its range as the reader reads a whole file (the same
@@ -9,7 +10,8 @@ timestamp). ``FrameBuilder.absorb`` adds them as if read in order, so the Sample
 line number are those of one process reading the file: tests compare them field by field.
 
 Only plain files of at least two ``MIN_PART_BYTES`` ranges are cut (gzip streams cannot be entered in the
-middle), and only from a process with no other thread running: the workers are forked (no re-import, and
+middle); a whole file goes to a worker from ``MIN_PART_BYTES`` of text on (``text_bytes``). Workers only start
+from a process with no other thread running: the workers are forked (no re-import, and
 no ``if __name__ == "__main__"`` needed in a caller's script), and forking a threaded process could copy a
 lock another thread held. A range after a ``# EOF`` line, or a worker that failed, is read by the reader
 itself: slower, never different. ``IngestReport.worker_parts`` counts the ranges workers read.
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -46,12 +48,17 @@ def default_workers() -> int:
     return max(1, min(cpus, MAX_WORKERS))
 
 
+def can_fork() -> bool:
+    """Workers may be forked: the platform can, and no other thread runs (it could hold a lock the child needs)."""
+    return threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
+
+
 def byte_ranges(path: Path, workers: int, min_bytes: int = MIN_PART_BYTES) -> list[tuple[int, int]]:
     """``[start, end)`` byte ranges of ``path``, each starting a line, at least ``min_bytes`` (one range for
     a gzip file or where a split would not pay)."""
     size = path.stat().st_size
     parts = min(max(workers, 1), size // max(min_bytes, 1))
-    if parts < 2 or threading.active_count() > 1 or "fork" not in multiprocessing.get_all_start_methods():
+    if parts < 2 or not can_fork():
         return [(0, size)]
     cuts = [0]
     with open(path, "rb") as f:
@@ -64,6 +71,45 @@ def byte_ranges(path: Path, workers: int, min_bytes: int = MIN_PART_BYTES) -> li
                 cuts.append(f.tell())
     cuts.append(size)
     return list(pairwise(cuts))
+
+
+class Task(NamedTuple):
+    """One piece of a read: file ``index`` of the read (``path``), its bytes ``span`` (None: the whole file,
+    plain or gzip), and whether a worker may read it (big enough to pay for one)."""
+
+    index: int
+    path: Path
+    span: tuple[int, int] | None
+    last: bool
+    to_worker: bool
+
+
+def plan(paths: list[Path], workers: int, min_bytes: int = MIN_PART_BYTES) -> list[Task]:
+    """The pieces of reading ``paths`` in order: a big plain file in ranges (``byte_ranges``), every other file
+    whole; with ``workers`` > 1, pieces of at least ``min_bytes`` may go to workers (several files read at once)."""
+    can = workers > 1 and can_fork()
+    tasks: list[Task] = []
+    for i, path in enumerate(paths):
+        ranges = byte_ranges(path, workers, min_bytes) if can else [(0, path.stat().st_size)]
+        spans: list[tuple[int, int] | None] = [*ranges] if len(ranges) > 1 else [None]
+        tasks += [Task(i, path, span, k == len(spans) - 1, can and (span is not None or text_bytes(path) >= min_bytes))
+                  for k, span in enumerate(spans)]
+    return tasks
+
+
+#: A gzip file's text is at least this many times its size (Prometheus text compresses 10-40x).
+GZIP_RATIO = 8
+
+
+def text_bytes(path: Path) -> int:
+    """About how much text ``path`` holds: its size, or a gzip file's recorded size (modulo 4 GiB) or
+    ``GZIP_RATIO`` times its size, whichever is larger."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if f.read(2) != b"\x1f\x8b" or size < 20:
+            return size
+        f.seek(-4, os.SEEK_END)
+        return max(GZIP_RATIO * size, int.from_bytes(f.read(4), "little"))
 
 
 class RangeFile:

@@ -156,6 +156,7 @@ def check_no_split_for_gzip_small_files_or_a_threaded_process(tmp_path: Path) ->
     assert byte_ranges(plain, 4, len(text)) == [(0, len(text))]  # a range would be smaller than asked
     assert byte_ranges(packed, 4, 1) == [(0, packed.stat().st_size)]
     assert byte_ranges(plain, 1, 1) == [(0, len(text))]
+    assert split.text_bytes(plain) == len(text) and split.text_bytes(packed) >= len(text)  # its recorded size
     cuts = byte_ranges(plain, 4, 1000)
     assert all(text[a - 1:a] == b"\n" for a, _ in cuts[1:]) and cuts[-1][1] == len(text)
     done = threading.Event()
@@ -182,6 +183,30 @@ def check_load_files_split_gives_the_same_fleet(tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(three.frame, one.frame)
     assert three.notes == one.notes and three.step == one.step and three.missing == one.missing
 
+
+def check_several_files_read_at_once(tmp_path: Path) -> None:
+    """Several files, each whole or in ranges, read on several cores: a gzip one (whole, by a worker), a plain
+    one cut in ranges, an OpenMetrics one with content after its ``# EOF``, one in milliseconds: what one process
+    reads, file by file (each its own unit and ``# EOF``), in order."""
+    texts = [_messy(), _messy(eof_at=0.5), _messy(ms_from=0.0), _messy() + "# EOF\n"]
+    paths = [tmp_path / "a.prom.gz", tmp_path / "b.om", tmp_path / "c.prom", tmp_path / "d.om"]
+    paths[0].write_bytes(gzip.compress(texts[0].encode()))
+    for path, text in zip(paths[1:], texts[1:], strict=True):
+        path.write_text(text)
+    small = min(p.stat().st_size for p in paths) // 2
+
+    def read(workers: int) -> tuple[pd.DataFrame, dict]:
+        frame, report = read_openmetrics(paths, metric_filter=metric_filter(), default_timestamp=T0 + 900,
+                                         workers=workers, min_part_bytes=small)
+        return frame, dataclasses.asdict(report)
+
+    frame, report = read(1)
+    for workers in (2, 3):
+        split_frame, split_report = read(workers)
+        pd.testing.assert_frame_equal(split_frame, frame)
+        assert split_report.pop("worker_parts") > 0
+        assert {**split_report, "worker_parts": 0} == report
+    assert report["files"] == [str(p) for p in paths] and report["bad_line_count"] > 8
 
 # The checks run in a fresh interpreter each: pytest-xdist's workers run threads, and the reader never forks a
 # process with other threads running (split.byte_ranges), so in a worker it would read every file in one process.
@@ -225,3 +250,7 @@ def test_no_split_for_gzip_small_files_or_a_threaded_process(tmp_path):
 
 def test_load_files_split_gives_the_same_fleet(tmp_path):
     _fresh(tmp_path, "check_load_files_split_gives_the_same_fleet")
+
+
+def test_several_files_read_at_once(tmp_path):
+    _fresh(tmp_path, "check_several_files_read_at_once")
