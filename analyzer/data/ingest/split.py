@@ -186,8 +186,15 @@ class Worker:
         return got if isinstance(got, Part) else str(got[1])
 
     def pieces(self) -> Iterator[tuple[str, list[Any]]]:
-        while (item := self._conn.recv()) is not None:
-            yield item
+        """Its pieces, a metric at a time. A worker ending half way (killed for memory) leaves the read half
+        merged: that fails loudly, never a silently shorter read."""
+        try:
+            while (item := self._conn.recv()) is not None:
+                yield item
+        except (EOFError, OSError) as e:
+            self._process.join(10.0)
+            raise RuntimeError(f"a worker reading history ended while sending what it read ({type(e).__name__}; "
+                               f"exit code {self._process.exitcode}): read with one process (--workers 1)") from e
 
     def stop(self) -> None:
         if self._process.is_alive():

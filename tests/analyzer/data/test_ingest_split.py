@@ -147,6 +147,26 @@ def check_a_failed_worker_range_is_read_by_the_reader(tmp_path: Path, how: str) 
     assert ("disk on fire" if how == "raises" else "exit code 3") in warning and "read by the main process" in warning
 
 
+def check_a_worker_dying_half_way_through_sending_fails_loudly(tmp_path: Path) -> None:
+    """Killed (for memory) after sending part of what it read: the read fails and says what to do, never a
+    silently shorter read."""
+    path = tmp_path / "h.prom"
+    path.write_text(_messy())
+    real = OpenMetricsReader._read_part
+
+    class Dying(dict):
+        def items(self):
+            yield next(iter(super().items()))
+            os._exit(9)
+
+    def dying(self, path, span):
+        part, pieces = real(self, path, span)
+        return part, Dying(pieces)
+
+    OpenMetricsReader._read_part = dying  # a fresh process: nothing else reads after this
+    with pytest.raises(RuntimeError, match=r"exit code 9\): read with one process \(--workers 1\)"):
+        _read(path, 2, path.stat().st_size // 2)
+
 def check_no_split_for_gzip_small_files_or_a_threaded_process(tmp_path: Path) -> None:
     text = _messy().encode()
     plain, packed = tmp_path / "h.prom", tmp_path / "h.prom.gz"
@@ -254,3 +274,7 @@ def test_load_files_split_gives_the_same_fleet(tmp_path):
 
 def test_several_files_read_at_once(tmp_path):
     _fresh(tmp_path, "check_several_files_read_at_once")
+
+
+def test_a_worker_dying_half_way_through_sending_fails_loudly(tmp_path):
+    _fresh(tmp_path, "check_a_worker_dying_half_way_through_sending_fails_loudly")
