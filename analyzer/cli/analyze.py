@@ -120,8 +120,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="OpenMetrics/Prometheus text file with timestamps, plain or gzip (repeatable)")
     src.add_argument("--prometheus", metavar="URL", help="Prometheus, Thanos, Mimir or VictoriaMetrics base URL")
     src.add_argument("--workers", type=_arg(_positive_int), default=None, metavar="N",
-                     help="processes reading one large plain --input file (default: the CPUs this process may "
-                     "use, up to 8; 1: one process)")
+                     help="processes reading --input files: a large plain file in ranges, several files at once "
+                     "(default: the CPUs this process may use, up to 8; 1: one process)")
     win = p.add_argument_group("window")
     add_range_arguments(win, "Prometheus default: end - 1h")
     win.add_argument("--step", type=_arg(parse_positive_duration), default=None,

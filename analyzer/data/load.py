@@ -66,7 +66,8 @@ def load_files(
     """Read OpenMetrics/Prometheus text files (plain or .gz) and normalize them.
 
     ``default_timestamp`` stamps samples written without one (a scraped ``/metrics`` page); ``workers``:
-    processes reading one big plain file (None: as many as this process has CPUs, analyzer.data.ingest.split).
+    processes reading the files (a big plain one in ranges, several at once; None: as many as this process has
+    CPUs, analyzer.data.ingest.split).
     Raises ValueError naming the files when they hold no GPU telemetry.
     """
     paths = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]

@@ -32,6 +32,7 @@ from typing import Any, Protocol, TextIO
 
 import numpy as np
 
+from exporter import schema as S
 from exporter.simulator.dcgm_dialect import DcgmOptions, to_dcgm
 from exporter.simulator.series import SeriesItem
 
@@ -289,9 +290,9 @@ def _copied(series: Iterable[SeriesItem], mess: Mess) -> Iterator[SeriesItem]:
                 if name is not None:
                     copy[mess.replica_label] = name
                 if job is not None:
-                    copy["job"] = job
+                    copy[S.SCRAPE_JOB] = job
                     if host:
-                        copy["instance"] = f"{host}:9400"
+                        copy[S.INSTANCE] = f"{host}:9400"
                 yield family, copy, values
 
 
@@ -341,7 +342,7 @@ def _scrapes(times: np.ndarray, mess: Mess) -> Callable[[Mapping[str, str]], tup
         host = labels.get("hostname") or labels.get("Hostname")
         if not host:
             return None
-        copy_of = (mess.replica_label, *(("job",) if mess.scrape_jobs else ()))
+        copy_of = (mess.replica_label, *((S.SCRAPE_JOB,) if mess.scrape_jobs else ()))
         target = "/".join([host, *(labels[k] for k in copy_of if labels.get(k))])
         if target not in known:
             at = scrape_times(target, times, mess.scrape_jitter_ms)

@@ -12,8 +12,8 @@ nearly all the time is in C. Anything the fast path does not recognise (comments
 new key, label values with spaces and no timestamp, exemplars, odd whitespace, missing
 timestamps, garbage) goes to a careful per-line parser, which either reads the sample or
 reports a bad line with its line number. One bad line never stops the file. A big plain file is
-cut into byte ranges read by forked workers on the other cores and merged in file order, exactly as
-one process reads it (analyzer.data.ingest.split).
+cut into byte ranges, and several files are read at once, by forked workers on the other cores, merged
+in file order, exactly as one process reads them (analyzer.data.ingest.split).
 
 Timestamp unit, decided per file (``timestamp_unit="auto"``):
 
@@ -210,7 +210,7 @@ def _open_binary(path: Path) -> BinaryIO:
     raw = open(path, "rb")  # noqa: SIM115 - returned to the caller, closed there
     magic = raw.read(2)
     raw.seek(0)
-    if magic == b"\x1f\x8b":
+    if magic == split.GZIP_MAGIC:
         return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
     return raw
 
@@ -332,8 +332,9 @@ class OpenMetricsReader:
         workers: int | None = None,
         min_part_bytes: int | None = None,
     ) -> None:
-        """``workers``: processes reading one big plain file (analyzer.data.ingest.split; None: the CPUs this
-        process may use), each given at least ``min_part_bytes`` (None: split.MIN_PART_BYTES)."""
+        """``workers``: processes reading a big plain file in ranges and several files at once
+        (analyzer.data.ingest.split; None: the CPUs this process may use), each piece at least ``min_part_bytes``
+        (None: split.MIN_PART_BYTES)."""
         if timestamp_unit not in ("auto", "s", "ms"):
             raise ValueError(f"timestamp_unit must be 'auto', 's' or 'ms', not {timestamp_unit!r}")
         if chunk_bytes < 1:
@@ -393,8 +394,10 @@ class OpenMetricsReader:
 
     def _read_part(self, path: Path, span: tuple[int, int] | None) -> tuple[split.Part, dict[str, list[Any]]]:
         """(In a worker.) Bytes ``span`` of ``path`` (None: all of it) read as a file of their own, for ``_take``."""
-        reader = OpenMetricsReader(self.filter, self.default_timestamp, self.timestamp_unit, self.chunk_bytes,
-                                   self.report.max_examples, self.builder.sentinels, workers=1)
+        reader = OpenMetricsReader(self.filter, default_timestamp=self.default_timestamp,
+                                   timestamp_unit=self.timestamp_unit, chunk_bytes=self.chunk_bytes,
+                                   max_bad_examples=self.report.max_examples, sentinels=self.builder.sentinels,
+                                   workers=1)
         state = _FileState(str(path), reader.builder)
         lines = reader._read_range(path, span, 0, state)
         state.flush()
@@ -414,7 +417,8 @@ class OpenMetricsReader:
             self.report.worker_parts += 1
             self._seen_names |= part.seen
             state.biggest = max(state.biggest, part.biggest)
-            state.eof_line = lineno + part.eof_line if part.eof_line else 0
+            if part.eof_line:  # the ranges after it are read here, as content after # EOF
+                state.eof_line = lineno + part.eof_line
             state.defaulted += [(remap[sids], vals) for sids, vals in part.defaulted]
             return part.lines
         if isinstance(part, str):

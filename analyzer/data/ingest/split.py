@@ -52,6 +52,15 @@ def default_workers() -> int:
     return max(1, min(cpus, MAX_WORKERS))
 
 
+#: The first bytes of a gzip stream (how a file is known to be gzip, whatever its name).
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == GZIP_MAGIC
+
+
 def can_fork() -> bool:
     """Workers may be forked: the platform can, and no other thread runs (it could hold a lock the child needs)."""
     return threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
@@ -62,12 +71,10 @@ def byte_ranges(path: Path, workers: int, min_bytes: int = MIN_PART_BYTES) -> li
     a gzip file or where a split would not pay)."""
     size = path.stat().st_size
     parts = min(max(workers, 1), size // max(min_bytes, 1))
-    if parts < 2 or not can_fork():
+    if parts < 2 or not can_fork() or is_gzip(path):
         return [(0, size)]
     cuts = [0]
     with open(path, "rb") as f:
-        if f.read(2) == b"\x1f\x8b":
-            return [(0, size)]
         for i in range(1, parts):
             f.seek(i * size // parts)
             f.readline()  # to the start of the next line
@@ -109,10 +116,10 @@ def text_bytes(path: Path) -> int:
     """About how much text ``path`` holds: its size, or a gzip file's recorded size (modulo 4 GiB) or
     ``GZIP_RATIO`` times its size, whichever is larger."""
     size = path.stat().st_size
+    if size < 20 or not is_gzip(path):
+        return size
     with open(path, "rb") as f:
-        if f.read(2) != b"\x1f\x8b" or size < 20:
-            return size
-        f.seek(-4, os.SEEK_END)
+        f.seek(-4, os.SEEK_END)  # ISIZE: the text's length modulo 4 GiB
         return max(GZIP_RATIO * size, int.from_bytes(f.read(4), "little"))
 
 
