@@ -252,15 +252,17 @@ def _training(act: _Activity, tr: np.ndarray, active: np.ndarray, f: np.ndarray,
     step = np.maximum.reduceat(ready, ctx.bounds, axis=1)[:, ctx.jl] + comm
     wait = np.maximum(step - comm - ready, 0.0)
     inv = 1.0 / step
-    smp, tp = p["smp"][tc], p["tp"][tc]
-    if noise:  # slow drift of the step mix, per member
-        drift = 1.0 + 0.04 * np.sin(2 * np.pi * tr[:, None] / p["period"][tc] + p["wander"][tc])
+    smp, tp, dp = p["smp"][tc], p["tp"][tc], 0.35
+    if noise:  # slow drift of the step mix, per member; memory traffic's at its own pace (a quarter period off)
+        period, wander = p["period"][tc], p["wander"][tc]
+        drift = 1.0 + 0.04 * np.sin(2 * np.pi * tr[:, None] / period + wander)
         smp, tp = smp * drift, tp * drift
+        dp = dp * (1.0 + 0.04 * np.sin(2 * np.pi * tr[:, None] / (1.3 * period) + wander + np.pi / 2))
     on = _alive(active, fx.dead, tc)
     act.u[:, tc] = np.where(on, 0.97 * (step - st) * inv, 0.0)
     act.sm[:, tc] = np.where(on, (smp * comp + 0.05 * wait + 0.18 * comm) * inv, 0.0)
     act.ten[:, tc] = np.where(on, tp * comp * inv, 0.0)
-    act.dram[:, tc] = np.where(on, (0.35 * comp + 0.02 * wait + 0.08 * comm) * inv, 0.0)
+    act.dram[:, tc] = np.where(on, (dp * comp + 0.02 * wait + 0.08 * comm) * inv, 0.0)
     act.nvl[:, tc] = np.where(on, p["nvl0"][tc] * inv, 0.0)
     act.pcie[:, tc] = np.where(on, p["pcie0"][tc] * inv, 0.0)
     act.step = step
