@@ -149,6 +149,21 @@ def test_node_level_input_starvation_is_reported_on_the_node() -> None:
     assert (found.hostname, found.gpu, found.evidence["cause"]) == ("n02", None, "input")
 
 
+def test_a_member_given_less_work_is_no_input_straggler() -> None:
+    """A member whose util falls 7 points below its peers' while its activity falls with it (a replica with less
+    load: it does less work per second) is no input straggler; one starved of input keeps its peers' work per
+    second (they wait for it) and is. Without the work it must keep, the first was an input warning."""
+    for seed in range(3):
+        fl = gang_fleet(hosts=2, gpus=8, steps=60, seed=seed)
+        fl.frame.loc[_member(fl, 20), ["gpu_util", "tensor_active", "sm_active"]] *= 0.93
+        assert stragglers(fl) == [], seed
+        assert [(f.hostname, f.gpu, f.evidence["cause"]) for f in stragglers(fl, work_kept=-100.0)] == \
+            [("n02", 5, "input")], seed
+        starved = gang_fleet(hosts=2, gpus=8, steps=60, seed=seed)
+        starved.frame.loc[_member(starved, 20), "gpu_util"] *= 0.93
+        assert [(f.hostname, f.gpu, f.evidence["cause"]) for f in stragglers(starved)] == [("n02", 5, "input")], seed
+
+
 def test_no_tensor_activity_still_works_from_sm_and_clocks() -> None:
     (found,) = stragglers(gang_fleet(slow={(1, 3): 0.8}, drop=("tensor_active",)))
     assert (found.hostname, found.gpu, found.evidence["cause"]) == ("n02", 3, "thermal")
