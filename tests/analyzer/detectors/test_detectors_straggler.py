@@ -164,6 +164,25 @@ def test_a_member_given_less_work_is_no_input_straggler() -> None:
         assert [(f.hostname, f.gpu, f.evidence["cause"]) for f in stragglers(starved)] == [("n02", 5, "input")], seed
 
 
+def test_a_replica_busier_by_util_too_is_not_what_its_peers_wait_for() -> None:
+    """A member 7 % ahead in activity at the same clock whose util is also ~8 points above its peers' (a replica
+    carrying more load: its peers idle outside kernels, they do not wait at a barrier) is no silent straggler;
+    without the lock-step rule (``util_gap`` out of reach) it was one, and a member 9 % slow whose peers wait
+    inside kernels (their util with its) still is."""
+    for seed in range(4):
+        fl = gang_fleet(hosts=2, gpus=8, steps=60, same_clock=True, seed=seed)
+        f = fl.frame
+        member, later = _member(fl, 20), f["timestamp"] >= T0 + 20 * STEP
+        f.loc[member, ["tensor_active", "sm_active"]] *= 1.07
+        f.loc[member, "gpu_util"] = 1.0
+        f.loc[~member & later, "gpu_util"] *= 0.95
+        assert stragglers(fl) == [], seed
+        assert [(x.hostname, x.gpu) for x in stragglers(fl, util_gap=0.5)] == [("n02", 5)], seed
+        slow = gang_fleet(hosts=2, gpus=8, steps=60, same_clock=True, seed=seed, slow={(1, 5): 1 / 1.09},
+                          window=(20, 90))
+        assert [(x.hostname, x.gpu) for x in stragglers(slow)] == [("n02", 5)], seed
+
+
 def test_no_tensor_activity_still_works_from_sm_and_clocks() -> None:
     (found,) = stragglers(gang_fleet(slow={(1, 3): 0.8}, drop=("tensor_active",)))
     assert (found.hostname, found.gpu, found.evidence["cause"]) == ("n02", 3, "thermal")
