@@ -455,8 +455,7 @@ class Straggler:
         lead_1, _, level_1 = self._lead(TEN, SM, use_t, ref, 1)
         big = (top.sizes() >= self.silent_min_members)[:, None]
         base_w = max(2, round(self.change_baseline_s / step_s))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            fall_1 = trailing_median(level_1, base_w) / level_1  # the gang's slowdown: its level then over now
+        fall_1 = _then_over_now(level_1, base_w)  # the gang's slowdown
         if DRAM is not None:
             lead_1, fall_1 = self._with_dram(lead_1, fall_1, np.where(at_work, DRAM, np.nan), ref, base_w)
         minutes = step_s / 60.0
@@ -502,7 +501,7 @@ class Straggler:
         rD, _ = ref(D, False)
         with np.errstate(invalid="ignore", divide="ignore"):
             lead_d = np.where(rD >= self.dram_min, D / rD, np.nan)
-            fall_d = trailing_median(rD, base_w) / rD
+        fall_d = _then_over_now(rD, base_w)
         both = ~np.isnan(lead_d)
         return (np.where(both, (lead + lead_d) / 2.0, lead),
                 np.where(both & ~np.isnan(fall_d), (fall + fall_d) / 2.0, fall))
@@ -828,6 +827,12 @@ class Straggler:
             namespace=ep.namespace or None, pod=getattr(ep, "pod", None) if gpu is not None else None,
             rack=ep.rack or None if hasattr(ep, "rack") and ep.rack else None, confidence=conf, evidence=evidence,
         )
+
+
+def _then_over_now(level: np.ndarray, base_w: int) -> np.ndarray:
+    """The peers' level over the previous ``base_w`` samples (median) over theirs now: > 1 where the gang slowed."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return trailing_median(level, base_w) / level
 
 
 def _runs_at_least(mask: np.ndarray, n: int) -> np.ndarray:
