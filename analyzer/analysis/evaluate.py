@@ -25,8 +25,8 @@ Counting: a finding is a true positive when it matches any truth, else a false f
 a truth is detected when any finding matches it. Several findings may match one truth
 (MIG instances of one GPU; a problem split in two), reported as ``fragmented``.
 Precision is 1.0 with no findings (nothing false was claimed), recall 1.0 with no truth.
-A truth whose evidence the input does not carry at all (:data:`EVIDENCE`: an ECC storm where no ECC
-counter is collected) is *unobservable*: counted and listed apart with the input's reason, left out
+A truth whose evidence the input does not carry at all (:data:`EVIDENCE`, or the truth's own ``needs``: an ECC
+storm where no ECC counter is collected, a stalling straggler where SM activity is not) is *unobservable*: counted
 of recall (a finding matching it is still true).
 
 Replay (:func:`replay`, ``truegpu evaluate --replay``) judges the same way but as ``serve`` sees the
@@ -113,7 +113,7 @@ def matches(f: Finding, t: Mapping[str, Any], window_end: float, racks: Mapping[
 
 def unobservable(t: Mapping[str, Any], fleet: Fleet | None) -> str | None:
     """Why ``fleet`` cannot show the problem ``t`` (its evidence signals' missing reasons), None where it can."""
-    need = EVIDENCE.get(str(t.get("attribution")), ())
+    need = tuple(t.get("needs") or EVIDENCE.get(str(t.get("attribution")), ()))
     if fleet is None or not need or any(s not in fleet.missing for s in need):
         return None
     return "; ".join(fleet.missing[s] for s in need)

@@ -168,19 +168,25 @@ Quiet stragglers (issue 12), found from the peer relation itself at GPU level:
   Counting that first minute left the highest value outside the truth where it was over the same 250 runs;
   counting every member busiest in one sample raised it to 0.148 (a peer of the input-starved node).
 
-* **memory traffic** (both CUSUMs): the one-sample lead and the gang's slowdown they accumulate are each the
-  average of the activity's (tensor or SM, above) and DRAM activity's, where the peers move memory (DRAM
-  activity >= ``dram_min`` 0.05; dcgm-exporter's default counters carry it): a member computing while its
-  peers spin at the barrier moves memory while they do not, so it leads in memory traffic by the same
-  factor, with sampling noise of its own and a kernel-mix drift of its own (a step shifting from matmuls to
-  memory-bound work lowers tensor activity and raises memory traffic); averaged, a drift low in one is not a
-  low in both. The thresholds stayed where they were. Replayed on the simulator (whose memory traffic drifts
-  at its own pace) at seeds 0..9 of every scenario, against the same data without this term: straggler-
-  intermittent's members suspected in their first spell at 8 and 10 of 10 seeds (10 % and 15 %; were 7 and
-  9), 10-20 % slowdowns p95 720 s (was 1,080 s), false ids 5 (was 9); the highest values outside the truth
-  (24 scenarios, 15 seeds) fell from 0.100 to 0.051 (change) and from 0.376 to 0.227 (lead: three members had
-  passed its 0.35 alarm). Where memory traffic moves with the tensor work, the average is no noisier than
-  tensor activity alone.
+* **which activity** (the quiet paths): SM activity where it is collected, else tensor activity. What each
+  counts decides who leads. SM activity counts kernel time (cycles with warps resident), which any slowness
+  raises; tensor activity counts busy tensor cycles at the member's own clock, which a lower clock or more work
+  per step raises, but not a stall (a weak GPU/HBM doing the same work in more cycles: the issue's "SM
+  activity a little higher than its peers'"); memory traffic is bytes per step, the same for every member of a
+  synchronous gang unless one gets more work. A quiet straggler is slow at its full clock, so tensor activity
+  alone would miss every stalling one. SM activity reads a little under the slowdown (the peers' barrier spin
+  keeps some of theirs: a 20 % member leads by ~17 %). The clock path keeps tensor activity first (a lower
+  clock shows in full there, with no spin in it). Where only the quiet paths speak, the finding's slowdown is
+  their two-sample lead over the episode (the 5-minute window's lead takes every sample a peer has, held ones
+  too: a node scraped every 2 minutes still showing its gang's start-up read as a member 37 % ahead).
+* **memory traffic** (both CUSUMs): the gang's slowdown they accumulate is the average of the activity's
+  (above) and DRAM activity's, where the peers move memory (DRAM activity >= ``dram_min`` 0.05; dcgm-exporter's
+  default counters carry it): every member moves its bytes per step over a longer step. Where the lead is
+  tensor activity's (SM activity not collected) the one-sample lead is averaged with DRAM activity's too: a
+  member given more work moves more bytes, with sampling noise of its own and a kernel-mix drift of its own (a
+  step shifting from matmuls to memory-bound work lowers tensor activity and raises memory traffic), so a
+  drift low in one is not a low in both. Not with SM activity's lead, which a stalling member raises alone:
+  averaged with memory traffic it would be halved.
 
 Early warning: a problem still open at the end of the data that has lasted
 ``suspect_after_s`` 180 s (3 samples at 60 s, the persistence rule's 3 of 5) but not yet
@@ -215,7 +221,8 @@ clock lower, no throttle reason reported" when the clock is lower).
 
 Missing signals: without tensor activity the lead uses SM activity (same physics, a bit
 diluted by the barrier spin); without SM activity tensor activity alone is used and the
-finding is "low" confidence (tensor cores are only part of the work); with neither,
+finding is "low" confidence (tensor cores are only part of the work; a member that stalls at full clock
+cannot be seen at all: dcgm-exporter's default counters leave SM activity out); with neither,
 nothing is reported (a victim cannot be told from its straggler). Without clocks only the
 activity path (``lead_min``) and the input path work, also "low". Without DRAM activity the CUSUMs read the
 activity alone.
@@ -375,6 +382,7 @@ class Straggler:
         # noise (~±5%) averages out, the member's kernel-mix drift does not and sets the spread.
         rT, _ = ref(TEN, False)
         rS, _ = ref(SM, False)
+        sm_known = ~np.isnan(rS)
         with np.errstate(invalid="ignore", divide="ignore"):
             use_t = rT >= self.min_tensor
             lead_now = np.where(use_t, TEN / rT, np.where(rS > 0, SM / rS, np.nan))
@@ -382,7 +390,6 @@ class Straggler:
             noise = np.fmax(noise, self.mad_floor)
             clk_rel = CLK / rK
             peers_clock = rK / rKmax
-        sm_known = ~np.isnan(rS)
         progress = np.where(sm_known, rS >= self.progress_sm, use_t)
         peers_busy = rU >= self.busy_util
         throttled = clk_rel <= 1.0 - self.clock_drop  # NaN clock -> False: no clock evidence
@@ -418,9 +425,12 @@ class Straggler:
         # Reset the sequential evidence where the gang is known not to be at work (an inference service
         # between bursts is no steady gang); hold it where nothing is known (a scrape gap).
         idle = ~gate & ~np.isnan(U) & ~np.isnan(rU)
-        silent, settled, spell, spell_lead, level = self._quiet(TEN, SM, use_t, clk_rel, throttled, starved & known,
-                                                                    gate, quiet_work, idle, ref, top, long_w, spell_n,
-                                                                    step_s, DRAM)
+        # The quiet paths (same clock) read SM activity where collected: it counts kernel time, which any slowness
+        # raises; tensor activity counts busy cycles at the member's own clock, which a lower clock or more work
+        # raises, a stall (the same work in more cycles) not.
+        silent, settled, spell, spell_lead, level = self._quiet(
+            TEN, SM, use_t & ~sm_known, clk_rel, throttled, starved & known, gate, quiet_work, idle, ref, top, long_w,
+            spell_n, step_s, DRAM)
         return _Cells(compute & known, starved & known, nvlink & known, nvl_rel, known, lead, clk_rel, U, rU, rK,
                       CLK, silent, settled, spell, spell_lead, level)
 
@@ -456,12 +466,13 @@ class Straggler:
         big = (top.sizes() >= self.silent_min_members)[:, None]
         base_w = max(2, round(self.change_baseline_s / step_s))
         fall_1 = _then_over_now(level_1, base_w)  # the gang's slowdown
-        if DRAM is not None:
-            lead_1, fall_1 = self._with_dram(lead_1, fall_1, np.where(at_work, DRAM, np.nan), ref, base_w)
         minutes = step_s / 60.0
         with np.errstate(invalid="ignore", divide="ignore"):
             norm_l = lead_l * rolling_mean(clk, long_w)
             norm_s = lead_s * rolling_mean(clk, 2)
+            if DRAM is not None:
+                lead_1, fall_1 = self._with_dram(lead_1, fall_1, np.where(at_work, DRAM, np.nan), use_t, ref,
+                                                 base_w)
             norm_1 = lead_1 * clk
             z = (norm_l - 1.0) / np.fmax(spread_l, self.mad_floor)  # NaN spread (a pair): the relative test decides
             # A gang waiting for an input-starved member slows for that one, and all its other members lead: the
@@ -492,18 +503,19 @@ class Straggler:
         sequential = _fill_gaps(_alarm_runs(level, alarm), math.ceil(2.0 * self.cusum_h / self.cusum_k / minutes))
         return silent | sequential, silent, _runs_at_least(spell, spell_n), lead_s, level
 
-    def _with_dram(self, lead: np.ndarray, fall: np.ndarray, D: np.ndarray, ref: Any,
+    def _with_dram(self, lead: np.ndarray, fall: np.ndarray, D: np.ndarray, use_t: np.ndarray, ref: Any,
                    base_w: int) -> tuple[np.ndarray, np.ndarray]:
-        """The one-sample lead and the gang's slowdown (then over now) averaged with DRAM activity's, where the
-        peers move memory (>= ``dram_min``): memory traffic is work done too, so a member computing while its
-        peers wait leads in it as well, with its own sampling noise and, where the kernel mix shifts from
-        tensor to memory work, the opposite drift."""
+        """The gang's slowdown (then over now) averaged with DRAM activity's, where the peers move memory
+        (>= ``dram_min``): every member moves its bytes per step over a longer step. The one-sample lead too,
+        where it is tensor activity's (SM activity not collected): a member given more work moves more bytes,
+        with its own sampling noise and, where the kernel mix shifts from tensor to memory work, the opposite
+        drift; not SM activity's lead, which a stalling member raises alone."""
         rD, _ = ref(D, False)
         with np.errstate(invalid="ignore", divide="ignore"):
             lead_d = np.where(rD >= self.dram_min, D / rD, np.nan)
         fall_d = _then_over_now(rD, base_w)
         both = ~np.isnan(lead_d)
-        return (np.where(both, (lead + lead_d) / 2.0, lead),
+        return (np.where(both & use_t, (lead + lead_d) / 2.0, lead),
                 np.where(both & ~np.isnan(fall_d), (fall + fall_d) / 2.0, fall))
 
     def _tristate(self, cells: _Cells, steps: int) -> np.ndarray:
@@ -524,6 +536,11 @@ class Straggler:
         pg = peer_groups(fleet)
         if pg.n_slots == 0:
             return []
+        blind = ("straggler: SM activity is not collected: a GPU slow at its full clock because it stalls (the same "
+                 "work in more cycles) leaves tensor activity and memory traffic with its peers' and cannot be told; "
+                 "enable DCGM_FI_PROF_SM_ACTIVE")
+        if not fleet.has("sm_active") and blind not in fleet.notes:
+            fleet.notes.append(blind)
         U, TEN, SM = pg.matrix(gpu_busy(fleet)), pg.matrix("tensor_active"), pg.matrix("sm_active")
         CLK, CLKMAX, NVL = pg.matrix("sm_clock"), pg.matrix(clock_max(fleet)), pg.matrix("nvlink_bps")
         steps = max(1, round(self.window_s / fleet.step))
@@ -566,6 +583,12 @@ class Straggler:
         m["ref_clk"], m["ref_util"] = eps.mean(flat(cells.ref_clk)), eps.mean(flat(cells.ref_util))
         for k in ("input", "compute", "nvlink", "silent", "settled"):
             m[k] = eps.mean(flat(getattr(cells, k).astype(np.float64)))
+        # Where only the quiet paths speak, the slowdown is their lead (SM activity's where collected, over fresh
+        # samples at work): the window's average (compute path) takes every sample a peer has, a node's held ones
+        # too (a node scraped every 2 minutes still showing its gang's start-up read as a member 37 % ahead).
+        quiet = (m["compute"] < 0.5) & (m["input"] < 0.5) & (m["nvlink"] < 0.5)
+        q = eps.mean(flat(cells.spell_lead))
+        m["lead"] = np.where(quiet & ~np.isnan(q), q, m["lead"])
         m["alarm_now"] = eps.last(flat(cells.alarm_level))
         m["alarm_max"] = eps.max(flat(cells.alarm_level))
         for k in Straggler._SIGNALS:

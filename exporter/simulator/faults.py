@@ -36,12 +36,18 @@ What each fault looks like in the signals (what a detector should find):
   below its peers'; power flat at the cap, ``sw_power_cap`` active, lower SM clock (clock vs
   throttle state: the GPU is not hot, its limit is low); gang peers wait as above.
   Ground truth: ``degraded_gpu``/power_cap + ``straggler``/power (in a gang).
-* ``slow_gpu`` (one GPU, ``slowdown``): a member computes slower with no visible reason (full
-  clock, no clock event, normal temperature and power): peers wait at the barrier.
+* ``slow_gpu`` (one GPU, ``slowdown``, ``extra_work`` 0): a member computes slower with no visible
+  reason (full clock, no clock event, normal temperature and power): peers wait at the barrier.
+  ``extra_work`` is the share of its extra time that is extra work (data imbalance: more tokens,
+  its tensor work and memory traffic per step grow with it); the rest stalls (a weak GPU/HBM: the
+  same work per step in more cycles, so only SM activity, which counts cycles with warps resident,
+  shows the member busier; tensor activity and memory traffic, the same work over the same step,
+  stay with its peers'). With ``extra_work`` 0 a stalling member is invisible where SM activity is
+  not collected (dcgm-exporter's default counters): its truth says so (``needs``).
   Ground truth: ``straggler``/unknown.
 * ``intermittent_straggler`` (one GPU, ``slowdown`` 0.15, ``period`` 600 s, ``duty`` 0.3): the
   member is slow only in recurring spells: the first ``duty x period`` seconds of every
-  ``period`` from ``start`` it computes like a ``slow_gpu`` that slows the gang by ``slowdown``
+  ``period`` from ``start`` it computes like a ``slow_gpu`` (``extra_work`` 0) that slows the gang by ``slowdown``
   (same clock, no clock event), in between it is healthy. Each spell its peers wait at the
   barrier (SM and tensor activity down, util ~97%) while it is the busiest member; a spell
   of 3 minutes is shorter than any one-episode persistence rule, only the recurrence tells.
@@ -175,6 +181,8 @@ PCIE_ONLY_COMM = 0.3
 STRAGGLER_CAUSE = {"thermal_straggler": "thermal", "power_cap": "power", "slow_gpu": "unknown",
                    "input_starved": "input", "pcie_downgrade": "pcie", "nvlink_errors": "nvlink",
                    "rack_cooling": "thermal", "intermittent_straggler": "unknown"}
+#: Faults that slow a member at its full clock: by stalls (only SM activity shows) unless ``extra_work``.
+STALLING = ("slow_gpu", "intermittent_straggler")
 KILLING_XIDS = (48, 94, 95)
 #: Partial failures (issue 12) and healthy variation: their kinds, and the error-rate growth profile.
 PARTIAL_FAULTS = ("ecc_storm", "nvlink_crc_rising", "power_deficit")
@@ -360,6 +368,17 @@ _STRAGGLER_WHY = {
 SlowdownFn = Callable[[Fault, Job], tuple[np.ndarray, np.ndarray]]
 
 
+def _straggler_rec(f: Fault, job: Job, host: str, gpu: str | None, s: float, e: float,
+                   worst: float | None) -> dict:
+    how = "" if worst is None else f" by up to {worst:.0%}"
+    rec = {**_rec("straggler", host, gpu, job.name, s, e,
+                  f"{_STRAGGLER_WHY[f.kind]} slows its training gang{how}; peers wait at the barrier",
+                  STRAGGLER_CAUSE[f.kind]), "slowdown": worst}
+    if f.kind in STALLING and not f.params.get("extra_work", 0.0) > 0.0:
+        rec["needs"] = ["sm_active"]  # the same work per step in more cycles: only SM activity shows it
+    return rec
+
+
 def _straggler_span(f: Fault, job: Job, slowdown: SlowdownFn) -> tuple[float, float, float] | None:
     """(start, end, max slowdown) relative, where ``f`` alone slows ``job`` by >= the threshold."""
     t, sd = slowdown(f, job)
@@ -394,10 +413,7 @@ def ground_truth(sc: Scenario, lay: Layout, faults: list[Fault], t0: float,
         if span is None:
             return
         a, b, worst = span
-        how = "" if worst is None else f" by up to {worst:.0%}"
-        out.append({**_rec("straggler", host, gpu, job.name, t0 + a, t0 + b,
-                           f"{_STRAGGLER_WHY[f.kind]} slows its training gang{how}; peers wait at the barrier",
-                           STRAGGLER_CAUSE[f.kind]), "slowdown": worst})
+        out.append(_straggler_rec(f, job, host, gpu, t0 + a, t0 + b, worst))
 
     for f in faults:
         p = f.params

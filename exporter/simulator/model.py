@@ -14,8 +14,11 @@ in-memory tables for tests, and sampling t twice, in any order, gives the same v
 * Synchronous training gangs: each member needs ``1/clock_factor`` compute units (+ data
   wait when input-starved) per step; the step lasts the slowest member's time plus
   communication. Members wait at the barrier inside NCCL: GPU util stays high, SM and
-  tensor activity fall in proportion. A dead/lost member hangs its peers (util ~97%,
-  SM ~5%).
+  tensor activity fall in proportion. What each activity counts decides who leads: SM activity
+  counts kernel time (the slowest member leads by its slowness, whatever the cause), tensor
+  activity busy cycles at the member's own clock (a lower clock leads, a stall does not), memory
+  traffic follows tensor work. A dead/lost
+  member hangs its peers (util ~97%, SM ~5%).
 * Healthy levels are calibrated to the AcmeTrace quantiles (busy: util ~0.97, SM ~0.6,
   tensor ~0.2; GPU temperature median ~40 C / p90 ~60 C; power median ~100 W / p90 ~400 W
   on H100 with ~30% idle GPUs). See ``faults`` for what each injected fault looks like.
@@ -199,6 +202,7 @@ class _FaultEffects:
     width_cap: np.ndarray | None = None
     down: np.ndarray | None = None  # NVLinks down
     slow: np.ndarray | None = None  # clock factor of a slow GPU
+    work: np.ndarray | None = None  # work per step of a slow GPU given more (data imbalance), vs its peers'
     xcomm: np.ndarray | None = None  # extra communication per step (degraded NVLink)
     rscale: np.ndarray | None = None  # thermal resistance factor
     pscale: np.ndarray | None = None  # dynamic power factor
@@ -241,7 +245,11 @@ def _training(act: _Activity, tr: np.ndarray, active: np.ndarray, f: np.ndarray,
     """Synchronous gangs: the step lasts the slowest member's compute (+ input wait) plus communication."""
     p, tc = ctx.p, ctx.tc
     ft = f[:, tc] if fx.slow is None else f[:, tc] * fx.slow[:, tc]
-    comp = 1.0 / ft
+    comp = 1.0 / ft  # kernel time per step: SM activity counts it (cycles with warps resident)
+    # Tensor work is counted in cycles at the member's own clock (a lower clock: more of them busy); it grows with
+    # more work per step, never with stalls (the same work in more cycles). Memory traffic here follows tensor
+    # work (bytes per step would not grow with a lower clock: left as it was, degraded_gpu's fits read it).
+    work = (1.0 if fx.work is None else fx.work[:, tc]) / f[:, tc]
     st = fx.starve[:, tc] if fx.starve is not None else 0.0
     ready = comp + st
     if fx.dead is not None:
@@ -261,8 +269,8 @@ def _training(act: _Activity, tr: np.ndarray, active: np.ndarray, f: np.ndarray,
     on = _alive(active, fx.dead, tc)
     act.u[:, tc] = np.where(on, 0.97 * (step - st) * inv, 0.0)
     act.sm[:, tc] = np.where(on, (smp * comp + 0.05 * wait + 0.18 * comm) * inv, 0.0)
-    act.ten[:, tc] = np.where(on, tp * comp * inv, 0.0)
-    act.dram[:, tc] = np.where(on, (dp * comp + 0.02 * wait + 0.08 * comm) * inv, 0.0)
+    act.ten[:, tc] = np.where(on, tp * work * inv, 0.0)
+    act.dram[:, tc] = np.where(on, (dp * work + 0.02 * wait + 0.08 * comm) * inv, 0.0)
     act.nvl[:, tc] = np.where(on, p["nvl0"][tc] * inv, 0.0)
     act.pcie[:, tc] = np.where(on, p["pcie0"][tc] * inv, 0.0)
     act.step = step
@@ -384,6 +392,16 @@ def _storm_count(fp: dict[str, float], opened: np.ndarray, scale: float = 1.0) -
     return np.floor(c)[:, None]
 
 
+def _more_work(fx: _FaultEffects, f: Fault, cols: np.ndarray, on: np.ndarray, fac: np.ndarray | float,
+               shape: tuple[int, int]) -> None:
+    """A slow member's extra work per step (``extra_work``: the share of its extra time that is data
+    imbalance, not stalls)."""
+    share = f.params.get("extra_work", 0.0)
+    if share > 0.0:
+        fx.work = np.ones(shape) if fx.work is None else fx.work
+        fx.work[:, cols] *= np.where(on, 1.0 + share * (1.0 / fac - 1.0), 1.0)
+
+
 def _straggler_effects(fx: _FaultEffects, f: Fault, cols: np.ndarray, tr: np.ndarray,
                        p: dict[str, np.ndarray]) -> None:
     """Quiet stragglers and the healthy job variations they must be told from (see ``faults``):
@@ -394,6 +412,7 @@ def _straggler_effects(fx: _FaultEffects, f: Fault, cols: np.ndarray, tr: np.nda
         fac = 1.0 / (1.0 + fp["slowdown"] * (1.0 + p["comm"][cols]))
         fx.slow = np.ones(shape) if fx.slow is None else fx.slow
         fx.slow[:, cols] *= np.where(spell_on(f, tr)[:, None], fac[None, :], 1.0)
+        _more_work(fx, f, cols, spell_on(f, tr)[:, None], fac[None, :], shape)
     elif f.kind == "chip_spread":
         fx.binning = np.ones(shape) if fx.binning is None else fx.binning
         fx.binning[:, cols] *= np.where(on, 1.0 - fp["spread"] * per_gpu_uniform(p["key"][cols])[None, :], 1.0)
@@ -697,6 +716,7 @@ class Cluster:
             elif f.kind == "slow_gpu":
                 fx.slow = mat(1.0) if fx.slow is None else fx.slow
                 fx.slow[:, cols] *= np.where(oc, fp.get("factor", 1.0), 1.0)
+                _more_work(fx, f, cols, oc, fp.get("factor", 1.0), (T, n))
             elif f.kind in ("intermittent_straggler", "chip_spread", "startup"):
                 _straggler_effects(fx, f, cols, tr, p)
             elif f.kind == "thermal_degradation":  # higher thermal resistance: +extra at 60% of the limit

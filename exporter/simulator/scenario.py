@@ -54,7 +54,7 @@ FAULT_PARAMS: dict[str, dict[str, float]] = {
     "nvlink_errors": {"crc_per_second": 2.0, "links_down": 0.0},
     "xid": {"code": 79.0, "events": 1.0},
     "rack_cooling": {"ramp_celsius": 45.0, "ramp_seconds": 3600.0, "nodes": 0.0},
-    "slow_gpu": {"slowdown": 0.2},
+    "slow_gpu": {"slowdown": 0.2, "extra_work": 0.0},
     "thermal_degradation": {"extra_celsius": 12.0},
     "power_inefficiency": {"extra_fraction": 0.25},
     "hbm_hot": {"extra_celsius": 10.0},
@@ -72,7 +72,7 @@ FAULT_PARAMS.update(PARTIAL_FAULT_PARAMS)
 
 #: Quiet stragglers (issue 12) and the healthy job variations they must be told from: see simulator.faults.
 STRAGGLER_FAULT_PARAMS: dict[str, dict[str, float]] = {
-    "intermittent_straggler": {"slowdown": 0.15, "period": 600.0, "duty": 0.3},
+    "intermittent_straggler": {"slowdown": 0.15, "period": 600.0, "duty": 0.3, "extra_work": 0.0},
     "chip_spread": {"spread": 0.04},
     "startup": {"seconds": 300.0},
 }
@@ -320,6 +320,8 @@ def _fault(ctx: _Ctx, raw: Any, i: int) -> FaultSpec:
         raise ctx.err(f"{key}.slowdown", "at most 4 (the slowest clock is 40% of max)")
     if kind == "xid" and int(params["code"]) not in XID_CODES:
         raise ctx.err(f"{key}.code", f"unsupported XID {params['code']:g} (supported: {XID_CODES})")
+    if not 0.0 <= params.get("extra_work", 0.0) <= 1.0:
+        raise ctx.err(f"{key}.extra_work", "must be in [0, 1]: the share of the extra time that is extra work")
     if kind in PARTIAL_FAULT_PARAMS:
         _check_partial(ctx, key, params)
     if kind in STRAGGLER_FAULT_PARAMS:

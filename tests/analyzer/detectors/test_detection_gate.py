@@ -13,7 +13,7 @@ import pytest
 
 from analyzer.analysis.evaluate import EVIDENCE, evaluate_scenarios, pooled
 from analyzer.detectors import load_detectors
-from analyzer.findings import GPU_FAULT
+from analyzer.findings import GPU_FAULT, STRAGGLER
 
 GATE = 0.95
 HEALTHY = ("healthy-fleet", "healthy-long", "noisy-neighbours", "healthy-heterogeneous")
@@ -21,7 +21,9 @@ HEALTHY = ("healthy-fleet", "healthy-long", "noisy-neighbours", "healthy-heterog
 #: leaves out the ECC and NVLink error counters (commented out in its default-counters.csv), so error storms and
 #: rising NVLink errors are unobservable there; every other gpu_fault problem (XIDs, row remaps, lost GPUs, PCIe
 #: replays) is asked of it, and precision (no false claims) of every problem. Every counter carries them all.
-UNOBSERVABLE = {"truegpu": {}, "dcgm": {}, "dcgm-default": {GPU_FAULT: {"ecc_storm", "nvlink"}}}
+#: By attribution; a stalling straggler (full clock, the same work in more cycles) needs SM activity.
+UNOBSERVABLE = {"truegpu": {}, "dcgm": {},
+                "dcgm-default": {GPU_FAULT: {"ecc_storm", "nvlink"}, STRAGGLER: {"unknown"}}}
 
 
 @pytest.fixture(scope="module", params=["truegpu", "dcgm", "dcgm-default"])
@@ -43,7 +45,8 @@ def test_every_kind_meets_the_gate(results):
         unseen = [t for r in res for t in r["kinds"][kind]["unobservable_truth"]]
         assert {t["attribution"] for t in unseen} == UNOBSERVABLE[dialect].get(kind, set()), (d, kind, unseen)
         for t in unseen:  # with the input's reason: a counter the default set leaves out, named
-            assert t["unobservable"].startswith(EVIDENCE[t["attribution"]][0]), t
+            need = ("sm_active",) if kind == STRAGGLER else EVIDENCE[t["attribution"]]
+            assert t["unobservable"].startswith(need[0]), t
             assert "commented out in the default list" in t["unobservable"], t
 
 
