@@ -17,6 +17,10 @@ Features, per physical GPU (uuid) and window (``window_s``, aggregates, never ra
 - ``power_excess`` (ratio): power / power predicted from activity (GPU util or GR engine,
   SM, tensor and DRAM activity; robust linear fit per model) - 1: more watts for the
   same work; judged in busy windows only (at idle there is no work to be inefficient at).
+  SM and tensor activity enter per second of work (x SM clock / max clock): they count cycles, so at a
+  lower clock the same work fills more of them at less power, and a fleet with throttled GPUs (a failing
+  rack) would otherwise tilt the fit and read its full-clock GPUs as drawing too much (4 false findings
+  at rack-cooling seed +1006 once the simulator's memory traffic stopped growing with a lower clock).
 - ``power_deficit`` (ratio): the mirror of ``power_excess``, 1 - power / predicted power,
   against the fleet-wide fit *and* the job peers (the smaller counts): a GPU drawing a fifth
   to a third less than identical GPUs doing the same work at the same util, SM activity and
@@ -213,6 +217,14 @@ class DegradedGpu:
         share = f["gpu_share"].to_numpy(dtype=np.float64) if "gpu_share" in f.columns else np.ones(n)
         mig = "gpu_instance" in f.columns and bool((f["gpu_instance"].astype(str) != "").any())
         acts = {"busy": gpu_busy(fleet), **{s: column(fleet, s) for s in _ACTIVITY[1:]}}
+        # SM and tensor activity count cycles: at a lower clock the same work fills more of them and draws less
+        # power. Per second of work (x clock / max clock) a throttled GPU and a full-clock one doing the same
+        # work ask the same watts of the power fit.
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per_s = column(fleet, "sm_clock") / clock_max(fleet)
+        per_s = np.where(np.isnan(per_s), 1.0, np.minimum(per_s, 1.0))
+        for s in ("sm_active", "tensor_active"):
+            acts[s] = acts[s] * per_s
         agg: dict[str, np.ndarray] = {"uuid_code": uniq // max(nw, 1), "window": uniq % max(nw, 1)}
         if mig:
             tidx = np.round((ts[valid] - fleet.start) / fleet.step).astype(np.int64)

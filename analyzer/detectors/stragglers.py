@@ -185,8 +185,9 @@ Quiet stragglers (issue 12), found from the peer relation itself at GPU level:
   tensor activity's (SM activity not collected) the one-sample lead is averaged with DRAM activity's too: a
   member given more work moves more bytes, with sampling noise of its own and a kernel-mix drift of its own (a
   step shifting from matmuls to memory-bound work lowers tensor activity and raises memory traffic), so a
-  drift low in one is not a low in both. Not with SM activity's lead, which a stalling member raises alone:
-  averaged with memory traffic it would be halved.
+  drift low in one is not a low in both (bytes per step do not grow with a lower clock: not clock-normalized).
+  Not with SM activity's lead, which a stalling member raises alone: averaged with memory traffic it would be
+  halved.
 
 Early warning: a problem still open at the end of the data that has lasted
 ``suspect_after_s`` 180 s (3 samples at 60 s, the persistence rule's 3 of 5) but not yet
@@ -470,10 +471,10 @@ class Straggler:
         with np.errstate(invalid="ignore", divide="ignore"):
             norm_l = lead_l * rolling_mean(clk, long_w)
             norm_s = lead_s * rolling_mean(clk, 2)
-            if DRAM is not None:
-                lead_1, fall_1 = self._with_dram(lead_1, fall_1, np.where(at_work, DRAM, np.nan), use_t, ref,
-                                                 base_w)
             norm_1 = lead_1 * clk
+            if DRAM is not None:
+                norm_1, fall_1 = self._with_dram(norm_1, fall_1, np.where(at_work, DRAM, np.nan), use_t, ref,
+                                                 base_w)
             z = (norm_l - 1.0) / np.fmax(spread_l, self.mad_floor)  # NaN spread (a pair): the relative test decides
             # A gang waiting for an input-starved member slows for that one, and all its other members lead: the
             # busiest of them is no straggler (the spells and the change CUSUM name the busiest member).
@@ -503,19 +504,20 @@ class Straggler:
         sequential = _fill_gaps(_alarm_runs(level, alarm), math.ceil(2.0 * self.cusum_h / self.cusum_k / minutes))
         return silent | sequential, silent, _runs_at_least(spell, spell_n), lead_s, level
 
-    def _with_dram(self, lead: np.ndarray, fall: np.ndarray, D: np.ndarray, use_t: np.ndarray, ref: Any,
+    def _with_dram(self, norm: np.ndarray, fall: np.ndarray, D: np.ndarray, use_t: np.ndarray, ref: Any,
                    base_w: int) -> tuple[np.ndarray, np.ndarray]:
         """The gang's slowdown (then over now) averaged with DRAM activity's, where the peers move memory
-        (>= ``dram_min``): every member moves its bytes per step over a longer step. The one-sample lead too,
-        where it is tensor activity's (SM activity not collected): a member given more work moves more bytes,
-        with its own sampling noise and, where the kernel mix shifts from tensor to memory work, the opposite
-        drift; not SM activity's lead, which a stalling member raises alone."""
+        (>= ``dram_min``): every member moves its bytes per step over a longer step. The clock-normalized lead
+        too, where it is tensor activity's (SM activity not collected): a member given more work moves more
+        bytes, with its own sampling noise and, where the kernel mix shifts from tensor to memory work, the
+        opposite drift. Bytes are no cycles: not clock-normalized; nor averaged with SM activity's lead, which a
+        stalling member raises alone."""
         rD, _ = ref(D, False)
         with np.errstate(invalid="ignore", divide="ignore"):
             lead_d = np.where(rD >= self.dram_min, D / rD, np.nan)
         fall_d = _then_over_now(rD, base_w)
         both = ~np.isnan(lead_d)
-        return (np.where(both & use_t, (lead + lead_d) / 2.0, lead),
+        return (np.where(both & use_t, (norm + lead_d) / 2.0, norm),
                 np.where(both & ~np.isnan(fall_d), (fall + fall_d) / 2.0, fall))
 
     def _tristate(self, cells: _Cells, steps: int) -> np.ndarray:

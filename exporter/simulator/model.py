@@ -17,7 +17,7 @@ in-memory tables for tests, and sampling t twice, in any order, gives the same v
   tensor activity fall in proportion. What each activity counts decides who leads: SM activity
   counts kernel time (the slowest member leads by its slowness, whatever the cause), tensor
   activity busy cycles at the member's own clock (a lower clock leads, a stall does not), memory
-  traffic follows tensor work. A dead/lost
+  traffic bytes per step (equal across the gang unless a member gets more work). A dead/lost
   member hangs its peers (util ~97%, SM ~5%).
 * Healthy levels are calibrated to the AcmeTrace quantiles (busy: util ~0.97, SM ~0.6,
   tensor ~0.2; GPU temperature median ~40 C / p90 ~60 C; power median ~100 W / p90 ~400 W
@@ -246,10 +246,10 @@ def _training(act: _Activity, tr: np.ndarray, active: np.ndarray, f: np.ndarray,
     p, tc = ctx.p, ctx.tc
     ft = f[:, tc] if fx.slow is None else f[:, tc] * fx.slow[:, tc]
     comp = 1.0 / ft  # kernel time per step: SM activity counts it (cycles with warps resident)
-    # Tensor work is counted in cycles at the member's own clock (a lower clock: more of them busy); it grows with
-    # more work per step, never with stalls (the same work in more cycles). Memory traffic here follows tensor
-    # work (bytes per step would not grow with a lower clock: left as it was, degraded_gpu's fits read it).
-    work = (1.0 if fx.work is None else fx.work[:, tc]) / f[:, tc]
+    # Tensor work is counted in cycles at the member's own clock (a lower clock: more of them busy), memory traffic
+    # in bytes per step (whatever the SM clock); both grow with more work per step, never with stalls (the same
+    # work in more cycles).
+    work = 1.0 if fx.work is None else fx.work[:, tc]
     st = fx.starve[:, tc] if fx.starve is not None else 0.0
     ready = comp + st
     if fx.dead is not None:
@@ -269,7 +269,7 @@ def _training(act: _Activity, tr: np.ndarray, active: np.ndarray, f: np.ndarray,
     on = _alive(active, fx.dead, tc)
     act.u[:, tc] = np.where(on, 0.97 * (step - st) * inv, 0.0)
     act.sm[:, tc] = np.where(on, (smp * comp + 0.05 * wait + 0.18 * comm) * inv, 0.0)
-    act.ten[:, tc] = np.where(on, tp * work * inv, 0.0)
+    act.ten[:, tc] = np.where(on, tp * work / f[:, tc] * inv, 0.0)
     act.dram[:, tc] = np.where(on, (dp * work + 0.02 * wait + 0.08 * comm) * inv, 0.0)
     act.nvl[:, tc] = np.where(on, p["nvl0"][tc] * inv, 0.0)
     act.pcie[:, tc] = np.where(on, p["pcie0"][tc] * inv, 0.0)

@@ -420,12 +420,16 @@ def test_the_fits_are_decided_on_the_reference_hosts_alone(monkeypatch: pytest.M
 
 
 def test_a_gpu_low_on_both_power_and_clock_is_not_told_it_runs_at_the_same_clock() -> None:
-    """A cap seen without its limit (the default counters): less power *and* a lower clock. The summary names
-    both and one action; "for the same activity and clock" would contradict its own clock figure."""
+    """A cap seen without its limit (the default counters): less power *and* a lower clock, for the same work (its
+    cycle-counted activity up as its clock is down). The summary names both and one action; "for the same
+    activity and clock" would contradict its own clock figure."""
     def capped_unseen(d: dict[str, np.ndarray], s: slice) -> None:
         d["power"][s] *= 0.7
         d["temp"][s] -= 0.088 * 0.3 * d["power"][s] / 0.7
         d["sm_clock"][s] *= 0.7
+        for k in ("sm_active", "tensor_active"):
+            if k in d:
+                d[k][s] /= 0.7
 
     (f,) = degraded(synthetic_fleet(tweaks={20: (40, capped_unseen)}, drop=DEFAULT_COUNTERS_LACK))
     assert {"power_deficit", "clock_deficit"} <= set(f.evidence["features_off"])
