@@ -221,8 +221,8 @@ class DegradedGpu:
         # power. Per second of work (x clock / max clock) a throttled GPU and a full-clock one doing the same
         # work ask the same watts of the power fit.
         with np.errstate(invalid="ignore", divide="ignore"):
-            per_s = column(fleet, "sm_clock") / clock_max(fleet)
-        per_s = np.where(np.isnan(per_s), 1.0, np.minimum(per_s, 1.0))
+            ratio = column(fleet, "sm_clock") / clock_max(fleet)
+        per_s = np.where(np.isnan(ratio), 1.0, np.minimum(ratio, 1.0))
         for s in ("sm_active", "tensor_active"):
             acts[s] = acts[s] * per_s
         agg: dict[str, np.ndarray] = {"uuid_code": uniq // max(nw, 1), "window": uniq % max(nw, 1)}
@@ -249,9 +249,6 @@ class DegradedGpu:
         hot = np.where(np.isnan(temp), np.nan, (temp >= self.throttle_c).astype(np.float64))
         agg["throttled"] = np.fmax(mean(thr), mean(hot))
         agg["power_capped"] = mean(column(fleet, "power_throttle"))
-        clk, clk_max = column(fleet, "sm_clock"), clock_max(fleet)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = clk / clk_max
         busy_row = gpu_busy(fleet) >= self.busy_min
         agg["clock_ratio"] = mean(ratio, busy_row)
         win = pd.DataFrame(agg)

@@ -392,10 +392,12 @@ def _storm_count(fp: dict[str, float], opened: np.ndarray, scale: float = 1.0) -
     return np.floor(c)[:, None]
 
 
-def _more_work(fx: _FaultEffects, f: Fault, cols: np.ndarray, on: np.ndarray, fac: np.ndarray | float,
-               shape: tuple[int, int]) -> None:
-    """A slow member's extra work per step (``extra_work``: the share of its extra time that is data
-    imbalance, not stalls)."""
+def _slow_member(fx: _FaultEffects, f: Fault, cols: np.ndarray, on: np.ndarray, fac: np.ndarray | float,
+                 shape: tuple[int, int]) -> None:
+    """A member slow at its full clock (factor ``fac`` where ``on``), and its extra work per step
+    (``extra_work``: the share of its extra time that is data imbalance, not stalls)."""
+    fx.slow = np.ones(shape) if fx.slow is None else fx.slow
+    fx.slow[:, cols] *= np.where(on, fac, 1.0)
     share = f.params.get("extra_work", 0.0)
     if share > 0.0:
         fx.work = np.ones(shape) if fx.work is None else fx.work
@@ -410,9 +412,7 @@ def _straggler_effects(fx: _FaultEffects, f: Fault, cols: np.ndarray, tr: np.nda
     on = ((tr >= f.start) & (tr < f.end))[:, None]
     if f.kind == "intermittent_straggler":  # like slow_gpu, during the spells only
         fac = 1.0 / (1.0 + fp["slowdown"] * (1.0 + p["comm"][cols]))
-        fx.slow = np.ones(shape) if fx.slow is None else fx.slow
-        fx.slow[:, cols] *= np.where(spell_on(f, tr)[:, None], fac[None, :], 1.0)
-        _more_work(fx, f, cols, spell_on(f, tr)[:, None], fac[None, :], shape)
+        _slow_member(fx, f, cols, spell_on(f, tr)[:, None], fac[None, :], shape)
     elif f.kind == "chip_spread":
         fx.binning = np.ones(shape) if fx.binning is None else fx.binning
         fx.binning[:, cols] *= np.where(on, 1.0 - fp["spread"] * per_gpu_uniform(p["key"][cols])[None, :], 1.0)
@@ -714,9 +714,7 @@ class Cluster:
                 ramp = np.clip((tr - f.start) / max(fp["ramp_seconds"], 1.0), 0, 1) * fp["ramp_celsius"] * on
                 fx.heat[:, cols] += ramp[:, None]
             elif f.kind == "slow_gpu":
-                fx.slow = mat(1.0) if fx.slow is None else fx.slow
-                fx.slow[:, cols] *= np.where(oc, fp.get("factor", 1.0), 1.0)
-                _more_work(fx, f, cols, oc, fp.get("factor", 1.0), (T, n))
+                _slow_member(fx, f, cols, oc, fp.get("factor", 1.0), (T, n))
             elif f.kind in ("intermittent_straggler", "chip_spread", "startup"):
                 _straggler_effects(fx, f, cols, tr, p)
             elif f.kind == "thermal_degradation":  # higher thermal resistance: +extra at 60% of the limit
