@@ -127,46 +127,56 @@ Quiet stragglers (issue 12), found from the peer relation itself at GPU level:
   ``spell_minutes``; the lost GPU-hours count the slow share only. A member slow less than
   half the time is intermittent: that finding replaces overlapping continuous ones.
 
-* **sequential evidence** (CUSUM): the 15-minute average reacts late, so the same clock-normalized lead
-  is also accumulated sample by sample, ``S = min(cap, max(0, S + (lead - 1 - cusum_k) x minutes))``, per
-  member of a job of >= ``silent_min_members`` while the gang is at work (reset to 0 where it is known
-  not to be: an inference service between bursts is no steady gang; held over unknown samples). The
-  busiest member whose ``S`` reaches ``cusum_h`` 0.35 lead-minutes is silent from the change point the
-  CUSUM estimates (where ``S`` last left 0) until ``S`` is back at 0; returns within ``cap / cusum_k``
-  (14 min, the time a full alarm takes to be forgotten; cap 2 ``cusum_h``) are the same problem (an
-  intermittent straggler's next spell: one episode). Why: ``cusum_k`` 0.05 is half the smallest
-  slowdown to find (a 10% gang slowdown leads by >= 11%: it gains >= 0.06 a minute and alarms within ~6
-  minutes, a 20% one within ~2), the classic choice for a shift of 0.1; ``cusum_h`` 0.35 sits above the
-  highest value healthy members reached over 11,400 at-work GPU-hours of 15 scenarios at up to 13 seeds
-  each, healthy, heterogeneous, messy and 24-hour fleets among them, in both dialects (0.30 raised 5
-  alarms there, 0.35 none), where drift (+-4% over 15-40 min) and per-sample noise (+-5%) add up at most
-  to a few minutes of a 10% lead; over the 20 never-used seeds (+1000..+1019) of every scenario one healthy
-  member reached 0.39 (an 8-GPU fine-tune of healthy-long: one warning in ~25,000 GPU-hours of it).
+* **sequential evidence** (CUSUM): the 15-minute average reacts late, so the same clock-normalized lead is also
+  accumulated sample by sample, ``S = min(cap, max(0, S + (lead - 1 - cusum_k) x minutes))``, per member of a job
+  of >= ``silent_min_members`` while the gang is at work (reset to 0 where it is known not to be: an inference
+  service between bursts is no steady gang; held over unknown samples; falling only while another member's
+  slowness is explained, see **change**). The busiest member whose ``S`` reaches ``cusum_h`` 0.35 lead-minutes is
+  silent from the change point the CUSUM estimates (where ``S`` last left 0) until ``S`` is back at 0; returns
+  within ``cap / cusum_k`` (14 min, the time a full alarm takes to be forgotten; cap 2 ``cusum_h``) are the same
+  problem (an intermittent straggler's next spell: one episode). Why: ``cusum_k`` 0.05 is half the smallest
+  slowdown to find (a 10% gang slowdown leads by >= 11%: it gains >= 0.06 a minute and alarms within ~6 minutes, a
+  20% one within ~2), the classic choice for a shift of 0.1; ``cusum_h`` 0.35 sits above the highest value healthy
+  members reached over 11,400 at-work GPU-hours of 15 scenarios at up to 13 seeds each, healthy, heterogeneous,
+  messy and 24-hour fleets among them, in both dialects (0.30 raised 5 alarms there, 0.35 none), where drift (+-4%
+  over 15-40 min) and per-sample noise (+-5%) add up at most to a few minutes of a 10% lead; over the 20
+  never-used seeds (+1000..+1019) of every scenario one healthy member reached 0.39 (an 8-GPU fine-tune of
+  healthy-long: one warning in ~25,000 GPU-hours of it).
 
 * **change** (a second CUSUM, for the first spell of a quiet straggler): the lead a member gains *while its
-  gang slows*. Per sample the least of three, each a fraction: its clock-normalized lead - 1; that lead minus
-  its own median over the previous ``change_baseline_s`` 600 s; and how far its peers' activity fell below
-  their median over the same 10 minutes (``then / now - 1``: the gang's slowdown, what a straggler costs).
+  gang slows*. Per sample the lesser of two, each a fraction: its clock-normalized lead over the midpoint of
+  its peers' level (1) and its own median over the previous ``change_baseline_s`` 1200 s; and how far its
+  peers' activity fell below their median over the same 20 minutes (``then / now - 1``: the gang's slowdown,
+  what a straggler costs). Why the midpoint: both are estimates of where the member would be without the
+  fault; its own recent level carries its lasting offset (its kernel-mix drift; a slower chip, whose clock
+  normalization over-corrects SM activity, which a barrier's communication dilutes), the peers' level does
+  not. Requiring the lead over each (the least of three, as before) cost a 10 % member on a chip 2 % slower than
+  its peers' median ~0.02 a minute, its first 4-minute spell peaking at 0.10. Why 20 minutes: a median forgets
+  a lasting change once half its window is past it, so 10 minutes left a silent straggler 5 minutes of
+  evidence (a 12 % one peaked at 0.124 and waited 11 minutes for the first CUSUM); 20 keep the level from
+  before a spell with up to 9 of those minutes slow (duty 0.3 of a 15-minute period keeps ~6).
   It counts only while the member is the busiest of its job over two samples, or in this one with a lead of
   ``spell_lead`` (else it can only fall): the two-sample lead, half of it the minute before, put a spell's first
   minute behind a drifting peer's and lost it; any member busiest in one sample would let the noise of many
-  gain (below). Nor while a member of its job is input-starved (nor does a spell count then): the gang slows
-  for that one, idle between steps, and all its other members lead.
+  gain (below). Nor while a member of its job is slow for a reason the other paths see (input-starved, or
+  throttled with the clock path's lead; the lead CUSUM can only fall then too, nor does a spell count): the
+  gang slows for that one, and all its other members lead. A thermal straggler's lead is its clock's, which
+  the quiet paths divide out, so they took the busiest of its peers for the culprit: its lead CUSUM reached
+  0.36 at messy-telemetry seed +1001, where the throttled member's alternate samples are held (its node
+  scraped every 2 minutes), and the change CUSUM 0.16 there with the 20-minute median.
   ``S = min(2 change_h, max(0, S + (change - change_k) x minutes))``, an alarm at ``change_h`` 0.15. Why:
   a healthy member's drift raises its lead but slows no one, and a gang slowing for its own reasons (a phase,
   a load drop) slows every member alike, so no lead rises with it; the peers' median moves ~1 % from sample to
   sample where one member's activity moves 3-5 %, so ``change_k`` 0.03 can sit below a 10 % slowdown's ~0.06-0.1
-  and above that noise. Over 10 seeds (0..9) of all 25 scenarios the highest value a member outside the
-  truth reached was 0.096 (0.105, a peer of an input-starved node, before input-starved gangs were left out),
-  0.078 on the healthy scenarios, while the first 3-4 minute spell of a 10-15 % intermittent
-  straggler, or the first minutes of a silent one, reach 0.11-0.43 (a few stay under 0.1: where chip spread
-  leaves their gang only ~7 % slower, or their drift is at its low); a median over 10 minutes keeps the level
-  from before a spell with up to 4 of those minutes slow (duty 0.3-0.4). Like the first CUSUM it only
-  suspects. With it the 15 % intermittent straggler alarms 1-2 minutes into its first spell at 9 of seeds 0..9
-  (7 before a spell's first minute counted; replayed, 4 were suspected there before the change CUSUM), at its
-  second one otherwise.
-  Counting that first minute left the highest value outside the truth where it was over the same 250 runs;
-  counting every member busiest in one sample raised it to 0.148 (a peer of the input-starved node).
+  and above that noise. Over 30 seeds (0..9, +1000..+1019) of all 25 scenarios the highest value a member
+  outside the truth reached as the busiest of its job's CUSUMs was 0.087 (the least of three over a 10-minute
+  median: 0.074 over 0..9; 0.139 over +1000..+1019, a peer of a throttled straggler, before explained gangs
+  were left out), 0.038 on the healthy scenarios, while the first 3-4 minute spell of a 10-15 % intermittent
+  straggler, or the first minutes of a silent one, reach 0.09-0.43 (a few stay under 0.15: where chip spread
+  leaves their gang only ~7 % slower, or their drift is at its low). Like the first CUSUM it only suspects.
+  Counting a spell's first minute (busiest in this one sample by a spell's lead) left the highest value outside
+  the truth where it was; counting every member busiest in one sample raised it to 0.148 (a peer of the
+  input-starved node).
 
 * **which activity** (the quiet paths): SM activity where it is collected, else tensor activity. What each
   counts decides who leads. SM activity counts kernel time (cycles with warps resident), which any slowness
@@ -351,7 +361,7 @@ class Straggler:
     cusum_h: float = 0.35
     change_k: float = 0.03
     change_h: float = 0.15
-    change_baseline_s: float = 600.0
+    change_baseline_s: float = 1200.0
     dram_min: float = 0.05
 
     # Per-cell conditions ---------------------------------------------------------------
@@ -430,13 +440,14 @@ class Straggler:
         # raises; tensor activity counts busy cycles at the member's own clock, which a lower clock or more work
         # raises, a stall (the same work in more cycles) not.
         silent, settled, spell, spell_lead, level = self._quiet(
-            TEN, SM, use_t & ~sm_known, clk_rel, throttled, starved & known, gate, quiet_work, idle, ref, top, long_w,
+            TEN, SM, use_t & ~sm_known, clk_rel, throttled, (starved | (compute & throttled)) & known, gate, quiet_work,
+            idle, ref, top, long_w,
             spell_n, step_s, DRAM)
         return _Cells(compute & known, starved & known, nvlink & known, nvl_rel, known, lead, clk_rel, U, rU, rK,
                       CLK, silent, settled, spell, spell_lead, level)
 
     def _quiet(self, TEN: np.ndarray, SM: np.ndarray, use_t: np.ndarray, clk_rel: np.ndarray, throttled: np.ndarray,
-               starved: np.ndarray, gate: np.ndarray, at_work: np.ndarray, idle: np.ndarray, ref: Any,
+               explained: np.ndarray, gate: np.ndarray, at_work: np.ndarray, idle: np.ndarray, ref: Any,
                top: Blocks | None, long_w: int, spell_n: int, step_s: float,
                DRAM: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         """(silent, settled, spell, short lead, alarm level): the quiet signatures, from the peer relation itself.
@@ -476,20 +487,21 @@ class Straggler:
                 norm_1, fall_1 = self._with_dram(norm_1, fall_1, np.where(at_work, DRAM, np.nan), use_t, ref,
                                                  base_w)
             z = (norm_l - 1.0) / np.fmax(spread_l, self.mad_floor)  # NaN spread (a pair): the relative test decides
-            # A gang waiting for an input-starved member slows for that one, and all its other members lead: the
-            # busiest of them is no straggler (the spells and the change CUSUM name the busiest member).
-            fed = ~(block_max(top, starved.astype(np.float64)) == 1.0)
+            # A gang waiting for a member whose slowness is explained (input-starved, or throttled with the clock
+            # path's lead) slows for that one, and all its other members lead: the busiest of them is no straggler
+            # (the spells and the change CUSUM name the busiest member; the lead CUSUM can only fall meanwhile).
+            fed = ~(block_max(top, explained.astype(np.float64)) == 1.0)
             busiest = fed & (lead_s >= block_max(top, lead_s))
             silent = (gate & big & (norm_l >= 1.0 + self.silent_lead) & (norm_l >= block_max(top, norm_l))
                       & ~(z < self.silent_z))
             spell = gate & busiest & (
                 (norm_s >= 1.0 + self.spell_lead) | (throttled & (lead_s >= 1.0 + self.clock_lead_min)))
-            cusum = _cusum(np.where(gate & big, norm_1 - 1.0 - self.cusum_k, np.nan) * minutes, idle,
+            gain = norm_1 - 1.0 - self.cusum_k
+            cusum = _cusum(np.where(gate & big, np.where(fed, gain, np.minimum(gain, 0.0)), np.nan) * minutes, idle,
                            cap=2.0 * self.cusum_h)
             # The change: its lead risen over its own recent level while the gang slowed by as much (the peers'
             # activity fell below theirs), the least of the three; NaN (held) until a baseline is known.
-            change = np.minimum(np.minimum(norm_1 - 1.0, norm_1 - trailing_median(norm_1, base_w)),
-                                fall_1 - 1.0)
+            change = np.minimum(norm_1 - (1.0 + trailing_median(norm_1, base_w)) / 2.0, fall_1 - 1.0)
             # Only the busiest member gains: over two samples, or in this one by a spell's lead (the two-sample
             # lead, half of it the minute before, lagged the first minute of a spell behind a drifting peer's).
             busy_now = busiest | (fed & (lead_1 >= block_max(top, lead_1)) & (norm_1 >= 1.0 + self.spell_lead))
