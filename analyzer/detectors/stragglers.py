@@ -89,7 +89,8 @@ Thresholds (configurable; why these values):
   straggler is a property of the member for minutes, not one noisy sample; then episodes
   (``analyzer.analysis.episodes``) of at least ``min_duration_s`` 600 s.
 
-Quiet stragglers (issue 12), found from the peer relation itself at GPU level:
+Quiet stragglers (issue 12), found from the peer relation itself at GPU level, judged minute by minute whatever
+the step (a step under a minute is averaged into minutes first: the "samples" below are minutes; ``_quiet``):
 
 * **silent** (same clock, no throttle reason: a weak GPU/HBM, or data imbalance): over
   ``silent_window_s`` 900 s the member is the *busiest* of its job (highest activity) by a
@@ -450,6 +451,33 @@ class Straggler:
                explained: np.ndarray, gate: np.ndarray, at_work: np.ndarray, idle: np.ndarray, ref: Any,
                top: Blocks | None, long_w: int, spell_n: int, step_s: float,
                DRAM: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        """The quiet signatures (``_quiet_minutes``), judged minute by minute whatever the step: a step under a
+        minute is averaged into minutes first and the result spread back over its samples. Why: their rules
+        count samples (two for a short lead, three in a row for a spell, one CUSUM gain each) sized for minutes;
+        at 15 s a spell's samples are noisier and its 3-minute run of two-sample leads one sample too short, so
+        ``analyze`` at a file's 15 s step found intermittent members that serve's 60 s step finds at 1 of 4."""
+        minute = max(1, round(60.0 / step_s))
+        if top is None or minute == 1:
+            return self._quiet_minutes(TEN, SM, use_t, clk_rel, throttled, explained, gate, at_work, idle, ref, top,
+                                       long_w, spell_n, step_s, DRAM)
+
+        def mean(m: np.ndarray) -> np.ndarray:  # over the samples at work only
+            return _minutes(np.where(at_work, m, np.nan), minute)
+
+        def most(b: np.ndarray) -> np.ndarray:
+            return _minutes(b.astype(np.float64), minute) >= 0.5
+
+        out = self._quiet_minutes(
+            mean(TEN), mean(SM), most(use_t), mean(clk_rel), most(throttled),
+            _minutes(explained.astype(np.float64), minute) > 0.0, most(gate), _minutes(at_work, minute) > 0.0,
+            most(idle), ref, top, max(1, round(self.silent_window_s / 60.0)), max(2, round(self.spell_min_s / 60.0)),
+            step_s * minute, None if DRAM is None else mean(DRAM))
+        return tuple(np.repeat(x, minute, axis=1)[:, :gate.shape[1]] for x in out)
+
+    def _quiet_minutes(self, TEN: np.ndarray, SM: np.ndarray, use_t: np.ndarray, clk_rel: np.ndarray,
+                       throttled: np.ndarray, explained: np.ndarray, gate: np.ndarray, at_work: np.ndarray,
+                       idle: np.ndarray, ref: Any, top: Blocks | None, long_w: int, spell_n: int, step_s: float,
+                       DRAM: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         """(silent, settled, spell, short lead, alarm level): the quiet signatures, from the peer relation itself.
 
         silent: over ``silent_window_s`` the member is the busiest of its job by a clock-normalized lead
@@ -870,6 +898,16 @@ def _then_over_now(level: np.ndarray, base_w: int) -> np.ndarray:
     """The peers' level over the previous ``base_w`` samples (median) over theirs now: > 1 where the gang slowed."""
     with np.errstate(invalid="ignore", divide="ignore"):
         return trailing_median(level, base_w) / level
+
+
+def _minutes(m: np.ndarray, n: int) -> np.ndarray:
+    """NaN-skipping means of consecutive groups of ``n`` steps along time (the last one may be short), per row."""
+    T = m.shape[1]
+    x = np.pad(m.astype(np.float64), ((0, 0), (0, -T % n)), constant_values=np.nan).reshape(m.shape[0], -1, n)
+    known = ~np.isnan(x)
+    counts = known.sum(axis=2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, np.where(known, x, 0.0).sum(axis=2) / counts, np.nan)
 
 
 def _runs_at_least(mask: np.ndarray, n: int) -> np.ndarray:

@@ -599,3 +599,15 @@ def test_the_peers_of_a_throttled_straggler_are_not_suspected_when_its_samples_a
                  interval=60.0, window=1800.0)
     k = res["kinds"][STRAGGLER]
     assert k["false_findings"] == [] and k["detected"] == k["truth"] == 1
+
+
+def test_quiet_members_are_found_at_a_files_15_s_step_as_at_serves_minute() -> None:
+    """``analyze`` reads a file at its own step (15 s). The quiet paths count samples sized for minutes (two for a
+    short lead, three in a row for a spell): at 15 s straggler-intermittent's 15 % member (3-minute spells) made
+    4 spells too far apart to be a pattern and was missed. They judge minutes whatever the step."""
+    from analyzer.analysis.evaluate import evaluate, named_scenario_fleet
+
+    cluster, fleet = named_scenario_fleet("straggler-intermittent", "truegpu", 15.0, seed_offset=1)
+    assert fleet.step == 15.0
+    k = evaluate(run_detectors(fleet, [STRAGGLER]), cluster.ground_truth(), [STRAGGLER], fleet)["kinds"][STRAGGLER]
+    assert (k["detected"], k["truth"], k["fp"]) == (2, 2, 0)
