@@ -442,8 +442,7 @@ class Straggler:
         # raises, a stall (the same work in more cycles) not.
         silent, settled, spell, spell_lead, level = self._quiet(
             TEN, SM, use_t & ~sm_known, clk_rel, throttled, (starved | (compute & throttled)) & known, gate, quiet_work,
-            idle, ref, top, long_w,
-            spell_n, step_s, DRAM)
+            idle, ref, top, long_w, spell_n, step_s, DRAM)
         return _Cells(compute & known, starved & known, nvlink & known, nvl_rel, known, lead, clk_rel, U, rU, rK,
                       CLK, silent, settled, spell, spell_lead, level)
 
@@ -527,8 +526,9 @@ class Straggler:
             gain = norm_1 - 1.0 - self.cusum_k
             cusum = _cusum(np.where(gate & big, np.where(fed, gain, np.minimum(gain, 0.0)), np.nan) * minutes, idle,
                            cap=2.0 * self.cusum_h)
-            # The change: its lead risen over its own recent level while the gang slowed by as much (the peers'
-            # activity fell below theirs), the least of the three; NaN (held) until a baseline is known.
+            # The change: its lead over the midpoint of its peers' level and its own recent one, while the gang
+            # slowed by as much (the peers' activity fell below theirs), the lesser of the two; NaN (held) until a
+            # baseline is known.
             change = np.minimum(norm_1 - (1.0 + trailing_median(norm_1, base_w)) / 2.0, fall_1 - 1.0)
             # Only the busiest member gains: over two samples, or in this one by a spell's lead (the two-sample
             # lead, half of it the minute before, lagged the first minute of a spell behind a drifting peer's).
