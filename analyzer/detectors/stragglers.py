@@ -869,8 +869,13 @@ class Straggler:
         if suspected:  # early warning: lower severity, confirmed (or withdrawn) once min_duration_s has passed
             severity = "warning" if slowdown >= self.suspect_slowdown else "info"
             conf = "low"
+            # Lasting min_duration_s already, it is suspected because only the sequential evidence (or a long
+            # average cut short at an edge of the data) shows it: another 10 minutes would not confirm it.
+            until = (f"confirmed once a {format_duration(self.silent_window_s)} average or {self.spells_min} "
+                     "recurring spells show it" if float(ep.duration_s) >= self.min_duration_s
+                     else f"confirmed if it lasts {format_duration(self.min_duration_s)}")
             summary = (f"Suspected straggler: {who} {how} for {format_duration(float(ep.duration_s))} ({detail}); "
-                       f"confirmed if it lasts {format_duration(self.min_duration_s)}.")
+                       f"{until}.")
         evidence = {
             "cause": cause, "cause_detail": detail, "level": "gpu" if n_node is None else "node",
             "slowdown": slowdown, "lost_gpu_hours": lost, "peers": n_peers, "activity_lead": v["lead"],

@@ -611,3 +611,18 @@ def test_quiet_members_are_found_at_a_files_15_s_step_as_at_serves_minute() -> N
     assert fleet.step == 15.0
     k = evaluate(run_detectors(fleet, [STRAGGLER]), cluster.ground_truth(), [STRAGGLER], fleet)["kinds"][STRAGGLER]
     assert (k["detected"], k["truth"], k["fp"]) == (2, 2, 0)
+
+
+def test_a_suspect_says_what_would_confirm_it() -> None:
+    """Serve's view 4 minutes into flaky-10's first spell (straggler-intermittent at seed +2): flaky-10's member,
+    suspected for 4 minutes, is confirmed if it lasts 10; flaky-15's, suspected for the whole 30-minute window on
+    its CUSUMs alone, would not be by lasting longer ("confirmed if it lasts 10 min" after 30 read as a contradiction):
+    a 15-minute average or three recurring spells confirm it."""
+    from analyzer.analysis.evaluate import named_scenario_fleet
+
+    cluster, fleet = named_scenario_fleet("straggler-intermittent", "truegpu", 60.0, seed_offset=2)
+    (t,) = [t for t in cluster.ground_truth() if t["kind"] == STRAGGLER and t["job"] == "flaky-10"]
+    found = {f.job: f for f in stragglers(_cut(fleet, t["start"] + 4 * 60)) if f.evidence["suspected"]}
+    assert found["flaky-10"].summary.endswith("confirmed if it lasts 10 min.")
+    assert found["flaky-15"].end is None and found["flaky-15"].summary.endswith(
+        "confirmed once a 15 min average or 3 recurring spells show it.")
