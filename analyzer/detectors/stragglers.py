@@ -379,8 +379,8 @@ class Straggler:
             return lead, np.where(use_t, sTs / rTs, sSs / rSs), np.where(use_t, rTs, rSs)
 
     def _cells(self, U: np.ndarray, TEN: np.ndarray, SM: np.ndarray, CLK: np.ndarray, CLKMAX: np.ndarray,
-               NVL: np.ndarray, TEMP: np.ndarray, ref: Any, steps: int, top: Blocks | None = None, long_w: int = 1,
-               spell_n: int = 2, step_s: float = 60.0, held: np.ndarray | None = None,
+               NVL: np.ndarray, TEMP: np.ndarray, ref: Any, steps: int, top: Blocks | None = None,
+               step_s: float = 60.0, held: np.ndarray | None = None,
                DRAM: np.ndarray | None = None) -> _Cells:
         """Straggler conditions of every cell against its peers (``ref`` = PeerGroups.reference or
         the node-level equivalent; ``steps`` = the persistence window in samples; ``top``: the peer
@@ -442,14 +442,13 @@ class Straggler:
         # raises, a stall (the same work in more cycles) not.
         silent, settled, spell, spell_lead, level = self._quiet(
             TEN, SM, use_t & ~sm_known, clk_rel, throttled, (starved | (compute & throttled)) & known, gate, quiet_work,
-            idle, ref, top, long_w, spell_n, step_s, DRAM)
+            idle, ref, top, step_s, DRAM)
         return _Cells(compute & known, starved & known, nvlink & known, nvl_rel, known, lead, clk_rel, U, rU, rK,
                       CLK, silent, settled, spell, spell_lead, level)
 
     def _quiet(self, TEN: np.ndarray, SM: np.ndarray, use_t: np.ndarray, clk_rel: np.ndarray, throttled: np.ndarray,
                explained: np.ndarray, gate: np.ndarray, at_work: np.ndarray, idle: np.ndarray, ref: Any,
-               top: Blocks | None, long_w: int, spell_n: int, step_s: float,
-               DRAM: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+               top: Blocks | None, step_s: float, DRAM: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         """The quiet signatures (``_quiet_minutes``), judged minute by minute whatever the step: a step under a
         minute is averaged into minutes first and the result spread back over its samples. Why: their rules
         count samples (two for a short lead, three in a row for a spell, one CUSUM gain each) sized for minutes;
@@ -458,7 +457,7 @@ class Straggler:
         minute = max(1, round(60.0 / step_s))
         if top is None or minute == 1:
             return self._quiet_minutes(TEN, SM, use_t, clk_rel, throttled, explained, gate, at_work, idle, ref, top,
-                                       long_w, spell_n, step_s, DRAM)
+                                       step_s, DRAM)
 
         def mean(m: np.ndarray) -> np.ndarray:  # over the samples at work only
             return _minutes(np.where(at_work, m, np.nan), minute)
@@ -469,13 +468,12 @@ class Straggler:
         out = self._quiet_minutes(
             mean(TEN), mean(SM), most(use_t), mean(clk_rel), most(throttled),
             _minutes(explained.astype(np.float64), minute) > 0.0, most(gate), _minutes(at_work, minute) > 0.0,
-            most(idle), ref, top, max(1, round(self.silent_window_s / 60.0)), max(2, round(self.spell_min_s / 60.0)),
-            step_s * minute, None if DRAM is None else mean(DRAM))
+            most(idle), ref, top, step_s * minute, None if DRAM is None else mean(DRAM))
         return tuple(np.repeat(x, minute, axis=1)[:, :gate.shape[1]] for x in out)
 
     def _quiet_minutes(self, TEN: np.ndarray, SM: np.ndarray, use_t: np.ndarray, clk_rel: np.ndarray,
                        throttled: np.ndarray, explained: np.ndarray, gate: np.ndarray, at_work: np.ndarray,
-                       idle: np.ndarray, ref: Any, top: Blocks | None, long_w: int, spell_n: int, step_s: float,
+                       idle: np.ndarray, ref: Any, top: Blocks | None, step_s: float,
                        DRAM: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         """(silent, settled, spell, short lead, alarm level): the quiet signatures, from the peer relation itself.
 
@@ -485,12 +483,13 @@ class Straggler:
         job, from the change point it estimates on; the alarm level is the larger CUSUM over its alarm (1 = alarm);
         settled: the first (long-window) part alone, which a finding needs to be confirmed (the CUSUM suspects).
         spell: over two samples it is the busiest by >= ``spell_lead`` at the same clock (or throttled with
-        the clock path's lead), for at least ``spell_n`` samples in a row.
+        the clock path's lead), for at least ``spell_min_s`` in a row.
         """
         nan = np.full(gate.shape, np.nan)
         none = np.zeros_like(gate)
         if top is None:
             return none, none, none, nan, nan
+        long_w, spell_n = max(1, round(self.silent_window_s / step_s)), max(2, round(self.spell_min_s / step_s))
         # A lead its lower clock explains is the clock path's, or healthy chip-to-chip spread: divide it out.
         clk = np.where(at_work, np.where(np.isnan(clk_rel), 1.0, clk_rel), np.nan)
         TEN, SM = np.where(at_work, TEN, np.nan), np.where(at_work, SM, np.nan)
@@ -588,8 +587,7 @@ class Straggler:
         steps = max(1, round(self.window_s / fleet.step))
         TEMP = pg.matrix("temp")
         gpu = self._cells(U, TEN, SM, CLK, CLKMAX, NVL, TEMP, pg.reference, steps, pg.blocks,
-                          max(1, round(self.silent_window_s / fleet.step)),
-                          max(2, round(self.spell_min_s / fleet.step)), fleet.step, pg.held(),
+                          fleet.step, pg.held(),
                           pg.matrix("dram_active") if fleet.has("dram_active") else None)
         gpu_cond = self._tristate(gpu, steps)
 
