@@ -20,7 +20,7 @@ from analyzer.analysis.scores import Scores, compute_scores
 from analyzer.analysis.shares import name_holders
 from analyzer.data.frame import Fleet
 from analyzer.data.shard import ShardFleet
-from analyzer.detectors import make_detector, run_detectors
+from analyzer.detectors import Memory, make_detector, run_detectors
 from analyzer.findings import Finding, assign_ids
 from analyzer.site import SiteConfig, default_site
 
@@ -58,12 +58,13 @@ def detector_settings(site: SiteConfig | None, overrides: Settings | None = None
 
 
 def detect(fleet: Fleet, kinds: Sequence[str] | None = None, site: SiteConfig | None = None,
-           overrides: Settings | None = None) -> list[Finding]:
+           overrides: Settings | None = None, *, memory: Memory | None = None) -> list[Finding]:
     """Findings of ``kinds`` (every registered detector by default) with the site's settings, each
     with its stable id (analyzer.findings: the same data gives the same ids). A shard's fleet is judged
-    with its read-only context and keeps the findings it owns (analyzer.data.shard)."""
+    with its read-only context and keeps the findings it owns (analyzer.data.shard). ``memory``: a
+    service's, carried from its last runs (analyzer.detectors.Memory)."""
     shard = fleet if isinstance(fleet, ShardFleet) else None
-    findings = run_detectors(shard.whole if shard else fleet, kinds, detector_settings(site, overrides))
+    findings = run_detectors(shard.whole if shard else fleet, kinds, detector_settings(site, overrides), memory)
     if shard:
         findings = [f for f in findings if shard.owns(f)]
     name_holders(fleet, findings)
@@ -72,14 +73,16 @@ def detect(fleet: Fleet, kinds: Sequence[str] | None = None, site: SiteConfig | 
 
 
 def analyze(fleet: Fleet, kinds: Sequence[str] | None = None, site: SiteConfig | None = None, *,
-            partition: bool = True, progress: Callable[[str], None] | None = None) -> Result:
+            partition: bool = True, progress: Callable[[str], None] | None = None,
+            memory: Memory | None = None) -> Result:
     """Scores and findings of one fleet; ``partition``: attach the GPU-hour partition (cost reports
-    compute their own per (day, group, model) and skip it); ``progress`` hears each step."""
+    compute their own per (day, group, model) and skip it); ``progress`` hears each step; ``memory``: a
+    service's (``detect``)."""
     say = progress or (lambda _message: None)
     say(f"scoring {fleet.frame.shape[0]:,} rows ({fleet.gpu_count()} GPUs, step {fleet.step:g}s)")
     scores = compute_scores(fleet)
     say("running detectors")
-    findings = detect(fleet, kinds, site)
+    findings = detect(fleet, kinds, site, memory=memory)
     say(f"{len(findings)} finding(s)")
     if partition:
         attach(scores, fleet, findings, site, ran=kinds)

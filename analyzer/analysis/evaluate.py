@@ -358,7 +358,8 @@ def replay(
     """Re-run the analysis over ``fleet`` the way ``serve`` would have, and time each detection.
 
     Every cut (:func:`replay_cuts`) analyzes ``[cut - window, cut)`` (``Fleet.between``), carries the
-    ids of the last window's findings over like the service (:class:`analyzer.findings.IdMemory`) and
+    ids of the last window's findings and the detectors' memory over like the service
+    (:class:`analyzer.findings.IdMemory`, :class:`analyzer.detectors.Memory`) and
     matches the cut's findings to the truth (:func:`matches`, open ends at the cut). A truth's time to
     detect is the first cut holding a matching finding minus its onset (missed when none does); ``withdrawn``
     counts the cuts where a problem still going on lost every matching finding it had at the cut before
@@ -369,6 +370,7 @@ def replay(
     matched it: more than one is either several devices of a node- or rack-level problem or an id that
     did not carry over (an alert that would have flapped). Scrape lag and the rules' ``for:`` come on top.
     """
+    from analyzer.detectors import Memory
     from analyzer.findings import IdMemory
 
     cuts = replay_cuts(fleet.start, fleet.end, fleet.step, interval)
@@ -380,9 +382,9 @@ def replay(
     shown: dict[int, int] = {}  # problems a finding matched at the last cut: the most urgent one's SEVERITY_ORDER
     withdrawn: dict[int, int] = {}
     downgraded: dict[int, int] = {}
-    ids = IdMemory(window)
+    ids, memory = IdMemory(window), Memory()
     for cut in cuts:
-        found = detect(fleet.between(cut - window, cut), kinds, site, config)
+        found = detect(fleet.between(cut - window, cut), kinds, site, config, memory=memory)
         ids.carry(found, cut)
         now: dict[int, int] = {}
         for f in found:

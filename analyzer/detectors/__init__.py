@@ -12,6 +12,11 @@ alert rules (alerts.rules), the dashboards' finding filters, ``evaluate``, the s
 ``run_detectors`` runs the chosen kinds with optional per-kind overrides
 (``{"idle_masking": {"sm_max": 0.25}}``); a detector that raises is logged and noted in
 ``fleet.notes`` and the others still run: one bug must not hide every other finding.
+
+A service that re-analyzes a sliding window (``serve``, ``evaluate --replay``) passes one :class:`Memory`
+to every run: a detector whose evidence takes longer to build than the window holds (``remembers = True``)
+is called as ``detect(fleet, part)`` with its own part of it, and carries what the window lost from run to
+run. Without one (``analyze`` of a whole history) it judges the data alone.
 """
 
 from __future__ import annotations
@@ -61,6 +66,19 @@ class Detector(Protocol):
     paging: Paging | None
 
     def detect(self, fleet: Fleet) -> list[Finding]: ...
+
+
+class Memory:
+    """What the detectors of one service carry from run to run: per kind, a dict the detector owns.
+
+    Bounded by the detectors (each drops what its next runs no longer read); lost on restart, when
+    each detector starts again from its data alone."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, dict[Any, Any]] = {}
+
+    def part(self, kind: str) -> dict[Any, Any]:
+        return self._parts.setdefault(kind, {})
 
 
 #: kind -> detector class (constructed with keyword overrides of its fields).
@@ -177,8 +195,10 @@ def run_detectors(
     fleet: Fleet,
     kinds: Iterable[str] | None = None,
     config: Mapping[str, Mapping[str, Any]] | None = None,
+    memory: Memory | None = None,
 ) -> list[Finding]:
-    """Findings of every requested kind (all registered ones by default), most urgent first."""
+    """Findings of every requested kind (all registered ones by default), most urgent first; ``memory``: the
+    calling service's (module docstring)."""
     registry = load_detectors()
     config = config or {}
     chosen = list(kinds) if kinds is not None else sorted(registry)
@@ -186,7 +206,10 @@ def run_detectors(
     out: list[Finding] = []
     for det in detectors:
         try:
-            found = det.detect(fleet)
+            if memory is not None and getattr(det, "remembers", False):
+                found = det.detect(fleet, memory.part(det.kind))
+            else:
+                found = det.detect(fleet)
         except Exception as e:  # one broken detector must not hide the others' findings
             log.exception("detector %s failed", det.kind)
             fleet.notes.append(f"detector {det.kind} failed: {type(e).__name__}: {e}")
@@ -195,5 +218,5 @@ def run_detectors(
     return sort_findings(out)
 
 
-__all__ = ["DETECTORS", "Detector", "Paging", "gpu_busy", "kinds", "load_detectors", "make_detector", "paging_table",
-           "register", "run_detectors"]
+__all__ = ["DETECTORS", "Detector", "Memory", "Paging", "gpu_busy", "kinds", "load_detectors", "make_detector",
+           "paging_table", "register", "run_detectors"]

@@ -74,6 +74,11 @@ alarm is on and the window itself is off; the run is extended back to the change
 (where S last left 0), so the finding starts when the shift started. Findings then need
 ``min_duration_s``.
 
+In a service (``serve``, ``evaluate --replay``: 30-minute windows every minute) one window holds too little: the
+alarm needs up to 4 windows at the floor, a finding 30 minutes, an own shift 20 minutes of level before the change.
+Each run hands the state at the end of its first window (the CUSUM, where it left 0, the GPU's own earlier level
+at its load) to the run that starts there (``_carried``), so the runs accumulate what a whole history holds.
+
 Thermal throttling windows (thermal clock events, or die >= ``throttle_c``) have no
 verdict here: the ``thermal`` detector owns them and the temperature there says nothing
 about paste or fans. Missing signals are unknown: a feature whose signals are absent is
@@ -103,6 +108,18 @@ FEATURES = (*SOFT, "power_deficit", "cap_deficit")
 LEVEL = (*SOFT, "power_deficit")
 _ACTIVITY = ("busy", "sm_active", "tensor_active", "dram_active")
 _MAX_FIT = 4000  # windows per model for the regressions (fixed-seed subsample): fit cost is flat in fleet size
+#: The most windows a GPU's carried earlier level weighs (``_remember``): 2 hours, four times the 30 minutes of
+#: level before a change that a whole history gives a GPU changing 30 minutes in.
+_BASELINE_WINDOWS = 12.0
+#: Per shift feature: the load a carried earlier level must have been seen at (column, relative and absolute
+#: tolerance, ``_same_load``). Each run fits temperature on power and power on activity over its own 30 minutes,
+#: so its excesses are comparable with an earlier run's at the same load only: a chat service's GPU dropping
+#: from ~190 W to 65 W read 6-7 C over its node peers in 30-minute windows (the fit extrapolated to idle) against
+#: -1 C in the windows of its busy hours, a false 8 C shift (4 of 10 seeds of multi-fault, replayed). Die
+#: temperature moves ~0.1 C per W of power (H100 at 400 W: ~40 C over the inlet): 20 % of the power is ~8 C, the
+#: size of the floors; 0.1 of GPU util is a tenth of the work the power fit reads.
+_LOAD = {"temp_excess": ("power", 0.2, 0.0), "mem_temp_excess": ("power", 0.2, 0.0),
+         "power_excess": ("busy", 0.0, 0.1), "power_deficit": ("busy", 0.0, 0.1)}
 _MAX_MCD = 500  # windows per model for MinCovDet: below 500 FastMCD needs no subset merging (~0.1 s, not 4 s)
 _IRLS_ITER = 8
 
@@ -161,6 +178,7 @@ class DegradedGpu:
     kind = DEGRADED_GPU
     paging = Paging(alert="GpuDegraded", team="training", says="runs degraded (power cap, PCIe or NVLink) ({score}); "
                     "see the analyzer's finding for the evidence.", keep_s=HOLD_SEVERITY_S)
+    remembers = True  #: a service's runs carry the CUSUM past their window (``_carried``)
     window_s: float = 600.0
     temp_excess_c: float = 8.0
     temp_shift_c: float = 6.0
@@ -256,7 +274,7 @@ class DegradedGpu:
         first_row = np.unique(ucode[valid], return_index=True)
         ident = pd.DataFrame({"uuid_code": first_row[0]})
         rows = np.flatnonzero(valid)[first_row[1]]
-        for c in ("hostname", "gpu", "model"):
+        for c in ("hostname", "gpu", "model", "uuid"):
             ident[c] = f[c].astype(str).to_numpy()[rows] if c in f.columns else ""
         ident["reference"] = fleet.reference_rows()[rows]
         win = win.merge(ident, on="uuid_code", how="left")
@@ -407,26 +425,41 @@ class DegradedGpu:
         return {"temp_excess": self.temp_shift_c, "mem_temp_excess": self.mem_temp_shift_c,
                 "power_excess": self.power_shift, "power_deficit": self.power_shift}
 
-    def own_shifts(self, win: pd.DataFrame) -> None:
-        """Adds ``<feature>_shift``: rise over the GPU's own baseline after its best change point.
+    def own_shifts(self, win: pd.DataFrame, prior: dict[str, tuple[np.ndarray, ...]] | None = None
+                   ) -> dict[str, np.ndarray]:
+        """Adds ``<feature>_shift``: rise over the GPU's own baseline after its best change point; returns per
+        feature and GPU of ``_grid`` whether the first window lies before that change (or none was found).
 
         Per GPU and feature, the split of its window series that maximizes the standardized
         mean difference (after - before) x sqrt(n_before n_after / n), with at least
         ``baseline_windows`` known windows before it; the shift is each later window minus the
-        mean before. Vectorized over GPUs; one pass per split point (windows, not rows).
+        mean before. ``prior`` (per feature, per GPU: sum, count and summed load of earlier windows, the
+        service's runs before: ``_carried``) stands before the series as one window of that weight where the
+        GPU ran at the same load then (``_LOAD``). Vectorized over GPUs; one pass per split point (windows,
+        not rows).
         """
         gi, w, G, W = _grid(win)
+        kept = {}
         for c in self.shift_floors():
-            X = np.full((G, W), np.nan)
-            X[gi, w] = win[f"{c}_own" if f"{c}_own" in win.columns else c].to_numpy()
-            known = np.isfinite(X)
-            cs = np.cumsum(np.where(known, X, 0.0), axis=1)
-            cn = np.cumsum(known, axis=1)
+            X = np.full((G, W + 1), np.nan)
+            X[gi, w + 1] = win[f"{c}_own" if f"{c}_own" in win.columns else c].to_numpy()
+            n = np.isfinite(X).astype(np.float64)
+            if prior is not None:
+                ps, pn, pl = prior[c]
+                L = np.full((G, W), np.nan)
+                L[gi, w] = win[_LOAD[c][0]].to_numpy()
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    X[:, 0] = np.where(pn > 0, ps / np.maximum(pn, 1e-9), np.nan)
+                    now = np.nansum(L, axis=1) / np.isfinite(L).sum(axis=1)
+                    pn = np.where(_same_load(pl / pn, now, *_LOAD[c][1:]), pn, 0.0)
+                n[:, 0] = np.where(pn > 0, pn, 0.0)
+            cs = np.cumsum(np.where(n > 0, X * n, 0.0), axis=1)
+            cn = np.cumsum(n, axis=1)
             tot_s, tot_n = cs[:, -1:], cn[:, -1:]
             best = np.full(G, -np.inf)
             tau = np.full(G, -1)
             base = np.full(G, np.nan)
-            for t in range(1, W):
+            for t in range(1, W + 1):
                 nb, sb = cn[:, t - 1], cs[:, t - 1]
                 na, sa = tot_n[:, 0] - nb, tot_s[:, 0] - sb
                 ok = (nb >= self.baseline_windows) & (na >= 1)
@@ -435,9 +468,11 @@ class DegradedGpu:
                     stat = (ma - mb) * np.sqrt(nb * na / np.maximum(nb + na, 1))
                 better = ok & (stat > best)
                 best, tau, base = np.where(better, stat, best), np.where(better, t, tau), np.where(better, mb, base)
-            cols = np.arange(W)[None, :]
+            cols = np.arange(W + 1)[None, :]
             shift = np.where((tau[:, None] >= 0) & (cols >= tau[:, None]), X - base[:, None], np.nan)
-            win[f"{c}_shift"] = shift[gi, w]
+            win[f"{c}_shift"] = shift[gi, w + 1]
+            kept[c] = (tau < 0) | (tau >= 2)
+        return kept
 
     def _mcd_gate(self, X: np.ndarray, fit: np.ndarray) -> np.ndarray:
         """Windows whose robust Mahalanobis distance (MinCovDet on the features present, fitted on the ``fit``
@@ -463,13 +498,15 @@ class DegradedGpu:
         d2 = np.einsum("ij,jk,ik->i", d, prec, d)
         return d2 > chi2.ppf(self.outlier_quantile, len(cols))
 
-    def cusum(self, win: pd.DataFrame, z: np.ndarray) -> np.ndarray:
-        """Per window 1/0/NaN: degraded (CUSUM alarm on, window off, extended back to the change point)."""
+    def cusum(self, win: pd.DataFrame, z: np.ndarray, s0: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Per window 1/0/NaN: degraded (CUSUM alarm on, window off, extended back to the change point), and
+        the CUSUM per (GPU, window) of ``_grid``; ``s0``: per GPU, where it starts (0, or the service's runs
+        before: ``_carried``)."""
         gi, w, G, nw = _grid(win)
         Z = np.full((G, nw), np.nan)
         Z[gi, w] = z
         S = np.zeros_like(Z)
-        s = np.zeros(G)
+        s = np.zeros(G) if s0 is None else s0.copy()
         cap = 2.0 * self.cusum_h
         for t in range(nw):
             zt = Z[:, t]
@@ -483,10 +520,88 @@ class DegradedGpu:
         for t in range(nw - 2, -1, -1):
             back[:, t] |= back[:, t + 1] & (S[:, t] > 0) & ~np.isnan(Z[:, t])
         cond = np.where(np.isnan(Z), np.nan, back.astype(np.float64))
-        return cond[gi, w]
+        return cond[gi, w], S
 
     # ---------------------------------------------------------------------------------------
-    def detect(self, fleet: Fleet) -> list[Finding]:
+    def _carried(self, win: pd.DataFrame, fleet: Fleet, memory: dict | None) -> tuple[pd.DataFrame | None, ...]:
+        """Per GPU of ``_grid`` (in its order), what the service's runs before handed on (None without: a whole
+        history, the service's first run):
+
+        - ``cusum``: the CUSUM (``s``) and where it last left 0 (``rise``, NaN at 0) at the end of the first
+          window of the run one ``window_s`` earlier. Runs ``window_s`` apart see the same windows (each
+          anchored at its data's start), so each run hands its first window's state to the run that starts
+          where that window ends: a chain of runs accumulates the CUSUM as one analysis of the whole history;
+        - ``level``: per shift feature the GPU's own earlier level (weighted sum, weight in windows, and load;
+          ``_remember``), one per GPU for every run.
+
+        Why: the alarm needs up to 4 windows at the floor (40 min), a finding 30 min of evidence and an own
+        shift 20 min of the GPU's level before it, while ``serve`` analyzes 30 minutes: a GPU off only
+        against its own earlier level (multi-fault's thermal degradation, 7-8 C over its node peers and
+        11 C over itself) was never reported there, and one further off only once the whole window was."""
+        if memory is None:
+            return None, None
+        gi, _, G, _ = _grid(win)
+        names = _names(win, gi, G)
+        cusum, level = memory.get("cusum", {}).get(round(fleet.start)), memory.get("level")
+        return (None if cusum is None else cusum.reindex(names)), (None if level is None else level.reindex(names))
+
+    def _prior(self, level: pd.DataFrame | None) -> dict[str, tuple[np.ndarray, ...]] | None:
+        if level is None:
+            return None
+        return {c: tuple(level[f"{c}_{k}"].fillna(0.0).to_numpy(np.float64) for k in ("sum", "n", "load"))
+                for c in self.shift_floors()}
+
+    def _remember(self, win: pd.DataFrame, fleet: Fleet, memory: dict, S: np.ndarray, s0: np.ndarray,
+                  rise0: np.ndarray, level: pd.DataFrame | None, kept: dict[str, np.ndarray]) -> None:
+        """Hand this run's first window on (``_carried``): the CUSUM after it to the run that starts where it
+        ends, and its level into the GPU's earlier level where it lies before the GPU's change and within half
+        the shift floor of the level so far (a window of the shifted level, or half in it, is not "earlier").
+        Each run adds its first window by the share of it that is new since the GPU's last addition (runs a
+        minute apart: a tenth), so the level is the GPU's average over time, whichever runs saw it; it weighs
+        at most ``_BASELINE_WINDOWS``. Bounded: a CUSUM state is read once, by the run starting at its time,
+        older ones go, and a GPU unseen for that long leaves the level."""
+        chain = memory.setdefault("cusum", {})
+        for key in [k for k in chain if k <= round(fleet.start)]:
+            del chain[key]
+        if not S.shape[1] or fleet.end < fleet.start + self.window_s:
+            return
+        gi, w, G, _ = _grid(win)
+        names = _names(win, gi, G)
+        s1 = S[:, 0]
+        on = s1 > 0.0
+        rise = np.where(s0 > 0.0, rise0, fleet.start)
+        chain[round(fleet.start + self.window_s)] = pd.DataFrame({"s": s1[on], "rise": rise[on]}, index=names[on])
+        first = w == 0
+
+        def at_first(col: str) -> np.ndarray:
+            x = np.full(G, np.nan)
+            x[gi[first]] = win[col].to_numpy()[first]
+            return x
+
+        last = level["t"].to_numpy(np.float64) if level is not None else np.full(G, np.nan)
+        share = np.where(np.isnan(last), 1.0, np.clip((fleet.start - last) / self.window_s, 0.0, 1.0))
+        out: dict[str, np.ndarray] = {"t": np.where(share > 0.0, fleet.start, last)}
+        zero = (np.zeros(G),) * 3
+        prior = self._prior(level) or dict.fromkeys(self.shift_floors(), zero)
+        for c, (ps, pn, pl) in prior.items():
+            x, load = at_first(f"{c}_own" if f"{c}_own" in win.columns else c), at_first(_LOAD[c][0])
+            with np.errstate(invalid="ignore", divide="ignore"):
+                near = (pn <= 0.0) | (np.abs(x - ps / pn) <= self.shift_floors()[c] / 2.0)
+            add = np.where(kept[c] & near & np.isfinite(x) & np.isfinite(load), share, 0.0)
+            nn = pn + add
+            scale = np.where(nn > _BASELINE_WINDOWS, _BASELINE_WINDOWS / np.maximum(nn, 1e-9), 1.0)
+            out[f"{c}_sum"] = (ps + add * np.nan_to_num(x)) * scale
+            out[f"{c}_n"] = nn * scale
+            out[f"{c}_load"] = (pl + add * np.nan_to_num(load)) * scale
+        now = pd.DataFrame(out, index=names)
+        if level is not None:  # GPUs of earlier runs not in this one keep theirs, for as long as it weighs
+            old = memory["level"]
+            old = old[~old.index.isin(names) & (old["t"] > fleet.start - _BASELINE_WINDOWS * self.window_s)]
+            now = pd.concat([old, now])
+        memory["level"] = now
+
+    def detect(self, fleet: Fleet, memory: dict | None = None) -> list[Finding]:
+        """Findings of the data; ``memory``: the service's part for this kind (``_carried``)."""
         f = fleet.frame
         if not len(f) or "uuid" not in f.columns:
             return []
@@ -496,9 +611,20 @@ class DegradedGpu:
         for note in notes:
             if note not in fleet.notes:
                 fleet.notes.append(note)
-        self.own_shifts(win)
+        cusum, level = self._carried(win, fleet, memory)
+        kept = self.own_shifts(win, self._prior(level))
         z = self.score_windows(win)
-        wcond = self.cusum(win, z)
+        gi, w, G, _ = _grid(win)
+        s0 = cusum["s"].fillna(0.0).to_numpy(np.float64) if cusum is not None else np.zeros(G)
+        rise0 = cusum["rise"].to_numpy(np.float64) if cusum is not None else np.full(G, np.nan)
+        wcond, S = self.cusum(win, z, s0)
+        if memory is not None:
+            self._remember(win, fleet, memory, S, s0, rise0, level, kept)
+        # A GPU degraded in its first window while the CUSUM carried in stood above 0: the problem began where
+        # the runs before saw it rise.
+        first_off = np.zeros(G, bool)
+        first_off[gi[(w == 0) & (wcond == 1.0)]] = True
+        since = pd.Series(np.where(first_off & (s0 > 0.0), rise0, np.nan), index=_names(win, gi, G))
         # One row per physical GPU and time carries the verdict (MIG instances repeat the device).
         inst = f["gpu_instance"].astype(str).to_numpy() if "gpu_instance" in f.columns else np.full(len(f), "")
         carrier = (row_win >= 0) & (inst == self._first_instance(f, inst))
@@ -506,7 +632,7 @@ class DegradedGpu:
         cond[carrier] = wcond[row_win[carrier]]
         steps = max(1, round(self.window_s / fleet.step))
         eps = find_episodes(fleet, cond, max_gap_steps=steps, max_unknown_steps=2 * steps,
-                            min_duration_s=self.min_duration_s, split_on=())
+                            min_duration_s=0.0 if since.notna().any() else self.min_duration_s, split_on=())
         if not len(eps):
             return []
         rowvals = {c: np.where(row_win >= 0, win[c].to_numpy()[np.maximum(row_win, 0)], np.nan)
@@ -518,6 +644,11 @@ class DegradedGpu:
         floors, shifts = self.floors(), self.shift_floors()
         out = []
         for i, ep in enumerate(eps.table.itertuples(index=False)):
+            began = since.get(ep.uuid, np.nan) if float(ep.start) < fleet.start + self.window_s else np.nan
+            before = max(float(ep.start) - began, 0.0) if np.isfinite(began) else 0.0
+            if float(ep.evidence_s) + before < self.min_duration_s:
+                continue
+            ep = ep._replace(start=float(ep.start) - before, duration_s=float(ep.duration_s) + before)
             ev: dict[str, object] = {c: float(means[c][i]) for c in FEATURES}
             ev.update({f"{c}_shift": float(means[f"{c}_shift"][i]) for c in shifts})
             off = [c for c in FEATURES if (np.isfinite(means[c][i]) and means[c][i] >= floors[c])
@@ -529,7 +660,7 @@ class DegradedGpu:
                 features_off=off, unknown=[c for c in FEATURES if not np.isfinite(means[c][i])],
                 power_limit_w=float(means["power_limit"][i]), peer_power_limit_w=float(means["peer_limit"][i]),
                 sw_power_cap_fraction=float(means["power_capped"][i]), power_w=float(means["power"][i]),
-                temp_c=float(means["temp"][i]), hours=float(ep.duration_s) / 3600.0,
+                temp_c=float(means["temp"][i]), hours=float(ep.duration_s) / 3600.0, seen_before_s=before,
                 floors={c: floors[c] for c in off},
             )
             score = float(np.clip(zmean[i] / 4.0, 0.0, 1.0)) if np.isfinite(zmean[i]) else 0.5
@@ -606,6 +737,19 @@ def _rising_lstsq(A: np.ndarray, b: np.ndarray) -> np.ndarray:
         if not (coef[1:] < 0).any():
             return coef
         keep[1 + int(np.argmin(coef[1:]))] = False
+
+
+def _same_load(then: np.ndarray, now: np.ndarray, rel: float, tol: float) -> np.ndarray:
+    """Loads within ``rel`` of each other (relative to the larger) or ``tol`` apart; unknown is not the same."""
+    with np.errstate(invalid="ignore"):
+        return np.abs(then - now) <= np.maximum(rel * np.fmax(np.abs(then), np.abs(now)), tol)
+
+
+def _names(win: pd.DataFrame, gi: np.ndarray, G: int) -> np.ndarray:
+    """The uuid of each GPU of ``_grid``."""
+    names = np.empty(G, object)
+    names[gi] = win["uuid"].to_numpy()
+    return names
 
 
 def _grid(win: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, int, int]:

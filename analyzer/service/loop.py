@@ -11,6 +11,9 @@ retries. Nothing a run does can stop the loop. Each run's findings take the ids 
 the same problem that the runs of the last window showed (:class:`analyzer.findings.IdMemory`), so
 a problem keeps its id while the window slides over it, across failed runs and runs it was missing
 from too (not across restarts: a restarted service derives ids afresh from kind, entity and start).
+Detectors whose evidence takes longer to build than the window holds (degraded_gpu's CUSUM and a GPU's own
+earlier level) carry it from run to run in one :class:`analyzer.detectors.Memory`, also lost on restart (the
+first window's worth of runs then judge their data alone, as before).
 
 Heavy imports (pandas via the analyzer) happen in the loop thread, not at import time.
 """
@@ -230,6 +233,7 @@ class AnalyzerService:
         self.on_result = on_result
         self._snapshot = Snapshot(None, Health(started=clock()))
         self._ids = IdMemory(self.window)  # a problem keeps its id as the window slides, or misses a run
+        self._memory: Any = None  # what detectors carry past the window: analyzer.detectors.Memory, made in the loop
         self._lock = threading.Lock()  # serialises writers; readers take the snapshot reference as is
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -274,14 +278,17 @@ class AnalyzerService:
 
     def run_once(self) -> bool:
         """One analysis run; publishes the results on success, records the error otherwise. Never raises."""
+        from analyzer.detectors import Memory
         from analyzer.pipeline import analyze
 
+        if self._memory is None:
+            self._memory = Memory()
         t0 = time.perf_counter()
         now = self.clock()
         start, end = self.window_at(now)
         try:
             fleet = self.loader(start, end)
-            result = analyze(fleet, self.kinds, self.site)
+            result = analyze(fleet, self.kinds, self.site, memory=self._memory)
             self._ids.carry(result.findings, float(fleet.end))
             duration = time.perf_counter() - t0
             analysis = Analysis.build(fleet, result.scores, result.findings, finished=self.clock(), duration=duration)

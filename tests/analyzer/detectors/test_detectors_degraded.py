@@ -436,3 +436,72 @@ def test_a_gpu_low_on_both_power_and_clock_is_not_told_it_runs_at_the_same_clock
     assert "less power than peers for the same activity" in f.summary and "activity and clock" not in f.summary
     assert "clocks 30% below its peers while busy" in f.summary
     assert "check power limit and application clocks" not in f.summary  # its action already compares them
+
+
+# serve's sliding window: what its runs carry (analyzer.detectors.Memory) ---------------------------------
+def _multi_fault(seed_offset: int = 0) -> tuple[object, Fleet]:
+    from analyzer.analysis.evaluate import named_scenario_fleet
+
+    return named_scenario_fleet("multi-fault", "truegpu", 60.0, seed_offset=seed_offset)
+
+
+def test_serve_finds_a_gpu_off_only_against_its_own_earlier_level() -> None:
+    """multi-fault's thermal degradation: 7-8 C over its node peers (floor 8 C) and 11 C over its own level.
+    A 30-minute window alone has not the 20 minutes of level before the change that the own shift needs, nor
+    the windows the CUSUM needs at the floor: serve never reported it. Runs carrying their first window's
+    state to the run that starts where it ends find it within 30 minutes and keep it."""
+    from analyzer.analysis.evaluate import replay
+
+    cluster, fleet = _multi_fault()
+    (truth,) = [t for t in cluster.ground_truth() if t["kind"] == DEGRADED_GPU]
+    part = fleet.between(fleet.start, truth["start"] + 5400.0)
+    res = replay(part, [truth], [DEGRADED_GPU], interval=60.0, window=1800.0)["kinds"][DEGRADED_GPU]
+    assert res["detected"] == 1 and res["false_findings"] == [] and res["withdrawn"] == 0
+    (ttd,) = [t["ttd_s"] for t in res["problems"]]
+    assert ttd <= 1800.0
+    cut = truth["start"] + ttd
+    alone = [f for f in degraded(fleet.between(cut - 1800.0, cut)) if (f.hostname, str(f.gpu)) == (truth["hostname"],
+                                                                                                   truth["gpu"])]
+    assert alone == [], "the window alone finds it: this test no longer shows what the runs carry"
+
+
+def test_a_carried_level_counts_only_at_the_same_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """multi-fault at seed +6: a chat service's GPU falls from ~190 W to 65 W; each 30-minute run fits
+    temperature on power over its own windows, and at 65 W (an extrapolation) read it 6-7 C over its node
+    peers against -1 C in its busy hours: an 8 C "shift" over a level carried from those hours. A carried
+    level counts only where the GPU ran at the same load."""
+    import analyzer.detectors.degraded as mod
+    from analyzer.analysis.evaluate import replay
+
+    cluster, fleet = _multi_fault(6)
+    truth = [t for t in cluster.ground_truth() if t["kind"] == DEGRADED_GPU]
+    part = fleet.between(fleet.start + 1800.0, fleet.start + 6600.0)
+
+    def false() -> list[tuple[str, int]]:
+        res = replay(part, truth, [DEGRADED_GPU], interval=60.0, window=1800.0)["kinds"][DEGRADED_GPU]
+        return [(f["hostname"], f["gpu"]) for f in res["false_findings"]]
+
+    assert false() == []
+    monkeypatch.setitem(mod._LOAD, "temp_excess", ("power", 10.0, 0.0))
+    assert ("dc1-r1-n03", 4) in false(), "the load check no longer matters here"
+
+
+def test_what_the_runs_carry_is_bounded_and_a_whole_history_needs_none() -> None:
+    """A CUSUM state is read once, by the run starting where it was left: at most window / interval of them
+    wait; the earlier levels are one per GPU, and a GPU gone for two hours leaves them. Without memory
+    (``analyze`` of a file) the findings are the data's alone, as before."""
+    from analyzer.analysis.evaluate import replay_cuts
+
+    _, fleet = _multi_fault()
+    det, memory = DegradedGpu(), {}
+    gpus = fleet.frame["uuid"].nunique()
+    for cut in replay_cuts(fleet.start, fleet.start + 3000.0, fleet.step, 60.0):
+        det.detect(fleet.between(cut - 1800.0, cut), memory)
+        assert len(memory["cusum"]) <= 10 and len(memory["level"]) == gpus
+    assert min(memory["cusum"]) > fleet.start + 3000.0 - 1800.0
+    one = fleet.frame["uuid"].iloc[0]
+    later = fleet.between(fleet.end - 1800.0, fleet.end)  # 2 h 10 min after that GPU's last run
+    later.frame = later.frame[later.frame["uuid"] != one].reset_index(drop=True)
+    det.detect(later, memory)
+    assert one not in memory["level"].index and len(memory["level"]) == gpus - 1
+    assert [f.to_json() for f in det.detect(fleet)] == [f.to_json() for f in DegradedGpu().detect(fleet, None)]
