@@ -108,8 +108,9 @@ FEATURES = (*SOFT, "power_deficit", "cap_deficit")
 LEVEL = (*SOFT, "power_deficit")
 _ACTIVITY = ("busy", "sm_active", "tensor_active", "dram_active")
 _MAX_FIT = 4000  # windows per model for the regressions (fixed-seed subsample): fit cost is flat in fleet size
-#: The most windows a GPU's carried earlier level weighs (``_remember``): 2 hours, four times the 30 minutes of
-#: level before a change that a whole history gives a GPU changing 30 minutes in.
+#: The most windows a GPU's carried earlier level weighs (``_remember``): 2 hours, so it follows a GPU's slow drift
+#: while a change of the last 30 minutes moves it by at most a quarter of the shift (it never takes the shifted
+#: windows in anyway: they are after the change).
 _BASELINE_WINDOWS = 12.0
 #: Per shift feature: the load a carried earlier level must have been seen at (column, relative and absolute
 #: tolerance, ``_same_load``). Each run fits temperature on power and power on activity over its own 30 minutes,
@@ -178,7 +179,7 @@ class DegradedGpu:
     kind = DEGRADED_GPU
     paging = Paging(alert="GpuDegraded", team="training", says="runs degraded (power cap, PCIe or NVLink) ({score}); "
                     "see the analyzer's finding for the evidence.", keep_s=HOLD_SEVERITY_S)
-    remembers = True  #: a service's runs carry the CUSUM past their window (``_carried``)
+    remembers = True  #: a service's runs carry the CUSUM and each GPU's own earlier level (``_carried``)
     window_s: float = 600.0
     temp_excess_c: float = 8.0
     temp_shift_c: float = 6.0
