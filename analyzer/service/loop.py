@@ -233,7 +233,9 @@ class AnalyzerService:
         self.on_result = on_result
         self._snapshot = Snapshot(None, Health(started=clock()))
         self._ids = IdMemory(self.window)  # a problem keeps its id as the window slides, or misses a run
-        self._memory: Any = None  # what detectors carry past the window: analyzer.detectors.Memory, made in the loop
+        #: What detectors carry past the window (analyzer.detectors.Memory, made in the loop); a fixed range is
+        #: its own whole history and carries nothing.
+        self._memory: Any = None
         self._lock = threading.Lock()  # serialises writers; readers take the snapshot reference as is
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -288,7 +290,7 @@ class AnalyzerService:
         start, end = self.window_at(now)
         try:
             fleet = self.loader(start, end)
-            result = analyze(fleet, self.kinds, self.site, memory=self._memory)
+            result = analyze(fleet, self.kinds, self.site, memory=None if self.fixed else self._memory)
             self._ids.carry(result.findings, float(fleet.end))
             duration = time.perf_counter() - t0
             analysis = Analysis.build(fleet, result.scores, result.findings, finished=self.clock(), duration=duration)
