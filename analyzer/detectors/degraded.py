@@ -156,6 +156,10 @@ class DegradedGpu:
       or a low limit (20-33% less) passes it. ``power_shift`` applies to the deficit as well.
     - ``baseline_windows`` 2: 20 min of the GPU's own history before a change point.
     - ``busy_min`` 0.5: busy windows (util or GR engine) for clocks and power efficiency.
+    - ``temp_busy_min`` 0.1: temperatures are judged on windows at least this busy. An idle die sits at its
+      fan curve's floor, off the line die = inlet + R x power, and a failing paste or fan shows only with heat
+      flowing: an idle chat-service GPU at 65 W, its job peers at 150-260 W, read "11 C hotter than its peers
+      at the same power" in serve's 30-minute windows (multi-fault, seed +1001, replayed).
     - ``clock_deficit`` 0.10: unthrottled busy GPUs hold max clock within ~2%; 10% lower
       without a thermal reason is power- or clock-capping. Where the max clock is not reported
       (dcgm-exporter's default counters), the highest clock of the model stands in for it
@@ -197,6 +201,7 @@ class DegradedGpu:
     min_duration_s: float = 1800.0
     throttle_c: float = THRESHOLDS.gpu_temp_limit_celsius
     busy_min: float = 0.5
+    temp_busy_min: float = 0.1
     min_peers: int = 3
     min_model_gpus: int = 8
     random_state: int = 0
@@ -386,6 +391,7 @@ class DegradedGpu:
         # Power efficiency is judged on busy windows: at idle the dynamic part is ~0 and per-GPU idle
         # power spreads ~4% (12% of 66 W is 8 W nobody should be paged for).
         win.loc[~(win["busy"].to_numpy() >= self.busy_min), ["power_excess", "power_deficit"]] = np.nan
+        win.loc[win["busy"].to_numpy() < self.temp_busy_min, ["temp_excess", "mem_temp_excess"]] = np.nan
         win.loc[~win["model_ok"].to_numpy(), list(FEATURES)] = np.nan
         return win, row_win, notes
 

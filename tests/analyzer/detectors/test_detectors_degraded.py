@@ -505,3 +505,21 @@ def test_what_the_runs_carry_is_bounded_and_a_whole_history_needs_none() -> None
     det.detect(later, memory)
     assert one not in memory["level"].index and len(memory["level"]) == gpus - 1
     assert [f.to_json() for f in det.detect(fleet)] == [f.to_json() for f in DegradedGpu().detect(fleet, None)]
+
+
+def test_an_idle_gpu_gets_no_temperature_verdict() -> None:
+    """multi-fault at seed +1001: a chat service's GPU idles at 65 W (util 0) beside job peers at 150-260 W. Its die
+    sits at the fan curve's floor, above the line die = inlet + R x power fitted on busy GPUs: 7-14 C "hotter than
+    its peers at the same power" in serve's windows, which its carried CUSUM made a finding. No heat flows to show a
+    failing paste or fan: idle windows have no temperature verdict."""
+    _, fleet = _multi_fault(1001)
+    cut = fleet.start + 6540.0
+    window = fleet.between(cut - 1800.0, cut)
+
+    def idle_gpu(det: DegradedGpu) -> pd.DataFrame:
+        win, _, _ = det.features(window)
+        return win[(win["hostname"] == "dc1-r1-n03") & (win["gpu"] == "4")]
+
+    assert (idle_gpu(DegradedGpu(temp_busy_min=0.0))["temp_excess"] >= 7.0).all()
+    idle = idle_gpu(DegradedGpu())
+    assert (idle["busy"] < 0.1).all() and idle["temp_excess"].isna().all() and idle["mem_temp_excess"].isna().all()
