@@ -469,7 +469,9 @@ def test_a_carried_level_counts_only_at_the_same_load(monkeypatch: pytest.Monkey
     """multi-fault at seed +6: a chat service's GPU falls from ~190 W to 65 W; each 30-minute run fits
     temperature on power over its own windows, and at 65 W (an extrapolation) read it 6-7 C over its node
     peers against -1 C in its busy hours: an 8 C "shift" over a level carried from those hours. A carried
-    level counts only where the GPU ran at the same load."""
+    level counts only where the GPU ran at the same load. (That GPU is idle at 65 W, where temperatures now have
+    no verdict at all, ``temp_busy_min``: the check is shown here with that gate off, as for a GPU whose load
+    falls but stays above idle.)"""
     import analyzer.detectors.degraded as mod
     from analyzer.analysis.evaluate import replay
 
@@ -478,7 +480,8 @@ def test_a_carried_level_counts_only_at_the_same_load(monkeypatch: pytest.Monkey
     part = fleet.between(fleet.start + 1800.0, fleet.start + 6600.0)
 
     def false() -> list[tuple[str, int]]:
-        res = replay(part, truth, [DEGRADED_GPU], interval=60.0, window=1800.0)["kinds"][DEGRADED_GPU]
+        res = replay(part, truth, [DEGRADED_GPU], interval=60.0, window=1800.0,
+                     config={DEGRADED_GPU: {"temp_busy_min": 0.0}})["kinds"][DEGRADED_GPU]
         return [(f["hostname"], f["gpu"]) for f in res["false_findings"]]
 
     assert false() == []
