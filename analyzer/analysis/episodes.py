@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -128,6 +129,16 @@ class Episodes:
         counts = np.bincount(self.member[sel], minlength=n)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def begun_earlier(ep: Any, seconds: float) -> Any:
+    """Episode ``ep`` (a row of ``Episodes.table``) begun ``seconds`` earlier: a detector's evidence says the
+    time before was the same problem (a change point, an earlier spell, earlier runs of a service), so it counts
+    toward its duration and evidence too."""
+    if seconds <= 0:
+        return ep
+    return ep._replace(start=float(ep.start) - seconds, duration_s=float(ep.duration_s) + seconds,
+                       evidence_s=float(ep.evidence_s) + seconds)
 
 
 def bridge_steps(step: float, steps: int, seconds: float = MAX_UNKNOWN_S) -> int:

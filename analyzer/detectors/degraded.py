@@ -95,7 +95,7 @@ import pandas as pd
 from scipy.stats import chi2
 from sklearn.covariance import MinCovDet
 
-from analyzer.analysis.episodes import column, find_episodes, format_duration
+from analyzer.analysis.episodes import begun_earlier, column, find_episodes, format_duration
 from analyzer.data.frame import Fleet
 from analyzer.detectors import Paging, clock_max, gpu_busy, register
 from analyzer.findings import DEGRADED_GPU, HOLD_SEVERITY_S, Finding
@@ -449,7 +449,7 @@ class DegradedGpu:
         kept = {}
         for c in self.shift_floors():
             X = np.full((G, W + 1), np.nan)
-            X[gi, w + 1] = win[f"{c}_own" if f"{c}_own" in win.columns else c].to_numpy()
+            X[gi, w + 1] = win[_own(win, c)].to_numpy()
             n = np.isfinite(X).astype(np.float64)
             if prior is not None:
                 ps, pn, pl = prior[c]
@@ -530,9 +530,9 @@ class DegradedGpu:
         return cond[gi, w], S
 
     # ---------------------------------------------------------------------------------------
-    def _carried(self, win: pd.DataFrame, fleet: Fleet, memory: dict | None) -> tuple[pd.DataFrame | None, ...]:
-        """Per GPU of ``_grid`` (in its order), what the service's runs before handed on (None without: a whole
-        history, the service's first run):
+    def _carried(self, names: np.ndarray, fleet: Fleet, memory: dict | None) -> tuple[pd.DataFrame | None, ...]:
+        """Per GPU of ``_grid`` (``names``: their uuids, in its order), what the service's runs before handed on
+        (None without: a whole history, the service's first run):
 
         - ``cusum``: the CUSUM (``s``) and where it last left 0 (``rise``, NaN at 0) at the end of the first
           window of the run one ``window_s`` earlier. Runs ``window_s`` apart see the same windows (each
@@ -547,8 +547,6 @@ class DegradedGpu:
         11 C over itself) was never reported there, and one further off only once the whole window was."""
         if memory is None:
             return None, None
-        gi, _, G, _ = _grid(win)
-        names = _names(win, gi, G)
         cusum, level = memory.get("cusum", {}).get(round(fleet.start)), memory.get("level")
         return (None if cusum is None else cusum.reindex(names)), (None if level is None else level.reindex(names))
 
@@ -558,8 +556,8 @@ class DegradedGpu:
         return {c: tuple(level[f"{c}_{k}"].fillna(0.0).to_numpy(np.float64) for k in ("sum", "n", "load"))
                 for c in self.shift_floors()}
 
-    def _remember(self, win: pd.DataFrame, fleet: Fleet, memory: dict, S: np.ndarray, s0: np.ndarray,
-                  rise0: np.ndarray, level: pd.DataFrame | None, kept: dict[str, np.ndarray]) -> None:
+    def _remember(self, win: pd.DataFrame, names: np.ndarray, fleet: Fleet, memory: dict, S: np.ndarray,
+                  s0: np.ndarray, rise0: np.ndarray, level: pd.DataFrame | None, kept: dict[str, np.ndarray]) -> None:
         """Hand this run's first window on (``_carried``): the CUSUM after it to the run that starts where it
         ends, and its level into the GPU's earlier level where it lies before the GPU's change and within half
         the shift floor of the level so far (a window of the shifted level, or half in it, is not "earlier").
@@ -573,7 +571,6 @@ class DegradedGpu:
         if not S.shape[1] or fleet.end < fleet.start + self.window_s:
             return
         gi, w, G, _ = _grid(win)
-        names = _names(win, gi, G)
         s1 = S[:, 0]
         on = s1 > 0.0
         rise = np.where(s0 > 0.0, rise0, fleet.start)
@@ -591,7 +588,7 @@ class DegradedGpu:
         zero = (np.zeros(G),) * 3
         prior = self._prior(level) or dict.fromkeys(self.shift_floors(), zero)
         for c, (ps, pn, pl) in prior.items():
-            x, load = at_first(f"{c}_own" if f"{c}_own" in win.columns else c), at_first(_LOAD[c][0])
+            x, load = at_first(_own(win, c)), at_first(_LOAD[c][0])
             with np.errstate(invalid="ignore", divide="ignore"):
                 near = (pn <= 0.0) | (np.abs(x - ps / pn) <= self.shift_floors()[c] / 2.0)
             add = np.where(kept[c] & near & np.isfinite(x) & np.isfinite(load), share, 0.0)
@@ -618,20 +615,21 @@ class DegradedGpu:
         for note in notes:
             if note not in fleet.notes:
                 fleet.notes.append(note)
-        cusum, level = self._carried(win, fleet, memory)
+        gi, w, G, _ = _grid(win)
+        names = _names(win, gi, G)
+        cusum, level = self._carried(names, fleet, memory)
         kept = self.own_shifts(win, self._prior(level))
         z = self.score_windows(win)
-        gi, w, G, _ = _grid(win)
         s0 = cusum["s"].fillna(0.0).to_numpy(np.float64) if cusum is not None else np.zeros(G)
         rise0 = cusum["rise"].to_numpy(np.float64) if cusum is not None else np.full(G, np.nan)
         wcond, S = self.cusum(win, z, s0)
         if memory is not None:
-            self._remember(win, fleet, memory, S, s0, rise0, level, kept)
+            self._remember(win, names, fleet, memory, S, s0, rise0, level, kept)
         # A GPU degraded in its first window while the CUSUM carried in stood above 0: the problem began where
         # the runs before saw it rise.
         first_off = np.zeros(G, bool)
         first_off[gi[(w == 0) & (wcond == 1.0)]] = True
-        since = pd.Series(np.where(first_off & (s0 > 0.0), rise0, np.nan), index=_names(win, gi, G))
+        since = pd.Series(np.where(first_off & (s0 > 0.0), rise0, np.nan), index=names)
         # One row per physical GPU and time carries the verdict (MIG instances repeat the device).
         inst = f["gpu_instance"].astype(str).to_numpy() if "gpu_instance" in f.columns else np.full(len(f), "")
         carrier = (row_win >= 0) & (inst == self._first_instance(f, inst))
@@ -653,9 +651,9 @@ class DegradedGpu:
         for i, ep in enumerate(eps.table.itertuples(index=False)):
             began = since.get(ep.uuid, np.nan) if float(ep.start) < fleet.start + self.window_s else np.nan
             before = max(float(ep.start) - began, 0.0) if np.isfinite(began) else 0.0
-            if float(ep.evidence_s) + before < self.min_duration_s:
+            ep = begun_earlier(ep, before)
+            if float(ep.evidence_s) < self.min_duration_s:
                 continue
-            ep = ep._replace(start=float(ep.start) - before, duration_s=float(ep.duration_s) + before)
             ev: dict[str, object] = {c: float(means[c][i]) for c in FEATURES}
             ev.update({f"{c}_shift": float(means[f"{c}_shift"][i]) for c in shifts})
             off = [c for c in FEATURES if (np.isfinite(means[c][i]) and means[c][i] >= floors[c])
@@ -750,6 +748,11 @@ def _same_load(then: np.ndarray, now: np.ndarray, rel: float, tol: float) -> np.
     """Loads within ``rel`` of each other (relative to the larger) or ``tol`` apart; unknown is not the same."""
     with np.errstate(invalid="ignore"):
         return np.abs(then - now) <= np.maximum(rel * np.fmax(np.abs(then), np.abs(now)), tol)
+
+
+def _own(win: pd.DataFrame, c: str) -> str:
+    """The column a shift feature's own level is followed in (relative to the node where it has one)."""
+    return f"{c}_own" if f"{c}_own" in win.columns else c
 
 
 def _names(win: pd.DataFrame, gi: np.ndarray, G: int) -> np.ndarray:

@@ -249,7 +249,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.analysis.episodes import column, find_episodes, format_duration
+from analyzer.analysis.episodes import begun_earlier, column, find_episodes, format_duration
 from analyzer.data.frame import Fleet
 from analyzer.detectors import Paging, clock_max, gpu_busy, register
 from analyzer.detectors._peers import (
@@ -761,8 +761,8 @@ class Straggler:
         while c > 0:
             lo = max(c - spacing, 0)
             ends = lo + np.flatnonzero(rising[lo:c] & ~rising[lo + 1:c + 1])  # rises ending within one spacing
-            strong = [a for a, b in ((_run_start(rising, int(b)), int(b)) for b in ends[::-1])
-                      if level[a:b + 1].max() >= 0.5]
+            runs = [(_run_start(rising, int(b)), int(b)) for b in ends]
+            strong = [a for a, b in runs if level[a:b + 1].max() >= 0.5]
             counted = max(c - gap, 0) + np.flatnonzero(first[max(c - gap, 0):c])
             if len(counted):  # a counted spell within spell_gap_s of where it now starts: one episode, as it would be
                 strong.append(_run_start(rising, int(counted[-1])) if rising[counted[-1]] else int(counted[-1]))
@@ -1006,13 +1006,8 @@ def _run_start(mask: np.ndarray, i: int) -> int:
 
 
 def _started_at(ep: Any, c: int, fleet: Fleet) -> Any:
-    """Episode ``ep`` begun at sample ``c`` (at or before its start): the time before is known evidence of the
-    same problem, so it counts toward duration and evidence too."""
-    extra = (_sample(ep, fleet) - c) * fleet.step
-    if extra <= 0:
-        return ep
-    return ep._replace(start=float(ep.start) - extra, duration_s=float(ep.duration_s) + extra,
-                       evidence_s=float(ep.evidence_s) + extra)
+    """Episode ``ep`` begun at sample ``c`` (at or before its start)."""
+    return begun_earlier(ep, (_sample(ep, fleet) - c) * fleet.step)
 
 
 def _lead_in(ep: Any, joined: np.ndarray, fleet: Fleet) -> Any:
