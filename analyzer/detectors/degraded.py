@@ -280,8 +280,8 @@ class DegradedGpu:
         first_row = np.unique(ucode[valid], return_index=True)
         ident = pd.DataFrame({"uuid_code": first_row[0]})
         rows = np.flatnonzero(valid)[first_row[1]]
-        for c in ("hostname", "gpu", "model", "uuid"):
-            ident[c] = f[c].astype(str).to_numpy()[rows] if c in f.columns else ""
+        for c in ("hostname", "gpu", "model", "uuid"):  # the first rows only: a whole column as text is ~40 MB/M rows
+            ident[c] = f[c].iloc[rows].astype(str).to_numpy() if c in f.columns else ""
         ident["reference"] = fleet.reference_rows()[rows]
         win = win.merge(ident, on="uuid_code", how="left")
         # Job per (GPU, window): any job seen there (the highest category code).
