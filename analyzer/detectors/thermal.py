@@ -61,7 +61,10 @@ listed in its evidence: one cooling problem, one finding. A node or rack finding
 excess left its usual level (within ``onset_c`` 1 C, the sensor's quantization, of the median over the
 half hour before its last trend window), not where it became urgent (``urgent_from`` in the evidence): a
 failing cooler ramps for 10-20 minutes before the ETA is under 30 minutes, and the operator needs to know
-when it began (onset error on rack-cooling 780-1200 s before, 120-180 s since).
+when it began (onset error on rack-cooling 780-1200 s before, 120-180 s since). Where its own level
+(power-corrected, not against peers) left usual earlier, that is the start: nodes heating together with
+half the fleet lift the median they are compared with while they climb through it (dcgm data, no racks:
+onset errors over 5 min at 3 of 12 rack-cooling and multi-fault runs (6 seeds), 3 min at most since).
 """
 
 from __future__ import annotations
@@ -319,18 +322,17 @@ def _group_reduce(m: np.ndarray, groups: np.ndarray, n_groups: int, how: str) ->
     return res
 
 
-def _second_node(hot: np.ndarray, lim: np.ndarray, node_rack: np.ndarray,
-                 n_rack: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per rack and time, from its nodes' (hottest GPU, any GPU at the limit): the second-hottest node's
-    temperature, and whether two or more nodes are at the limit."""
-    hot2 = np.full((n_rack, hot.shape[1]), np.nan)
-    lim2 = np.zeros((n_rack, hot.shape[1]), bool)
-    for r in range(n_rack):
-        sel = node_rack == r
-        if sel.sum() >= 2:
-            hot2[r] = np.sort(np.where(np.isnan(hot[sel]), -np.inf, hot[sel]), axis=0)[-2]
-            lim2[r] = lim[sel].sum(axis=0) >= 2
-    return np.where(np.isinf(hot2), np.nan, hot2), lim2
+def _second(hot: np.ndarray, lim: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per group and time, from its members' rows (temperature, at the limit): the second-hottest member's
+    temperature (NaN below two known), and whether two or more members are at the limit."""
+    if n_groups == 0 or not len(hot):
+        return np.full((n_groups, hot.shape[1]), np.nan), np.zeros((n_groups, hot.shape[1]), bool)
+    pad, _, _ = _pad(hot, groups, n_groups)
+    hot2 = np.sort(np.where(np.isnan(pad), -np.inf, pad), axis=1)[:, -2] if pad.shape[1] >= 2 \
+        else np.full((n_groups, hot.shape[1]), -np.inf)
+    lim2 = np.zeros((n_groups, lim.shape[1]), np.int64)
+    np.add.at(lim2, groups, lim.astype(np.int64))
+    return np.where(np.isinf(hot2), np.nan, hot2), lim2 >= 2
 
 
 @register
@@ -453,10 +455,13 @@ class Thermal:
         hot_by_node = _group_reduce(temp, node_key, n_node, "max")
         lim_by_node = _group_reduce(limit, node_key, n_node, "any")
         node_slope = _steady_slope(node_excess, g.times, k, node_excess >= self.excess_c)
-        # A node is "hot together" when most of its GPUs are (median) and it has 2 or more GPUs.
+        # A node is "hot together" when most of its GPUs are (median) and it has 2 or more GPUs; urgent as a node
+        # through two of its GPUs, like a rack through two nodes: one GPU throttling for a fault of its own in a
+        # node a few degrees warm is that GPU's finding (dcgm data, nodes against the fleet: 8 false node findings
+        # in 10 seeds of dcgm-exporter's default counters before, each hiding the GPU's true one).
         node_size = np.bincount(node_key, minlength=n_node)
-        node_cond = (node_excess >= self.excess_c) & urgent(hot_by_node, lim_by_node, node_slope) \
-            & (node_size[:, None] >= 2)
+        gpu2, lim2_node = _second(temp, limit, node_key, n_node)
+        node_cond = (node_excess >= self.excess_c) & urgent(gpu2, lim2_node, node_slope) & (node_size[:, None] >= 2)
 
         groups: list[dict[str, Any]] = []
         node_host = g.host[node_dev]
@@ -477,7 +482,8 @@ class Thermal:
             rack_slope = _steady_slope(rack_excess, g.times, k, rack_excess >= self.excess_c)
             # Urgent as a rack: two of its nodes hot or at the limit, not one GPU with a fault of its own in a
             # rack that runs a few degrees warm (critical rack findings on 7 of 20 fresh seeds otherwise).
-            hot2, lim2 = _second_node(hot_by_node, lim_by_node, node_rack, n_rack)
+            hot2, lim2 = _second(hot_by_node[node_rack >= 0], lim_by_node[node_rack >= 0], node_rack[node_rack >= 0],
+                                 n_rack)
             rack_cond = (rack_excess >= self.excess_c) & urgent(hot2, lim2, rack_slope) \
                 & (in_rack_cnt[:, None] >= 2)
             # A rack's hot nodes: above the other racks' level by excess_c (listed in the evidence).
@@ -487,9 +493,9 @@ class Thermal:
             def rack_members(u: int, sl: slice) -> list[str]:
                 return sorted(str(h) for h in node_host[(node_rack == u) & node_hot_vs_fleet[:, sl].any(axis=1)])
 
-            groups += self._group_episodes(fleet, g, "rack", rack_name, rack_cond, rack_excess, rack_slope,
-                                           hot_by_rack, lim_by_rack, members_of=rack_members)
-        groups += self._group_episodes(fleet, g, "node", node_host, node_cond, node_excess, node_slope,
+            groups += self._group_episodes(fleet, g, "rack", rack_name, rack_cond, rack_excess, rack_level,
+                                           rack_slope, hot_by_rack, lim_by_rack, members_of=rack_members)
+        groups += self._group_episodes(fleet, g, "node", node_host, node_cond, node_excess, node_med, node_slope,
                                        hot_by_node, lim_by_node, rack_of=np.array(
                                            [rack_name[r] if r >= 0 else "" for r in node_rack], dtype=object))
         groups = self._merge_nodes_into_racks(groups)
@@ -513,7 +519,7 @@ class Thermal:
         return np.where(temp >= self.slowdown_c, 0.0, eta)
 
     def _group_episodes(self, fleet: Fleet, g: _Grid, level: str, names: np.ndarray, cond: np.ndarray,
-                        excess: np.ndarray, slope: np.ndarray, hot: np.ndarray, lim: np.ndarray,
+                        excess: np.ndarray, own: np.ndarray, slope: np.ndarray, hot: np.ndarray, lim: np.ndarray,
                         rack_of: np.ndarray | None = None,
                         members_of: Callable[[int, slice], list[str]] | None = None) -> list[dict[str, Any]]:
         """Episodes of a group-level condition (units x time), as plain dicts for folding."""
@@ -538,10 +544,11 @@ class Thermal:
             t1 = T if ep.open else round((ep.end - g.times[0]) / fleet.step)
             sl = slice(t0, t1)
             on = cond[u, sl]
+            start = min(self._rise_start(excess[u], t0, fleet.step), self._rise_start(own[u], t0, fleet.step))
             out.append({
                 "level": level, "name": str(names[u]),
                 "rack": str(rack_of[u]) if rack_of is not None else str(names[u]),
-                "start": float(g.times[self._rise_start(excess[u], t0, fleet.step)]), "urgent_from": float(ep.start),
+                "start": float(g.times[start]), "urgent_from": float(ep.start),
                 "end": None if ep.open else float(ep.end),
                 "excess_c": float(np.nanmean(excess[u, sl][on])), "excess_max_c": float(np.nanmax(excess[u, sl])),
                 "slope_onset": float(slope[u, t0]) if np.isfinite(slope[u, t0]) else None,
@@ -558,7 +565,8 @@ class Thermal:
         ``eta_horizon_s``; the finding says when it began, not when it became urgent). The usual level is the
         median excess over the two trend windows before the one ending at ``t0``; the start is the sample after
         the last one (3-sample mean, for the 1 C sensor quantization) within ``onset_c`` of it. Without that
-        history (the data begins inside the ramp) ``t0`` stays the start."""
+        history (the data begins inside the ramp) ``t0`` stays the start. Called with the excess over peers and
+        with the group's own level; the earlier of the two is the start (module docstring)."""
         k = max(6, round(self.trend_window_s / step))
         lo, hi = max(0, t0 - 3 * k), max(0, t0 - k)
         smooth = pd.Series(excess[: t0 + 1]).rolling(3, center=True, min_periods=1).mean().to_numpy()

@@ -197,6 +197,44 @@ def test_one_hot_node_is_a_node_finding() -> None:
     assert "node dc1-r1-n01" in f.summary and "fans" in f.summary
 
 
+def test_a_node_heating_with_half_the_fleet_starts_where_its_own_level_left_usual() -> None:
+    """Without rack labels (dcgm-exporter data) nodes are compared with the fleet's other nodes. Three of six
+    heat together from minute 30, two of them at the fleet's middle: while they climb through it each of the
+    three is compared with a median that rises with it, so against its peers it seemed to start 8-9 minutes
+    late (3-6 on rack-cooling seeds +3003, +3012 in the dcgm dialect). Its start is where its own level, or its
+    excess over its peers, left usual, whichever came first."""
+    steps, ramp = 120, np.r_[np.zeros(30), np.minimum(0.6 * np.arange(90), 40.0)]
+    base = {"n01": -0.5, "n02": 3.0, "n03": 0.5, "n04": -3.0, "n05": 4.0, "n06": -4.0}
+    devs = [gpu(f"dc1-{n}", i, steps, extra=b + (ramp if n in ("n01", "n02", "n03") else 0.0), rack="")
+            for n, b in base.items() for i in range(4)]
+    found = {f.hostname: f for f in Thermal().detect(fleet(devs, steps))}
+    assert sorted(found) == ["dc1-n01", "dc1-n02", "dc1-n03"]
+    for f in found.values():
+        assert f.start == pytest.approx(T0 + 30 * STEP, abs=3 * STEP), (f.hostname, (f.start - T0) / STEP)
+
+
+def test_one_throttling_gpu_in_a_warm_node_is_that_gpus_finding_not_the_nodes() -> None:
+    """A node running 6 C warmer than the fleet's others (its inlet: no rack labels to compare it with) and one
+    GPU of it throttling for a fan of its own. The node is hot but urgent only through that one GPU: the
+    finding is the GPU's (dcgm-exporter's default counters, 10 seeds: 8 such node findings, each hiding the
+    GPU's own). A second GPU near the slowdown point makes it the node's."""
+    steps = 60
+    hot = np.r_[np.zeros(20), np.full(40, 30.0)]
+    thr = np.r_[np.zeros(20), np.ones(40)]
+
+    def fleet_with(second: float) -> Fleet:
+        devs = [gpu("dc1-n01", 0, steps, extra=6.0 + hot, throttle=thr, rack=""),
+                gpu("dc1-n01", 1, steps, extra=6.0 + second * hot / 30.0, rack="")]
+        devs += [gpu("dc1-n01", i, steps, extra=6.0, rack="") for i in (2, 3)]
+        devs += [gpu(f"dc1-n0{n}", i, steps, rack="") for n in range(2, 7) for i in range(4)]
+        return fleet(devs, steps)
+
+    f = only(Thermal().detect(fleet_with(second=0.0)))
+    assert (f.hostname, f.gpu, f.severity) == ("dc1-n01", 0, "critical"), f.summary
+    f = only(Thermal().detect(fleet_with(second=15.0)))  # GPU 1 at 60 + 6 + 15 = 81 C, over warn_c 79 C
+    assert (f.hostname, f.gpu) == ("dc1-n01", None), f.summary
+
+
 def test_runner_finds_thermal() -> None:
     fs = run_detectors(_rack_fleet(hot_nodes=3), [THERMAL])
     assert [f.kind for f in fs] == [THERMAL]
