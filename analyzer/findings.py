@@ -201,6 +201,29 @@ class IdMemory:
         self._urgent = {k: held for k, held in self._urgent.items() if k in self._seen}
 
 
+    def state(self) -> tuple[list[tuple[dict[str, Any], float]], list[tuple[str, str, float]]]:
+        """What a restarted service needs (analyzer.service.state): each remembered finding's fields but its
+        evidence (ids are carried on kind, entity and span) with the end of the run that showed it, and each
+        held severity with the end of the last run that gave it."""
+        seen = [({k: v for k, v in asdict(f).items() if k != "evidence"}, end) for f, end in self._seen.values()]
+        return seen, [(i, sev, end) for i, (sev, end) in self._urgent.items()]
+
+    def restore(self, seen: Sequence[Sequence[Any]], urgent: Sequence[Sequence[Any]]) -> None:
+        """Take :meth:`state`'s output back (TypeError/ValueError on what does not fit, nothing restored)."""
+        kept = {}
+        for fields, end in seen:
+            f = Finding(**fields)
+            if not f.id or f.severity not in SEVERITY_ORDER:
+                raise ValueError(f"remembered finding without an id or with severity {f.severity!r}")
+            kept[f.id] = (f, float(end))
+        held = {}
+        for i, sev, end in urgent:
+            if sev not in SEVERITY_ORDER:
+                raise ValueError(f"held severity {sev!r}")
+            held[str(i)] = (sev, float(end))
+        self._seen, self._urgent = kept, held
+
+
 def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -30,7 +30,7 @@ SCENARIO_MODULES = frozenset(f"tests/analyzer/{m}.py" for m in (
     "analysis/test_evaluate", "test_finding_ids", "detectors/test_detection_gate",
     "detectors/test_detector_conformance", "detectors/test_detectors_degraded", "detectors/test_detectors_gpu_fault",
     "detectors/test_detectors_straggler", "detectors/test_detectors_thermal", "detectors/test_detectors_topology",
-    "detectors/test_partial_failures", "service/test_service_memory",
+    "detectors/test_partial_failures", "service/test_service_memory", "service/test_service_state",
 ))
 
 

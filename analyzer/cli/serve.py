@@ -70,6 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_shard_argument(loop)
     loop.add_argument("--stale-after", type=_arg(parse_positive_duration), default=None,
                       help="/healthz reports stale when the last good analysis is older (default 2 x interval + 60s)")
+    loop.add_argument("--state-file", type=Path, metavar="FILE",
+                      help="keep the findings' ids and the detectors' carried evidence here, rewritten after each "
+                      "run, so a restart goes on where it stopped (default: none; a restart starts afresh)")
     api = p.add_argument_group("API and authentication")
     api.add_argument("--api-token-file", type=Path, metavar="FILE",
                      help="file holding the bearer token /api/* and / require (cost data is sensitive)")
@@ -139,6 +142,19 @@ def api_settings(args: argparse.Namespace, loader: Any, site: Any = None) -> tup
                            protect_healthz=args.protect_healthz, catalog=catalog, team_map=team_map,
                            store=args.rollup_store, tokens=site.tokens)
     return settings, rollup
+
+
+def state_file(args: argparse.Namespace) -> Any:
+    """The StateFile of ``--state-file`` (None without, or for a fixed range); ValueError when unwritable."""
+    if args.state_file is None or args.start is not None or args.end is not None:
+        return None
+    from analyzer.service.state import StateFile
+
+    state = StateFile(args.state_file, {"window": args.window, "step": args.step, "job_label": args.job_label,
+                                        "kinds": sorted(args.kinds) if args.kinds else None,
+                                        "shard": str(args.shard) if args.shard else None})
+    state.check_writable()
+    return state
 
 
 def _error(message: str) -> int:
@@ -215,7 +231,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
             ticks = WindowLoader(prometheus_loader(args.prometheus, args.step, remember=True, **reading))
         service = AnalyzerService(ticks, url=args.prometheus, interval=args.interval, window=args.window,
                                   step=args.step, kinds=args.kinds, stale_after=args.stale_after,
-                                  on_result=rollup, fixed=fixed, site=site)
+                                  on_result=rollup, fixed=fixed, site=site, state=state_file(args))
     except (ValueError, OSError) as exc:
         return _error(str(exc))
     if settings.no_auth:

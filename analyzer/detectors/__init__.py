@@ -71,14 +71,19 @@ class Detector(Protocol):
 class Memory:
     """What the detectors of one service carry from run to run: per kind, a dict the detector owns.
 
-    Bounded by the detectors (each drops what its next runs no longer read); lost on restart, when
-    each detector starts again from its data alone."""
+    Bounded by the detectors (each drops what its next runs no longer read). Kept across restarts only in
+    ``serve --state-file`` (analyzer.service.state), so a part holds plain data: numbers, text, lists, dicts
+    and DataFrames; without it each detector starts again from its data alone."""
 
-    def __init__(self) -> None:
-        self._parts: dict[str, dict[Any, Any]] = {}
+    def __init__(self, parts: dict[str, dict[Any, Any]] | None = None) -> None:
+        self._parts: dict[str, dict[Any, Any]] = dict(parts or {})
 
     def part(self, kind: str) -> dict[Any, Any]:
         return self._parts.setdefault(kind, {})
+
+    def parts(self) -> dict[str, dict[Any, Any]]:
+        """Every kind's part (the service state saves them)."""
+        return self._parts
 
 
 #: kind -> detector class (constructed with keyword overrides of its fields).

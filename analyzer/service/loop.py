@@ -10,10 +10,11 @@ recorded in :class:`Health`; the last good analysis keeps being served, and the 
 retries. Nothing a run does can stop the loop. Each run's findings take the ids of the findings of
 the same problem that the runs of the last window showed (:class:`analyzer.findings.IdMemory`), so
 a problem keeps its id while the window slides over it, across failed runs and runs it was missing
-from too (not across restarts: a restarted service derives ids afresh from kind, entity and start).
-Detectors whose evidence takes longer to build than the window holds (degraded_gpu's CUSUM and a GPU's own
-earlier level) carry it from run to run in one :class:`analyzer.detectors.Memory`, also lost on restart (the
-first window's worth of runs then judge their data alone, as before).
+from too. Detectors whose evidence takes longer to build than the window holds (degraded_gpu's CUSUM and a
+GPU's own earlier level) carry it from run to run in one :class:`analyzer.detectors.Memory`. Both survive a
+restart only through a state file (:mod:`analyzer.service.state`, ``serve --state-file``); without one a
+restarted service derives ids afresh from kind, entity and start, and its first window's worth of runs judge
+their data alone.
 
 Heavy imports (pandas via the analyzer) happen in the loop thread, not at import time.
 """
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from analyzer.analysis.scores import Scores
     from analyzer.data.frame import Fleet
     from analyzer.findings import Finding
+    from analyzer.service.state import StateFile
     from analyzer.site import SiteConfig
 
 log = logging.getLogger(__name__)
@@ -207,6 +209,7 @@ class AnalyzerService:
         on_result: Callable[[Analysis], None] | None = None,
         fixed: tuple[float, float] | None = None,
         site: SiteConfig | None = None,
+        state: StateFile | None = None,
     ) -> None:
         if fixed is not None:
             window = fixed[1] - fixed[0]
@@ -236,6 +239,8 @@ class AnalyzerService:
         #: What detectors carry past the window (analyzer.detectors.Memory, made in the loop); a fixed range is
         #: its own whole history and carries nothing.
         self._memory: Any = None
+        #: Where both are kept across restarts (analyzer.service.state; serve --state-file), or None.
+        self.state = state if fixed is None else None
         self._lock = threading.Lock()  # serialises writers; readers take the snapshot reference as is
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -284,7 +289,7 @@ class AnalyzerService:
         from analyzer.pipeline import analyze
 
         if self._memory is None:
-            self._memory = Memory()
+            self._memory = (self.state.load(self._ids) if self.state is not None else None) or Memory()
         t0 = time.perf_counter()
         now = self.clock()
         start, end = self.window_at(now)
@@ -322,9 +327,19 @@ class AnalyzerService:
         log.info("analyzed %s .. %s in %.1fs: %d finding(s), %d open",
                  iso(analysis.start), iso(analysis.end), duration, len(analysis.findings),
                  len(analysis.open_findings))
+        self._keep_state(analysis.end)
         self._after(analysis)
         self._notify()
         return True
+
+    def _keep_state(self, end: float) -> None:
+        if self.state is None:
+            return
+        try:
+            self.state.save(self._ids, self._memory, end)
+        except Exception as exc:  # a full disk must not stop the analysis; the next run tries again
+            log.error("cannot write the service state %s: %s", self.state.path, short_error(exc),
+                      exc_info=log.isEnabledFor(logging.DEBUG))
 
     def _after(self, analysis: Analysis) -> None:
         if self.on_result is None:

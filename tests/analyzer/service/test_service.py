@@ -22,7 +22,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from analyzer import output_schema as O
-from analyzer.findings import Finding
+from analyzer.findings import Finding, IdMemory
 from analyzer.service import Analysis, AnalyzerService, Health, JobUtilization, Snapshot
 from analyzer.service.metrics import ServiceCollector, build_registry
 from exporter.simulator import Cluster, load_scenario
@@ -216,7 +216,8 @@ def test_serve_against_real_prometheus(tmp_path, live_history, serve_in_process,
         service, url = serve_in_process(["--prometheus", prom_url, "--listen", "127.0.0.1:0", "--interval", "3s",
                                          "--window", f"{WINDOW:g}s", "--timeout", "10",
                                          "--api-token-file", str(token_file),
-                                         "--rollup-store", str(tmp_path / "rollups.db")])
+                                         "--rollup-store", str(tmp_path / "rollups.db"),
+                                         "--state-file", str(tmp_path / "state.json")])
         assert service.wait_for_run(120), "no analysis run finished"
         health = requests.get(f"{url}/healthz", timeout=10).json()
         assert health["status"] == "ok" and health["last_error"] is None, health
@@ -275,6 +276,15 @@ def test_serve_against_real_prometheus(tmp_path, live_history, serve_in_process,
             _value(text, O.FLEET_EFFECTIVE_UTILIZATION.name, allocation="allocated"))
         cost = requests.get(f"{url}/api/reports/cost", params={"group_by": "workload"}, headers=auth, timeout=60)
         assert cost.status_code == 200 and cost.json()["report"]["totals"]["cost"] > 0, cost.text
+        # --state-file: after each run it holds the ids shown, the ones a restart takes back.
+        for _ in range(3):  # a run may finish between reading its ids and reading the file
+            shown = {f.id for f in service.snapshot().analysis.findings}
+            kept = IdMemory(WINDOW)
+            assert service.state.load(kept) is not None
+            if shown <= {fields["id"] for fields, _ in kept.state()[0]}:
+                break
+        else:
+            raise AssertionError(f"the state file lacks ids of {shown}")
         ok_runs = service.snapshot().health.runs_ok
         errors_before = service.snapshot().health.runs_error
 
@@ -395,6 +405,7 @@ def test_serve_cli_unreachable_prometheus_stays_up_and_stops_on_sigterm(tmp_path
     (["--protect-metrics"], "need --api-token-file"),
     (["--prices", "MISSING"], "price catalog"),
     (["--rollup-store", "ftp://nowhere/x"], "--rollup-store"),
+    (["--state-file", "MISSING/state.json"], "folder"),
 ])
 def test_serve_rejects_bad_api_and_cost_flags(tmp_path, capsys, extra, message):
     from analyzer.cli import serve as serve_cli
@@ -403,7 +414,7 @@ def test_serve_rejects_bad_api_and_cost_flags(tmp_path, capsys, extra, message):
     (tmp_path / "TOKEN").write_text("t")
     (tmp_path / "EMPTY").write_text(" \n")
     argv = ["serve", "--prometheus", "http://127.0.0.1:9", "--listen", "127.0.0.1:0",
-            *[str(tmp_path / a) if a in ("TOKEN", "EMPTY", "MISSING") else a for a in extra]]
+            *[str(tmp_path / a) if a.split("/")[0] in ("TOKEN", "EMPTY", "MISSING") else a for a in extra]]
     args = build_parser(argv).parse_args(argv)
     assert serve_cli.run(args) == 2
     err = capsys.readouterr().err

@@ -1,0 +1,138 @@
+"""serve --state-file: a restarted service goes on where it stopped (analyzer.service.state)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+from pandas.testing import assert_frame_equal
+
+from analyzer.analysis.evaluate import named_scenario_fleet
+from analyzer.detectors import Memory
+from analyzer.findings import DEGRADED_GPU, IDLE_ALLOCATED, Finding, IdMemory
+from analyzer.service import AnalyzerService
+from analyzer.service.state import StateFile, decode, encode
+
+WINDOW = 1800.0
+CONFIG = {"window": WINDOW, "step": 60.0, "kinds": None, "shard": None, "job_label": None}
+T = 1_767_571_200.0
+
+
+def test_plain_data_round_trips_exactly() -> None:
+    frame = pd.DataFrame({"s": [0.1, np.nan, 1e-300], "rise": [T, np.inf, -1.5], "who": ["a", None, "c"]},
+                         index=pd.Index(["GPU-1", "GPU-2", "GPU-3"], dtype=object))
+    value = {"cusum": {1767571800: frame, 1767572400: frame.iloc[:0]}, "level": frame[["s"]], "n": [1, 2.5, None],
+             "nan": math.nan, ("a", 1): "tuple key", "flag": True}
+    text = json.dumps(encode(value), allow_nan=False)  # strict JSON: no NaN/Infinity literals
+    back = decode(json.loads(text))
+    assert sorted(back, key=str) == sorted(value, key=str)
+    assert_frame_equal(back["cusum"][1767571800], frame)
+    assert back["cusum"][1767572400].empty and list(back["cusum"][1767572400].columns) == ["s", "rise", "who"]
+    assert_frame_equal(back["level"], frame[["s"]])
+    assert back["n"] == [1, 2.5, None] and math.isnan(back["nan"]) and back[("a", 1)] == "tuple key"
+    with pytest.raises(TypeError, match="cannot keep a set"):
+        encode({"x": {1, 2}})
+
+
+def _idle(start: float, severity: str = "warning") -> Finding:
+    return Finding(kind=IDLE_ALLOCATED, severity=severity, summary="GPU 3 of n01 allocated and idle", start=start,
+                   end=None, score=0.5, hostname="n01", gpu=3, namespace="nb", job="nb-alice",
+                   evidence={"idle_minutes": 45.0})
+
+
+def test_ids_and_held_severities_survive_a_restart(tmp_path) -> None:
+    """A problem older than the window: its start is the window's in every run, so only the ids remembered from
+    the runs before give it its id; a restarted service without them would name it anew."""
+    path = tmp_path / "state.json"
+    before = IdMemory(WINDOW)
+    first = _idle(T)
+    before.carry([first], T + 600)
+    before.carry([_idle(T + 60, "info")], T + 660)  # the detector says info: warning is held
+    StateFile(path, CONFIG).save(before, Memory({DEGRADED_GPU: {"x": 1}}), T + 660)
+
+    after = IdMemory(WINDOW)
+    memory = StateFile(path, CONFIG).load(after)
+    assert memory is not None and memory.part(DEGRADED_GPU) == {"x": 1}
+    now = _idle(T + 120, "info")  # the next run, after the restart: the window has moved on
+    after.carry([now], T + 720)
+    assert now.id == first.id
+    assert now.severity == "warning" and now.evidence["severity_held"]["detector_says"] == "info"
+
+    fresh = _idle(T + 120, "info")
+    IdMemory(WINDOW).carry([fresh], T + 720)
+    assert fresh.id != first.id  # what the state file is for
+
+
+def test_a_restart_keeps_a_degradation_only_carried_evidence_shows(tmp_path) -> None:
+    """multi-fault's thermal degradation, found by a minute-by-minute service through the evidence its runs
+    carry (tests/analyzer/service/test_service_memory.py): a service restarted from the state the first one
+    wrote gives at its first run exactly what the first one gives at that tick (every finding, field for
+    field, ids included); restarted without it, it does not find the GPU."""
+    cluster, fleet = named_scenario_fleet("multi-fault", "truegpu", 60.0)
+    (truth,) = [t for t in cluster.ground_truth() if t["kind"] == DEGRADED_GPU]
+    clock = [fleet.start + WINDOW]
+
+    def service(state: StateFile | None) -> AnalyzerService:
+        return AnalyzerService(lambda s, e: fleet.between(s, e), interval=60, window=WINDOW, step=60,
+                               kinds=[DEGRADED_GPU], clock=lambda: clock[0], state=state)
+
+    def shown(s: AnalyzerService) -> list[dict]:
+        return [f.to_json() for f in s.snapshot().analysis.findings]
+
+    def degraded(found: list[dict]) -> bool:
+        return any((f["hostname"], f["gpu"]) == (truth["hostname"], int(truth["gpu"])) for f in found)
+
+    running = service(StateFile(tmp_path / "state.json", CONFIG))
+    while True:
+        assert running.run_once()
+        if degraded(shown(running)) and clock[0] >= truth["start"] + 600:
+            break
+        clock[0] += 60.0
+        assert clock[0] < truth["start"] + 2 * WINDOW, "the running service never found the degradation"
+    shutil.copy(tmp_path / "state.json", tmp_path / "copy.json")
+    clock[0] += 60.0
+    assert running.run_once()
+    restarted = service(StateFile(tmp_path / "copy.json", CONFIG))
+    assert restarted.run_once()
+    assert shown(restarted) == shown(running) and degraded(shown(restarted))
+    afresh = service(None)
+    assert afresh.run_once() and not degraded(shown(afresh))
+
+
+def test_a_state_that_does_not_fit_is_logged_and_replaced(tmp_path, caplog) -> None:
+    path = tmp_path / "state.json"
+    StateFile(path, CONFIG).save(IdMemory(WINDOW), Memory({DEGRADED_GPU: {"x": 1}}), T)
+    caplog.set_level(logging.INFO, logger="analyzer.service.state")
+    assert StateFile(path, {**CONFIG, "window": 3600.0}).load(IdMemory(3600.0)) is None
+    assert "was written under" in caplog.text and "'window': 1800.0" in caplog.text
+
+    path.write_text('{"config": ')  # cut short
+    ids = IdMemory(WINDOW)
+    assert StateFile(path, CONFIG).load(ids) is None and "is not usable" in caplog.text
+    doc = {"config": {"format": 1, **CONFIG}, "seen": [[{"kind": "x"}, 1.0]], "urgent": [], "memory": {"$dict": []}}
+    path.write_text(json.dumps(doc))
+    assert StateFile(path, CONFIG).load(ids) is None and ids.state() == ([], [])
+
+    # The service starts afresh and writes a good state after its first run.
+    _, fleet = named_scenario_fleet("mixed-fleet", "truegpu", 60.0)
+    service = AnalyzerService(lambda s, e: fleet.between(s, e), interval=60, window=WINDOW, step=60,
+                              kinds=[IDLE_ALLOCATED], clock=lambda: fleet.start + 2 * WINDOW,
+                              state=StateFile(path, CONFIG))
+    assert service.run_once()
+    assert StateFile(path, CONFIG).load(IdMemory(WINDOW)) is not None
+
+
+def test_a_state_that_cannot_be_written_does_not_stop_the_runs(tmp_path, caplog) -> None:
+    state = StateFile(tmp_path / "gone" / "state.json", CONFIG)
+    with pytest.raises(ValueError, match="does not exist"):
+        state.check_writable()
+    _, fleet = named_scenario_fleet("mixed-fleet", "truegpu", 60.0)
+    service = AnalyzerService(lambda s, e: fleet.between(s, e), interval=60, window=WINDOW, step=60,
+                              kinds=[IDLE_ALLOCATED], clock=lambda: fleet.start + 2 * WINDOW, state=state)
+    assert service.run_once() and service.snapshot().analysis.findings
+    assert f"cannot write the service state {tmp_path / 'gone' / 'state.json'}" in caplog.text
