@@ -110,6 +110,7 @@ KUBE_NODE_CAPACITY, KUBE_GPU_RESOURCE, KUBE_NODE_LABEL = S.KUBE_NODE_CAPACITY, S
 EXPORTER_DOWN = "TruegpuExporterDown"
 DCGM_EXPORTER_DOWN = "DcgmExporterDown"
 ANALYZER_DOWN = "TruegpuAnalyzerDown"
+ANALYZER_STATE = "TruegpuAnalyzerStateNotSaved"
 COLLECTION_FAILING = "TruegpuCollectionFailing"
 COLLECTION_STALE = "TruegpuCollectionStale"
 COLLECTION_SLOW = "TruegpuCollectionSlow"
@@ -185,7 +186,8 @@ DASHBOARD_OF: dict[str, str] = {
     **dict.fromkeys(("GpuStraggler",), "job"),
     **dict.fromkeys(("GpuIdleMasking", "GpuIdleAllocated"), "finops"),
     **dict.fromkeys(("TruegpuExporterDown", "DcgmExporterDown", "TruegpuCollectionFailing",
-                     "TruegpuCollectionStale", "TruegpuCollectionSlow", "TruegpuAnalyzerDown"), "fleet"),
+                     "TruegpuCollectionStale", "TruegpuCollectionSlow", "TruegpuAnalyzerDown", ANALYZER_STATE),
+                    "fleet"),
 }
 #: The generated dashboards' cluster variable (filled from the site's cluster label).
 CLUSTER_VARIABLE = "cluster"
@@ -943,8 +945,15 @@ def analyzer_findings(t: Timing) -> Group:
 
 
 def analyzer_health(t: Timing, analyzer_job: str = ANALYZER_JOB) -> Group:
-    """The analyzer down (not scraped) or stuck (no successful analysis for too long)."""
+    """The analyzer down (not scraped) or stuck (no successful analysis for too long); its --state-file not
+    written (a restart would lose the finding ids and the evidence carried past the window)."""
     stale = t.seconds(ANALYZER_STALE_SECONDS)
+    hold = t.hold(900)
+
+    def writes(result: str) -> str:
+        return f"max without (result) (increase({sel(O.ANALYZER_STATE_WRITES.name, job=analyzer_job, result=result)}" \
+               f"[{hold}]))"
+
     return Group(name="truegpu-analyzer", rules=(
         Alert(alert=ANALYZER_DOWN, expr=f"{sel(UP, job=analyzer_job)} == 0", for_=t.hold(300), severity="warning",
               team="sre", summary="truegpu analyzer {{ $labels.instance }} is down",
@@ -957,6 +966,12 @@ def analyzer_health(t: Timing, analyzer_job: str = ANALYZER_JOB) -> Group:
               description="The analyzer {{ $labels.instance }} last finished an analysis "
                           "{{ $value | humanizeDuration }} ago: findings are stale.",
               labels={"reason": "stale"}),
+        # Every write of the last 15 minutes failed (a full or read-only volume); the analysis itself goes on.
+        Alert(alert=ANALYZER_STATE, expr=f"{writes('error')} > 0 unless on (job, instance) {writes('ok')} > 0",
+              for_=t.hold(300), severity="info", team="sre",
+              summary="truegpu analyzer {{ $labels.instance }} cannot save its state",
+              description=f"Every write of the analyzer's --state-file for {hold} failed: a restart would give "
+                          "ongoing problems new ids and lose the evidence carried past the window (see its log)."),
     ))
 
 

@@ -20,6 +20,7 @@ from alerts.rules import (
     ALLOCATION_ALL,
     ALLOCATION_LABEL,
     ANALYZER_JOB,
+    ANALYZER_STATE,
     DASHBOARD_BASE_URL,
     DCGM_FLEET_EFFECTIVE_UTILIZATION,
     DCGM_FLEET_MASKING_GAP,
@@ -986,9 +987,28 @@ def analyzer_health_case() -> dict[str, Any]:
     ])
 
 
+def analyzer_state_case() -> dict[str, Any]:
+    """TruegpuAnalyzerStateNotSaved: every --state-file write of 15 minutes failed; one good write clears it."""
+    job = {"job": ANALYZER_JOB, "instance": "analyzer:8000"}
+    writes = O.ANALYZER_STATE_WRITES.name
+    return case("TruegpuAnalyzerStateNotSaved: the state file not written for 15 minutes", [
+        series(writes, {**job, "result": "ok"}, "0+1x10 10x40"),  # good writes until 10m, then none
+        series(writes, {**job, "result": "error"}, "0x10 1+1x40"),  # every write fails from 11m on
+        series(writes, {**job, "instance": "analyzer-2:8000", "result": "ok"}, "0+1x50"),
+        series(writes, {**job, "instance": "analyzer-2:8000", "result": "error"}, "0x20 1x30"),  # one failure
+    ], alerts=[
+        check("20m", ANALYZER_STATE),  # writes of the last 15 minutes were good too
+        check("35m", ANALYZER_STATE, expect(job, "info", "sre", annotations(
+            ANALYZER_STATE, "truegpu analyzer analyzer:8000 cannot save its state",
+            "Every write of the analyzer's --state-file for 15m failed: a restart would give ongoing problems new "
+            "ids and lose the evidence carried past the window (see its log)."))),
+    ])
+
+
 #: analyzer_test.yaml's cases, in file order.
 ANALYZER_CASES: tuple[Callable[[], dict[str, Any]], ...] = (
     analyzer_waste_case, analyzer_severity_case, analyzer_keep_firing_case, analyzer_health_case,
+    analyzer_state_case,
 )
 
 

@@ -111,4 +111,11 @@ ANALYZER_RUNS = Metric(
     labels=("result",), scope="exporter",
 )
 
+ANALYZER_STATE_WRITES = Metric(
+    "truegpu_analyzer_state_writes_total", "counter", "",
+    "Writes of serve's --state-file (finding ids and carried evidence, for restarts) by result (ok, error); "
+    "absent without one.",
+    labels=("result",), scope="exporter",
+)
+
 METRICS: tuple[Metric, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Metric))

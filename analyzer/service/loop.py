@@ -173,6 +173,11 @@ class Health:
     last_duration: float | None = None
     runs_ok: int = 0
     runs_error: int = 0
+    #: serve --state-file (None without) and its writes after each good run: counts, the last one's error.
+    state_file: str | None = None
+    state_writes_ok: int = 0
+    state_writes_error: int = 0
+    state_error: str | None = None
 
     def stale(self, now: float, stale_after: float) -> bool:
         """No analysis yet, or the last good one is older than ``stale_after`` seconds."""
@@ -234,13 +239,14 @@ class AnalyzerService:
         self.clock = clock
         #: Called in the loop thread after each good run (e.g. the daily cost rollup); its errors are logged.
         self.on_result = on_result
-        self._snapshot = Snapshot(None, Health(started=clock()))
+        #: Where the ids and the detectors' memory are kept across restarts (analyzer.service.state), or None.
+        self.state = state if fixed is None else None
+        self._snapshot = Snapshot(None, Health(started=clock(), state_file=None if self.state is None
+                                               else str(self.state.path)))
         self._ids = IdMemory(self.window)  # a problem keeps its id as the window slides, or misses a run
         #: What detectors carry past the window (analyzer.detectors.Memory, made in the loop); a fixed range is
         #: its own whole history and carries nothing.
         self._memory: Any = None
-        #: Where both are kept across restarts (analyzer.service.state; serve --state-file), or None.
-        self.state = state if fixed is None else None
         self._lock = threading.Lock()  # serialises writers; readers take the snapshot reference as is
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -272,6 +278,9 @@ class AnalyzerService:
             "window_seconds": self.window,
             "open_findings": None if a is None else len(a.open_findings),
             "window": None if a is None else {"start": iso(a.start), "end": iso(a.end)},
+            "state_file": None if h.state_file is None else {
+                "path": h.state_file, "writes": {"ok": h.state_writes_ok, "error": h.state_writes_error},
+                "last_error": h.state_error},
         }
 
     # -- running ---------------------------------------------------------------------------
@@ -335,11 +344,19 @@ class AnalyzerService:
     def _keep_state(self, end: float) -> None:
         if self.state is None:
             return
+        error = None
         try:
             self.state.save(self._ids, self._memory, end)
         except Exception as exc:  # a full disk must not stop the analysis; the next run tries again
-            log.error("cannot write the service state %s: %s", self.state.path, short_error(exc),
+            error = short_error(exc)
+            log.error("cannot write the service state %s: %s", self.state.path, error,
                       exc_info=log.isEnabledFor(logging.DEBUG))
+        with self._lock:
+            snap = self._snapshot
+            h = snap.health
+            self._snapshot = Snapshot(snap.analysis, replace(
+                h, state_error=error, state_writes_ok=h.state_writes_ok + (error is None),
+                state_writes_error=h.state_writes_error + (error is not None)))
 
     def _after(self, analysis: Analysis) -> None:
         if self.on_result is None:

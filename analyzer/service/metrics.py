@@ -122,6 +122,12 @@ class ServiceCollector:
         runs.add_metric(("ok",), float(h.runs_ok))
         runs.add_metric(("error",), float(h.runs_error))
         yield runs
+        if h.state_file is not None:
+            writes = CounterMetricFamily(O.ANALYZER_STATE_WRITES.family_name, O.ANALYZER_STATE_WRITES.help,
+                                         labels=O.ANALYZER_STATE_WRITES.labels)
+            writes.add_metric(("ok",), float(h.state_writes_ok))
+            writes.add_metric(("error",), float(h.state_writes_error))
+            yield writes
 
 
     def _prices(self, a: Analysis | None) -> GaugeMetricFamily:

@@ -77,6 +77,7 @@ def test_collector_publishes_open_findings_only_and_drops_ended_ones(promtool):
     assert _series(before, O.FINDING_ACTIVE.name) == []
     assert _value(before, O.ANALYZER_LAST_SUCCESS.name) == 0.0  # never succeeded: alerts on age fire
     assert _value(before, O.ANALYZER_RUNS.name, result="error") == 0.0
+    assert O.ANALYZER_STATE_WRITES.family_name not in before  # no --state-file: no such series
     _promtool_check(promtool, before)
 
     a, b = _finding(gpu=0, score=0.7), _finding(kind="idle_allocated", gpu=5, job="nb", namespace=float("nan"))
@@ -263,6 +264,8 @@ def test_serve_against_real_prometheus(tmp_path, live_history, serve_in_process,
         assert time.time() - 120 < last_success <= time.time()
         assert _value(text, O.ANALYZER_RUN_DURATION.name) > 0
         assert _value(text, O.ANALYZER_RUNS.name, result="ok") >= 1
+        assert _value(text, O.ANALYZER_STATE_WRITES.name, result="ok") >= 1  # --state-file
+        assert _value(text, O.ANALYZER_STATE_WRITES.name, result="error") == 0
         # The API serves the same results (token required), fresh.
         assert requests.get(f"{url}/api/findings", timeout=10).status_code == 401
         api = requests.get(f"{url}/api/findings", params={"open_only": "true"}, headers=auth, timeout=30)

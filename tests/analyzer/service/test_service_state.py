@@ -11,11 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 from pandas.testing import assert_frame_equal
+from prometheus_client import generate_latest
 
+from analyzer import output_schema as O
 from analyzer.analysis.evaluate import named_scenario_fleet
 from analyzer.detectors import Memory
 from analyzer.findings import DEGRADED_GPU, IDLE_ALLOCATED, Finding, IdMemory
 from analyzer.service import AnalyzerService
+from analyzer.service.metrics import build_registry
 from analyzer.service.state import StateFile, decode, encode
 
 WINDOW = 1800.0
@@ -136,3 +139,11 @@ def test_a_state_that_cannot_be_written_does_not_stop_the_runs(tmp_path, caplog)
                               kinds=[IDLE_ALLOCATED], clock=lambda: fleet.start + 2 * WINDOW, state=state)
     assert service.run_once() and service.snapshot().analysis.findings
     assert f"cannot write the service state {tmp_path / 'gone' / 'state.json'}" in caplog.text
+    kept = service.health_json()["state_file"]
+    assert kept["writes"] == {"ok": 0, "error": 1} and "No such file or directory" in kept["last_error"], kept
+    text = generate_latest(build_registry(service.snapshot)).decode()
+    assert f'{O.ANALYZER_STATE_WRITES.name}{{result="error"}} 1.0' in text
+    (tmp_path / "gone").mkdir()  # the folder is back: the next run writes it
+    assert service.run_once()
+    assert service.health_json()["state_file"] == {"path": str(state.path), "writes": {"ok": 1, "error": 1},
+                                                   "last_error": None}
