@@ -200,7 +200,6 @@ class IdMemory:
         self._seen = {k: seen for k, seen in self._seen.items() if seen[1] >= horizon}
         self._urgent = {k: held for k, held in self._urgent.items() if k in self._seen}
 
-
     def state(self) -> tuple[list[tuple[dict[str, Any], float]], list[tuple[str, str, float]]]:
         """What a restarted service needs (analyzer.service.state): each remembered finding's fields but its
         evidence (ids are carried on kind, entity and span) with the end of the run that showed it, and each

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analyzer.cli.analyze import (
     _arg,
@@ -33,6 +33,9 @@ from analyzer.service.loop import DEFAULT_INTERVAL, DEFAULT_STEP, DEFAULT_WINDOW
 from analyzer.site import load_site
 from exporter.server import parse_listen
 from exporter.timeparse import parse_positive_duration
+
+if TYPE_CHECKING:
+    from analyzer.service.state import StateFile
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +147,7 @@ def api_settings(args: argparse.Namespace, loader: Any, site: Any = None) -> tup
     return settings, rollup
 
 
-def state_file(args: argparse.Namespace) -> Any:
+def state_file(args: argparse.Namespace) -> StateFile | None:
     """The StateFile of ``--state-file`` (None without, or for a fixed range); ValueError when unwritable."""
     if args.state_file is None or args.start is not None or args.end is not None:
         return None

@@ -311,13 +311,8 @@ class AnalyzerService:
         except Exception as exc:  # the loop must survive anything a run does
             duration = time.perf_counter() - t0
             message = short_error(exc)
-            with self._lock:
-                snap = self._snapshot
-                h = snap.health
-                self._snapshot = Snapshot(snap.analysis, replace(
-                    h, last_error=message, last_error_time=self.clock(), last_attempt=now,
-                    last_duration=duration, runs_error=h.runs_error + 1,
-                ))
+            h = self._swap(lambda h: {"last_error": message, "last_error_time": self.clock(), "last_attempt": now,
+                                      "last_duration": duration, "runs_error": h.runs_error + 1})
             kept = (f"keeping the results of {iso(h.last_success)} ({now - h.last_success:.0f}s old)"
                     if h.last_success is not None else "no results yet")
             log.error("analysis of %s failed after %.1fs: %s; %s; retrying in %gs",
@@ -325,12 +320,8 @@ class AnalyzerService:
                       exc_info=log.isEnabledFor(logging.DEBUG))
             self._notify()
             return False
-        with self._lock:
-            h = self._snapshot.health
-            self._snapshot = Snapshot(analysis, replace(
-                h, last_success=analysis.finished, last_error=None, last_attempt=now,
-                last_duration=duration, runs_ok=h.runs_ok + 1,
-            ))
+        h = self._swap(lambda h: {"last_success": analysis.finished, "last_error": None, "last_attempt": now,
+                                  "last_duration": duration, "runs_ok": h.runs_ok + 1}, analysis)
         if h.last_error is not None:
             log.info("analysis of %s works again", self.url or "the source")
         log.info("analyzed %s .. %s in %.1fs: %d finding(s), %d open",
@@ -351,12 +342,17 @@ class AnalyzerService:
             error = short_error(exc)
             log.error("cannot write the service state %s: %s", self.state.path, error,
                       exc_info=log.isEnabledFor(logging.DEBUG))
+        self._swap(lambda h: {"state_error": error, "state_writes_ok": h.state_writes_ok + (error is None),
+                              "state_writes_error": h.state_writes_error + (error is not None)})
+
+    def _swap(self, change: Callable[[Health], dict[str, Any]], analysis: Analysis | None = None) -> Health:
+        """Publish the health ``change(health)`` gives (and ``analysis``, when given) as one snapshot; the health
+        before."""
         with self._lock:
             snap = self._snapshot
-            h = snap.health
-            self._snapshot = Snapshot(snap.analysis, replace(
-                h, state_error=error, state_writes_ok=h.state_writes_ok + (error is None),
-                state_writes_error=h.state_writes_error + (error is not None)))
+            self._snapshot = Snapshot(snap.analysis if analysis is None else analysis,
+                                      replace(snap.health, **change(snap.health)))
+        return snap.health
 
     def _after(self, analysis: Analysis) -> None:
         if self.on_result is None:

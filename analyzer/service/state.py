@@ -35,6 +35,7 @@ import pandas as pd
 
 from analyzer.detectors import Memory
 from analyzer.findings import IdMemory
+from exporter.timeparse import iso
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +144,6 @@ class StateFile:
 
     def save(self, ids: IdMemory, memory: Memory, end: float) -> None:
         """Write the state after the run that ended at ``end``: a new file renamed over the old one."""
-        from exporter.timeparse import iso
-
         seen, urgent = ids.state()
         doc = {"config": self.config, "written_for": iso(end), "seen": encode(seen), "urgent": encode(urgent),
                "memory": encode(memory.parts())}

@@ -107,6 +107,13 @@ def test_a_restart_keeps_a_degradation_only_carried_evidence_shows(tmp_path) -> 
     assert afresh.run_once() and not degraded(shown(afresh))
 
 
+def _mixed_fleet_service(state: StateFile) -> AnalyzerService:
+    """idle_allocated on mixed-fleet (its notebooks' idle GPUs), one window in."""
+    _, fleet = named_scenario_fleet("mixed-fleet", "truegpu", 60.0)
+    return AnalyzerService(lambda s, e: fleet.between(s, e), interval=60, window=WINDOW, step=60,
+                           kinds=[IDLE_ALLOCATED], clock=lambda: fleet.start + 2 * WINDOW, state=state)
+
+
 def test_a_state_that_does_not_fit_is_logged_and_replaced(tmp_path, caplog) -> None:
     path = tmp_path / "state.json"
     StateFile(path, CONFIG).save(IdMemory(WINDOW), Memory({DEGRADED_GPU: {"x": 1}}), T)
@@ -122,10 +129,7 @@ def test_a_state_that_does_not_fit_is_logged_and_replaced(tmp_path, caplog) -> N
     assert StateFile(path, CONFIG).load(ids) is None and ids.state() == ([], [])
 
     # The service starts afresh and writes a good state after its first run.
-    _, fleet = named_scenario_fleet("mixed-fleet", "truegpu", 60.0)
-    service = AnalyzerService(lambda s, e: fleet.between(s, e), interval=60, window=WINDOW, step=60,
-                              kinds=[IDLE_ALLOCATED], clock=lambda: fleet.start + 2 * WINDOW,
-                              state=StateFile(path, CONFIG))
+    service = _mixed_fleet_service(StateFile(path, CONFIG))
     assert service.run_once()
     assert StateFile(path, CONFIG).load(IdMemory(WINDOW)) is not None
 
@@ -134,9 +138,7 @@ def test_a_state_that_cannot_be_written_does_not_stop_the_runs(tmp_path, caplog)
     state = StateFile(tmp_path / "gone" / "state.json", CONFIG)
     with pytest.raises(ValueError, match="does not exist"):
         state.check_writable()
-    _, fleet = named_scenario_fleet("mixed-fleet", "truegpu", 60.0)
-    service = AnalyzerService(lambda s, e: fleet.between(s, e), interval=60, window=WINDOW, step=60,
-                              kinds=[IDLE_ALLOCATED], clock=lambda: fleet.start + 2 * WINDOW, state=state)
+    service = _mixed_fleet_service(state)
     assert service.run_once() and service.snapshot().analysis.findings
     assert f"cannot write the service state {tmp_path / 'gone' / 'state.json'}" in caplog.text
     kept = service.health_json()["state_file"]
