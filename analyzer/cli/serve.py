@@ -157,6 +157,7 @@ def state_file(args: argparse.Namespace) -> StateFile | None:
                                         "kinds": sorted(args.kinds) if args.kinds else None,
                                         "shard": str(args.shard) if args.shard else None})
     state.check_writable()
+    state.claim()
     return state
 
 
@@ -245,6 +246,8 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
     try:
         sock = bind(host, port)
     except OSError as exc:
+        if service.state is not None:
+            service.state.release()
         return _error(f"cannot listen on {host or '*'}:{port}: {exc}")
 
     config = uvicorn.Config(secured(create_app(service, settings), web), log_config=None, access_log=False,
@@ -281,5 +284,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
         http.join(timeout=10)
         service.stop()
         sock.close()
+        if service.state is not None:
+            service.state.release()
     log.info("stopped")
     return 0

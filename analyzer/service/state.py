@@ -13,6 +13,9 @@ leaves the one before), read once, before the first run. Everything in it expire
 hours unseen), so a state from long ago carries nothing. A state written under another window, step, shard
 or set of kinds is not used: its chains and ids would not line up. A file that cannot be read or does not
 fit is logged and left: the service starts afresh, as without one, and overwrites it after its first run.
+Two services given one file would overwrite each other's state after every run (the ids of one restored into
+the other on a restart): each holds an exclusive lock on ``<file>.lock`` while it runs, and a second one is
+refused at start-up (the lock goes with its process, a killed one's too).
 
 Only plain data is stored (no pickle): None, booleans, numbers (NaN and infinities tagged: the file is
 strict JSON), text, lists, dicts with text or integer keys, and DataFrames of numbers or text under a text
@@ -21,6 +24,7 @@ index.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -102,6 +106,7 @@ class StateFile:
     def __init__(self, path: str | Path, config: Mapping[str, Any]) -> None:
         self.path = Path(path)
         self.config = {"format": FORMAT, **json.loads(json.dumps(dict(config)))}
+        self._lock: int | None = None
 
     def check_writable(self) -> None:
         """At start-up: ValueError when the state cannot be written (no such folder, not writable)."""
@@ -112,6 +117,27 @@ class StateFile:
             raise ValueError(f"--state-file {self.path}: folder {folder} is not writable")
         if self.path.exists() and not self.path.is_file():
             raise ValueError(f"--state-file {self.path}: not a regular file")
+
+    def claim(self) -> None:
+        """At start-up: lock the state for this service (module docstring); ValueError when another holds it."""
+        lock = self.path.with_name(self.path.name + ".lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise ValueError(f"--state-file {self.path}: in use by another truegpu serve (pid {holder}, lock "
+                             f"{lock}); give each service, each shard, a file of its own") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode("ascii"))
+        self._lock = fd
+
+    def release(self) -> None:
+        """Let the state go (the service stopped); a no-op when not claimed."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     def load(self, ids: IdMemory) -> Memory | None:
         """Restore ``ids`` and give the detectors' memory from the file; None (``ids`` untouched, logged) when

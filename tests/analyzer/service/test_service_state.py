@@ -149,3 +149,52 @@ def test_a_state_that_cannot_be_written_does_not_stop_the_runs(tmp_path, caplog)
     assert service.run_once()
     assert service.health_json()["state_file"] == {"path": str(state.path), "writes": {"ok": 1, "error": 1},
                                                    "last_error": None}
+
+
+def test_one_state_file_serves_one_service_and_a_killed_one_lets_it_go(tmp_path) -> None:
+    """Two services on one file would overwrite each other's state every run: the second is refused, naming
+    the holder; the lock goes with its process, killed with SIGKILL too (no stale lock to clean up)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "state.json"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from analyzer.service.state import StateFile; "
+         f"StateFile({str(path)!r}, {{}}).claim(); print('held', flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match=rf"in use by another truegpu serve \(pid {holder.pid}, lock "):
+            StateFile(path, CONFIG).claim()
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(30)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    mine = StateFile(path, CONFIG)
+    mine.claim()  # the killed holder's lock is gone
+    with pytest.raises(ValueError, match=rf"pid {os.getpid()},"):
+        StateFile(path, CONFIG).claim()  # one process, two services: refused all the same
+    mine.release()
+    again = StateFile(path, CONFIG)
+    again.claim()
+    again.release()
+
+
+def test_serve_refuses_a_state_file_another_service_holds(tmp_path, capsys) -> None:
+    from analyzer.cli import serve as serve_cli
+    from truegpu.cli import build_parser
+
+    path = tmp_path / "state.json"
+    held = StateFile(path, CONFIG)
+    held.claim()
+    argv = ["serve", "--prometheus", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--state-file", str(path)]
+    try:
+        assert serve_cli.run(build_parser(argv).parse_args(argv)) == 2
+    finally:
+        held.release()
+    err = capsys.readouterr().err
+    assert err.startswith("truegpu serve: error: --state-file ") and "in use by another truegpu serve" in err, err
