@@ -131,7 +131,11 @@ the step (a step under a minute is averaged into minutes first: the "samples" be
   ``duty_min`` 0.1 of the span (a tenth of the time at >= 10% costs the job >= 1% and is
   well above the rate of chance spells). Evidence: ``spells``, ``duty_cycle``,
   ``spell_minutes``; the lost GPU-hours count the slow share only. A member slow less than
-  half the time is intermittent: that finding replaces overlapping continuous ones.
+  half the time is intermittent: that finding replaces overlapping continuous ones. A service's runs carry
+  each GPU's spells of the last ``spell_memory_s`` 3600 s (older ones folded into one summary of the pattern
+  they chain to; ``_carry_spells``), so a window's episode goes on from the spells earlier runs saw: a
+  30-minute window holds 3 spells of a 10-minute period only while none slides out or counts short, and
+  none of a 15-minute one.
 
 * **sequential evidence** (CUSUM): the 15-minute average reacts late, so the same clock-normalized lead is also
   accumulated sample by sample, ``S = min(cap, max(0, S + (lead - 1 - cusum_k) x minutes))``, per member of a job
@@ -328,6 +332,7 @@ class Straggler:
     kind = STRAGGLER
     paging = Paging(alert="GpuStraggler", team="training", says="is the straggler slowing its training gang ({score}); "
                     "see the analyzer's finding for the evidence.", keep_s=HOLD_SEVERITY_S)
+    remembers = True  #: a service's runs carry each GPU's recent spells (``_carry_spells``)
     busy_util: float = 0.9
     progress_sm: float = 0.1
     min_tensor: float = 0.02
@@ -361,6 +366,7 @@ class Straggler:
     spell_min_s: float = 180.0
     spells_min: int = 3
     duty_min: float = 0.1
+    spell_memory_s: float = 3600.0
     suspect_after_s: float = 180.0
     suspect_slowdown: float = 0.2
     cusum_k: float = 0.05
@@ -575,7 +581,8 @@ class Straggler:
         return persistent(cond, steps, k)
 
     # Main ------------------------------------------------------------------------------
-    def detect(self, fleet: Fleet) -> list[Finding]:
+    def detect(self, fleet: Fleet, memory: dict | None = None) -> list[Finding]:
+        """Findings of the data; ``memory``: the service's part for this kind (``_carry_spells``)."""
         f = fleet.frame
         if not len(f) or "job" not in f.columns:
             return []
@@ -619,7 +626,7 @@ class Straggler:
             gpu_cond = np.where(on_node, 0.0, gpu_cond)
             out += self._node_findings(fleet, pg, hosts, node, node_cond, joined)
         return out + _inside_node(out, _merge_intermittent(self._gpu_findings(fleet, pg, gpu, gpu_cond),
-                                                           self._intermittent_findings(fleet, pg, gpu)))
+                                                           self._intermittent_findings(fleet, pg, gpu, memory)))
 
     # Findings -------------------------------------------------------------------------
     _SIGNALS = ("thermal_throttle", "power_throttle", "temp", "power", "power_limit", "pcie_gen", "pcie_gen_max",
@@ -780,17 +787,20 @@ class Straggler:
             c = max(strong)
         return _started_at(ep, c, fleet)
 
-    def _intermittent_findings(self, fleet: Fleet, pg: PeerGroups, cells: _Cells) -> list[Finding]:
+    def _intermittent_findings(self, fleet: Fleet, pg: PeerGroups, cells: _Cells,
+                               memory: dict | None = None) -> list[Finding]:
         """Recurring slow spells of one member: spells at most ``spell_gap_s`` apart form one episode (from
         the first spell's start to the last one's end); it is a finding with >= ``spells_min`` spells covering
-        >= ``duty_min`` of that span (``_merge_intermittent`` then settles overlaps with continuous findings)."""
+        >= ``duty_min`` of that span (``_merge_intermittent`` then settles overlaps with continuous findings).
+        ``memory``: the spells earlier runs saw before this window join its episodes (``_carry_spells``)."""
         spell = cells.spell
+        carried = self._carry_spells(memory, pg, spell, fleet) if memory is not None else {}
         if not spell.any():
             return []
         gap = max(1, round(self.spell_gap_s / fleet.step))
         cond = np.where(cells.known, spell.astype(np.float64), np.nan)
         eps = find_episodes(fleet, pg.to_rows(cond), max_gap_steps=gap, max_unknown_steps=gap,
-                            min_duration_s=self.min_duration_s, split_on=("job",))
+                            min_duration_s=0.0 if carried else self.min_duration_s, split_on=("job",))
         if not len(eps):
             return []
         first = spell & ~np.pad(spell, ((0, 0), (1, 0)))[:, :-1]
@@ -803,19 +813,58 @@ class Straggler:
         out = []
         for i, ep in enumerate(eps.table.itertuples(index=False)):
             end = float(ep.end) if not ep.open else fleet.end
-            if n_spells[i] < self.spells_min or duty[i] < self.duty_min:
+            key = (ep.job, ep.hostname, ep.gpu, ep.gpu_instance or None)
+            slow, n = float(ep.true_steps) * fleet.step, int(n_spells[i])
+            ep = self._first_spell(ep, cells.alarm_level[slots[key]], first[slots[key]], fleet)
+            before = _chained(carried.get(key), float(ep.start), self.spell_gap_s)
+            if before is not None:  # spells of earlier runs this one's episode goes on from
+                ep = begun_earlier(ep, float(ep.start) - before[0])
+                n, slow = n + before[1], slow + before[2]
+            span = max(end - float(ep.start), fleet.step)
+            share = min(slow / span, 1.0) if before is not None else float(duty[i])
+            if n < self.spells_min or share < self.duty_min or float(ep.evidence_s) < self.min_duration_s - 1e-6:
                 continue
-            s = slots[(ep.job, ep.hostname, ep.gpu, ep.gpu_instance or None)]
-            ep = self._first_spell(ep, cells.alarm_level[s], first[s], fleet)
             v = {k: float(a[i]) for k, a in m.items()}
             v.update(compute=1.0, input=0.0, nvlink=0.0)
-            n_members = members.get((ep.job, ep.hostname, ep.gpu, ep.gpu_instance or None), 1)
-            spell_min = float(ep.true_steps) * fleet.step / max(n_spells[i], 1.0) / 60.0
+            n_members = members.get(key, 1)
             fnd = self._finding(ep, v, _who(ep), n_members - 1, conf, gpu=_int(ep.gpu),
-                                spells=(int(n_spells[i]), float(duty[i]), spell_min))
+                                spells=(n, share, slow / max(n, 1) / 60.0))
             fnd.end = None if fleet.end - end <= self.spell_gap_s else end  # recurring as far as the data tells
             out.append(fnd)
         return out
+
+    def _carry_spells(self, memory: dict, pg: PeerGroups, spell: np.ndarray, fleet: Fleet) -> dict[tuple, dict]:
+        """Each GPU's spells as earlier runs saw them (the state this run starts from), and this run's kept for the
+        next: ``{(job, host, gpu, instance): {"recent": [[start, end], ...], "before": [first start, spells,
+        slow seconds, last end] or None}}``.
+
+        Why: serve's 30-minute window holds three spells of a 10-minute period only while none of them slides out
+        or counts short, so a confirmed intermittent member came and went with the window (withdrawn between
+        runs) and one of a longer period was never confirmed. Spells that began before this window are kept as
+        earlier runs saw them; those inside it as this run sees them (the two joined where one runs into the
+        window). Spells ending over ``spell_memory_s`` ago fold into one summary of the pattern they chain to
+        (``spell_gap_s`` apart at most); a GPU with no spell for that long plus the gap is forgotten."""
+        book = memory.setdefault("spells", {})
+        carried = {k: v for k, v in book.items()}
+        seen = _spell_times(pg, spell, fleet)
+        for key in set(book) | set(seen):
+            entry = book.get(key) or {"recent": [], "before": None}
+            runs = _union([sp for sp in entry["recent"] if sp[0] < fleet.start] + seen.get(key, []))
+            before, keep = entry["before"], []
+            for a, b in runs:
+                if b >= fleet.end - self.spell_memory_s:
+                    keep.append([a, b])
+                elif before is None or a - before[3] > self.spell_gap_s:
+                    before = [a, 1, b - a, b]
+                else:
+                    before = [before[0], before[1] + 1, before[2] + b - a, b]
+            last = keep[-1][1] if keep else (before[3] if before is not None else -math.inf)
+            if fleet.end - last > self.spell_memory_s + self.spell_gap_s:
+                book.pop(key, None)
+            else:
+                book[key] = {"recent": keep, "before": before}
+        return {k: {"recent": [sp for sp in v["recent"] if sp[0] < fleet.start], "before": v["before"]}
+                for k, v in carried.items()}
 
     def _cause(self, v: dict[str, float]) -> tuple[str, str]:
         """(cause, detail) from the member's episode means; see the module docstring."""
@@ -982,6 +1031,45 @@ def _fill_gaps(mask: np.ndarray, n: int) -> np.ndarray:
     before = np.maximum.accumulate(np.where(mask, t, -(n + 1)), axis=1)
     after = np.minimum.accumulate(np.where(mask, t, T + n + 1)[:, ::-1], axis=1)[:, ::-1]
     return mask | (after - before - 1 <= n)
+
+
+def _spell_times(pg: PeerGroups, spell: np.ndarray, fleet: Fleet) -> dict[tuple, list[list[float]]]:
+    """Per GPU slot with spells: their [start, end] times."""
+    keys = {s: k for k, s in _slots(pg).items()}
+    out = {}
+    for s in np.flatnonzero(spell.any(axis=1)):
+        d = np.diff(np.concatenate(([0], spell[s].astype(np.int8), [0])))
+        out[keys[s]] = [[fleet.start + a * fleet.step, fleet.start + b * fleet.step]
+                        for a, b in zip(np.flatnonzero(d == 1), np.flatnonzero(d == -1), strict=True)]
+    return out
+
+
+def _union(spans: list[list[float]]) -> list[list[float]]:
+    """Spans sorted, those that overlap or touch joined."""
+    out: list[list[float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _chained(entry: dict | None, start: float, gap: float) -> tuple[float, int, float] | None:
+    """(first start, spells, slow seconds) of the carried spells an episode starting at ``start`` goes on from:
+    back from it while each is at most ``gap`` before the next (a spell running into it is its first, counted
+    once), then the folded summary before them; None when none is."""
+    if entry is None:
+        return None
+    c, n, slow = start, 0, 0.0
+    for a, b in reversed(entry["recent"]):
+        if c - b > gap:
+            return (c, n, slow) if n or c < start else None
+        n, slow, c = n + int(b < c), slow + min(b, c) - a, a
+    before = entry["before"]
+    if before is not None and c - before[3] <= gap:
+        c, n, slow = before[0], n + before[1], slow + before[2]
+    return (c, n, slow) if c < start else None
 
 
 def _merge_intermittent(found: list[Finding], spells: list[Finding]) -> list[Finding]:

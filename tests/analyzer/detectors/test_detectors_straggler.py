@@ -256,6 +256,55 @@ def test_intermittent_straggler_is_one_finding_with_its_duty_cycle() -> None:
                                  spells=(15, 4), same_clock=True)) == []
 
 
+def test_serve_runs_carry_spells_so_a_longer_period_is_confirmed_and_stays() -> None:
+    """Spells of 4 minutes every 15: a 30-minute window never holds the 3 spells a pattern needs, so serve's runs
+    judged alone never confirmed the member (and one of a 10-minute period came and went as a window's first spell
+    slid out). Carried in the detector's memory (``_carry_spells``), the spells earlier runs saw join the window's:
+    confirmed from its third spell, shown in every run after while the spells go on, its start the first spell's.
+    The memory is plain data (the service state keeps it) and bounded; a whole history is judged as before."""
+    from analyzer.service.state import decode, encode
+
+    fl = gang_fleet(hosts=2, gpus=8, steps=160, slow={(0, 4): 1 / 1.17}, window=(20, 140), spells=(15, 4),
+                    same_clock=True)
+    det = make_detector(STRAGGLER)
+
+    def runs(memory: dict | None) -> dict[int, list]:
+        out = {}
+        for k in range(31, 150):
+            part = fl.between(T0 + (k - 30) * STEP, T0 + k * STEP)
+            found = det.detect(part) if memory is None else det.detect(part, memory)
+            out[k] = [f for f in found if (f.hostname, f.gpu) == ("n01", 4) and f.evidence.get("intermittent")]
+        return out
+
+    assert not any(runs(None).values())
+    memory: dict = {}
+    carried = runs(memory)
+    first = min(k for k, v in carried.items() if v)
+    assert first <= 20 + 2 * 15 + 4 + 3 and all(carried[k] for k in range(first, 140)), carried
+    (last,) = carried[139]
+    assert last.start == pytest.approx(T0 + 20 * STEP, abs=3 * STEP) and last.evidence["spells"] >= 7
+    assert 0.2 <= last.evidence["duty_cycle"] <= 0.35 and last.severity == "warning"
+    assert decode(encode(memory)) == memory and len(memory["spells"]) == 1
+    assert len(memory["spells"][("train", "n01", "4", None)]["recent"]) <= 5  # the hour's spells; older ones folded
+    assert det.detect(fl) == det.detect(fl)  # no memory: the whole history alone, as before
+
+
+def test_carried_spells_chain_back_and_fold() -> None:
+    from analyzer.detectors.stragglers import _chained, _union
+
+    assert _union([[5.0, 6.0], [0.0, 2.0], [2.0, 3.0]]) == [[0.0, 3.0], [5.0, 6.0]]
+    entry = {"recent": [[100.0, 280.0], [1000.0, 1180.0], [1900.0, 2100.0]], "before": None}
+    # back from 2500 while each spell is within 1,800 s of the next: all three (2100 runs into nothing)
+    assert _chained(entry, 2500.0, 1800.0) == (100.0, 3, 560.0)
+    assert _chained(entry, 2500.0, 500.0) == (1900.0, 1, 200.0)  # 1180 is 720 s before 1900: the chain stops
+    assert _chained(entry, 5000.0, 1800.0) is None  # 2,900 s since the last: a new episode
+    # a spell running into the episode's start is its first spell: counted once, its earlier part added
+    assert _chained({"recent": [[1900.0, 2100.0]], "before": None}, 2000.0, 1800.0) == (1900.0, 0, 100.0)
+    folded = {"recent": [[9000.0, 9180.0]], "before": [100.0, 6, 1080.0, 8000.0]}
+    assert _chained(folded, 9500.0, 1800.0) == (100.0, 7, 1260.0)
+    assert _chained({**folded, "before": [100.0, 6, 1080.0, 7000.0]}, 9500.0, 1800.0) == (9000.0, 1, 180.0)
+
+
 def test_a_suspect_stays_between_spells_while_its_alarm_is_not_forgotten() -> None:
     """Analyzed the way serve does (the last 30 minutes, every minute), an intermittent straggler's suspect
     stays shown from its first spell through the next while the CUSUM that alarmed still holds evidence (it
