@@ -141,6 +141,17 @@ def begun_earlier(ep: Any, seconds: float) -> Any:
                        evidence_s=float(ep.evidence_s) + seconds)
 
 
+def union_spans(spans: list[list[float]]) -> list[list[float]]:
+    """[start, end] spans sorted, those that overlap or touch joined (what a service's runs saw, kept apart)."""
+    out: list[list[float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
 def bridge_steps(step: float, steps: int, seconds: float = MAX_UNKNOWN_S) -> int:
     """How many missing steps an episode bridges: ``steps``, or as many as fit in ``seconds`` (a few
     minutes of scrape gap whatever the step)."""

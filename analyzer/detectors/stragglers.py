@@ -258,7 +258,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.analysis.episodes import begun_earlier, column, find_episodes, format_duration
+from analyzer.analysis.episodes import begun_earlier, column, find_episodes, format_duration, union_spans
 from analyzer.data.frame import Fleet
 from analyzer.detectors import Paging, clock_max, gpu_busy, register
 from analyzer.detectors._peers import (
@@ -849,7 +849,7 @@ class Straggler:
         seen = _spell_times(pg, spell, fleet)
         for key in set(book) | set(seen):
             entry = book.get(key) or {"recent": [], "before": None}
-            runs = _union([sp for sp in entry["recent"] if sp[0] < fleet.start] + seen.get(key, []))
+            runs = union_spans([sp for sp in entry["recent"] if sp[0] < fleet.start] + seen.get(key, []))
             before, keep = entry["before"], []
             for a, b in runs:
                 if b >= fleet.end - self.spell_memory_s:
@@ -1041,17 +1041,6 @@ def _spell_times(pg: PeerGroups, spell: np.ndarray, fleet: Fleet) -> dict[tuple,
         d = np.diff(np.concatenate(([0], spell[s].astype(np.int8), [0])))
         out[keys[s]] = [[fleet.start + a * fleet.step, fleet.start + b * fleet.step]
                         for a, b in zip(np.flatnonzero(d == 1), np.flatnonzero(d == -1), strict=True)]
-    return out
-
-
-def _union(spans: list[list[float]]) -> list[list[float]]:
-    """Spans sorted, those that overlap or touch joined."""
-    out: list[list[float]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
     return out
 
 

@@ -57,7 +57,9 @@ before). Without rack labels (dcgm-exporter data) nodes are compared with the fl
 them up to 64 hosts per model), so a sharded analyzer reads a bounded sample, not every host.
 Several nodes of one rack found hot together become one rack finding. GPU-level findings
 inside a node or rack finding (same host/rack, overlapping in time) are folded into it and
-listed in its evidence: one cooling problem, one finding. A node or rack finding starts where its
+listed in its evidence: one cooling problem, one finding; a service's runs also fold in a GPU finding that
+began inside a span an earlier run's node or rack finding covered and has ended (``_tails``: the window cuts
+the group's episode to its last minutes, which only the GPU rule still passes). A node or rack finding starts where its
 excess left its usual level (within ``onset_c`` 1 C, the sensor's quantization, of the median over the
 half hour before its last trend window), not where it became urgent (``urgent_from`` in the evidence): a
 failing cooler ramps for 10-20 minutes before the ETA is under 30 minutes, and the operator needs to know
@@ -77,7 +79,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.analysis.episodes import MAX_UNKNOWN_S, Episodes, column, find_episodes, format_duration
+from analyzer.analysis.episodes import MAX_UNKNOWN_S, Episodes, column, find_episodes, format_duration, union_spans
 from analyzer.data.frame import Fleet, category_codes
 from analyzer.detectors import Paging, register
 from analyzer.findings import THERMAL, Finding
@@ -347,6 +349,7 @@ class Thermal:
     paging = Paging(alert="GpuThermal", team="sre",
                     says="runs hot or throttles for heat (GPU, node or rack) ({score}); see the analyzer's finding "
                          "for the evidence.")
+    remembers = True  #: a service's runs carry the spans of node and rack findings (``_tails``)
     slowdown_c: float = 87.0
     #: Shared with the alert rules (analyzer.site.Thresholds; a site config sets both).
     at_limit_c: float = THRESHOLDS.gpu_temp_limit_celsius
@@ -390,7 +393,7 @@ class Thermal:
                 out[str(model)] = 0.0  # no power spread anywhere: compare raw temperatures of like-loaded peers
         return out
 
-    def detect(self, fleet: Fleet) -> list[Finding]:
+    def detect(self, fleet: Fleet, memory: dict | None = None) -> list[Finding]:
         if not len(fleet.frame) or not (fleet.has("temp") or fleet.has("thermal_throttle")):
             return []
         g = _Grid.build(fleet)
@@ -509,7 +512,7 @@ class Thermal:
                                 split_on=())
             gpu_findings = self._gpu_findings(fleet, g, eps, temp, power, limit, proxy, gpu_excess, gpu_slope, clk,
                                               clkmax, memt)
-        return self._fold(gpu_findings, groups, fleet)
+        return self._fold(gpu_findings, groups, fleet, memory)
 
     # -- helpers ---------------------------------------------------------------------------
     def _eta(self, temp: np.ndarray, slope_c_per_min: np.ndarray) -> np.ndarray:
@@ -696,8 +699,11 @@ class Thermal:
         return (f"{where} runs at {ev['temp_c']:.0f} C{hot}{trend}: check its fans, heatsink and thermal paste "
                 f"before it throttles.")
 
-    def _fold(self, gpu: list[Finding], groups: list[dict[str, Any]], fleet: Fleet) -> list[Finding]:
-        """Group findings absorb the GPU findings inside them (same host/rack, overlapping in time)."""
+    def _fold(self, gpu: list[Finding], groups: list[dict[str, Any]], fleet: Fleet,
+              memory: dict | None = None) -> list[Finding]:
+        """Group findings absorb the GPU findings inside them (same host/rack, overlapping in time); ``memory``:
+        the service's part for this kind, where earlier runs' group findings absorb the tails of theirs
+        (``_tails``)."""
         host_rack = {}
         if "rack" in fleet.frame.columns:
             pairs = fleet.frame[["hostname", "rack"]].drop_duplicates()
@@ -719,7 +725,34 @@ class Thermal:
                 kept.append(f)
             else:
                 folded[home].append(f)
-        return kept + [self._group_finding(gr, folded[i]) for i, gr in enumerate(groups)]
+        found = [self._group_finding(gr, folded[i]) for i, gr in enumerate(groups)]
+        return (kept if memory is None else self._tails(kept, found, host_rack, fleet, memory)) + found
+
+    @staticmethod
+    def _tails(gpu: list[Finding], groups: list[Finding], host_rack: dict[str, str], fleet: Fleet,
+               memory: dict) -> list[Finding]:
+        """The GPU findings less those an earlier run's node or rack finding held: ended, and begun inside the
+        span that finding covered (its GPUs then). Why: serve's window cuts a long node episode to the minutes
+        at its start, too few for the node rule (``min_hot_s`` 5 min) but enough for the GPU rule (60 s at the
+        limit), so as a failed rack's cooling came back every GPU of it was a critical finding of its own with a
+        new id for a run or two (24 in rack-cooling, dcgm-exporter's default counters). Spans are kept per node
+        and rack while they reach into the window."""
+        spans = memory.setdefault("group_spans", {})
+        for g in groups:
+            key = f"{g.evidence['level']}:{g.hostname if g.evidence['level'] == 'node' else g.rack}"
+            spans.setdefault(key, []).append([g.start, fleet.end if g.end is None else g.end])
+        for key in list(spans):
+            kept = [sp for sp in union_spans(spans[key]) if sp[1] >= fleet.start]
+            if kept:
+                spans[key] = kept
+            else:
+                del spans[key]
+
+        def held(f: Finding) -> bool:
+            homes = spans.get(f"node:{f.hostname}", []) + spans.get(f"rack:{host_rack.get(f.hostname or '')}", [])
+            return f.end is not None and any(a <= f.start <= b for a, b in homes)
+
+        return [f for f in gpu if not held(f)]
 
     def _group_finding(self, gr: dict[str, Any], inner: list[Finding]) -> Finding:
         start = min([gr["start"], *(f.start for f in inner)])
@@ -759,3 +792,4 @@ class Thermal:
             hostname=gr["name"] if gr["level"] == "node" else None, gpu=None,
             rack=gr["rack"] or None, evidence=ev,
         )
+

@@ -290,9 +290,10 @@ def test_serve_runs_carry_spells_so_a_longer_period_is_confirmed_and_stays() -> 
 
 
 def test_carried_spells_chain_back_and_fold() -> None:
-    from analyzer.detectors.stragglers import _chained, _union
+    from analyzer.analysis.episodes import union_spans
+    from analyzer.detectors.stragglers import _chained
 
-    assert _union([[5.0, 6.0], [0.0, 2.0], [2.0, 3.0]]) == [[0.0, 3.0], [5.0, 6.0]]
+    assert union_spans([[5.0, 6.0], [0.0, 2.0], [2.0, 3.0]]) == [[0.0, 3.0], [5.0, 6.0]]
     entry = {"recent": [[100.0, 280.0], [1000.0, 1180.0], [1900.0, 2100.0]], "before": None}
     # back from 2500 while each spell is within 1,800 s of the next: all three (2100 runs into nothing)
     assert _chained(entry, 2500.0, 1800.0) == (100.0, 3, 560.0)

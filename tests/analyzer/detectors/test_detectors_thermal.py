@@ -292,3 +292,32 @@ def test_one_faulty_gpu_in_a_warm_rack_is_no_rack_finding() -> None:
     _, fleet = named_scenario_fleet("straggler-slowdowns", "truegpu", 60.0, seed_offset=1019)
     found = run_detectors(fleet, [THERMAL])
     assert found and all(f.gpu is not None for f in found), [f.summary for f in found]
+
+
+def test_serve_runs_do_not_split_a_node_findings_tail_into_gpu_findings() -> None:
+    """As rack-cooling's failed rack cools again (dcgm-exporter's default counters: nodes against the fleet),
+    serve's window cuts the node episodes to their last hot minutes: too few for the node rule (5 min), enough
+    for the GPU rule (60 s at the limit), so runs judged alone showed every GPU of the rack as a critical finding
+    of its own, with new ids, for 4 runs after the node findings ended. The runs carry the spans their node and
+    rack findings covered: a GPU finding that began inside one and has ended is that finding's, not a new one."""
+    from analyzer.analysis.evaluate import named_scenario_fleet
+    from analyzer.service.state import decode, encode
+
+    _, fleet = named_scenario_fleet("rack-cooling", "dcgm", 60.0, dcgm_counters="default")
+    det = Thermal()
+
+    def runs(memory: dict | None) -> list[tuple[int, int]]:
+        out = []
+        for k in range(225, 246):
+            part = fleet.between(fleet.start + (k - 30) * 60.0, fleet.start + k * 60.0)
+            found = det.detect(part) if memory is None else det.detect(part, memory)
+            out.append((sum(f.gpu is not None for f in found), sum(f.gpu is None for f in found)))
+        return out
+
+    alone = runs(None)
+    assert max(g for g, _ in alone) >= 16 and alone[0] == (0, 3)  # the failure's 3 node findings, then its GPUs
+    memory: dict = {}
+    carried = runs(memory)
+    assert carried[:11] == alone[:11] and all(g == 0 for g, _ in carried), carried
+    assert decode(encode(memory)) == memory and set(memory["group_spans"]) <= {
+        f"node:dc1-r1-n0{i}" for i in (1, 2, 3)}
