@@ -59,7 +59,9 @@ Several nodes of one rack found hot together become one rack finding. GPU-level 
 inside a node or rack finding (same host/rack, overlapping in time) are folded into it and
 listed in its evidence: one cooling problem, one finding; a service's runs also fold in a GPU finding that
 began inside a span an earlier run's node or rack finding covered and has ended (``_tails``: the window cuts
-the group's episode to its last minutes, which only the GPU rule still passes). A node or rack finding starts where its
+the group's episode to its last minutes, which only the GPU rule still passes), and hold a node or rack finding
+from where it began while its excess stays >= ``excess_c``, until ``hold_s`` 10 min after it was last urgent
+(``_held``: its urgency, re-judged by each run, flickers at a ramp's start). A node or rack finding starts where its
 excess left its usual level (within ``onset_c`` 1 C, the sensor's quantization, of the median over the
 half hour before its last trend window), not where it became urgent (``urgent_from`` in the evidence): a
 failing cooler ramps for 10-20 minutes before the ETA is under 30 minutes, and the operator needs to know
@@ -365,6 +367,7 @@ class Thermal:
     max_unknown_steps: int = 2
     max_unknown_s: float = MAX_UNKNOWN_S
     onset_c: float = 1.0
+    hold_s: float = 600.0
 
     # -- physics ---------------------------------------------------------------------------
     def _resistance(self, g: _Grid, temp: np.ndarray, power: np.ndarray, usable: np.ndarray) -> dict[str, float]:
@@ -497,9 +500,9 @@ class Thermal:
                 return sorted(str(h) for h in node_host[(node_rack == u) & node_hot_vs_fleet[:, sl].any(axis=1)])
 
             groups += self._group_episodes(fleet, g, "rack", rack_name, rack_cond, rack_excess, rack_level,
-                                           rack_slope, hot_by_rack, lim_by_rack, members_of=rack_members)
+                                           rack_slope, hot_by_rack, lim_by_rack, members_of=rack_members, memory=memory)
         groups += self._group_episodes(fleet, g, "node", node_host, node_cond, node_excess, node_med, node_slope,
-                                       hot_by_node, lim_by_node, rack_of=np.array(
+                                       hot_by_node, lim_by_node, memory=memory, rack_of=np.array(
                                            [rack_name[r] if r >= 0 else "" for r in node_rack], dtype=object))
         groups = self._merge_nodes_into_racks(groups)
 
@@ -524,9 +527,13 @@ class Thermal:
     def _group_episodes(self, fleet: Fleet, g: _Grid, level: str, names: np.ndarray, cond: np.ndarray,
                         excess: np.ndarray, own: np.ndarray, slope: np.ndarray, hot: np.ndarray, lim: np.ndarray,
                         rack_of: np.ndarray | None = None,
-                        members_of: Callable[[int, slice], list[str]] | None = None) -> list[dict[str, Any]]:
-        """Episodes of a group-level condition (units x time), as plain dicts for folding."""
+                        members_of: Callable[[int, slice], list[str]] | None = None,
+                        memory: dict | None = None) -> list[dict[str, Any]]:
+        """Episodes of a group-level condition (units x time), as plain dicts for folding; ``memory``: the
+        service's part for this kind (``_held``)."""
         U, T = cond.shape
+        if memory is not None:
+            cond = self._held(memory, level, names, cond, excess, g.times, fleet)
         if not U or not cond.any():
             return []
         known = ~np.isnan(excess)
@@ -560,6 +567,33 @@ class Thermal:
                 "limit_minutes": float(lim[u, sl].sum() * fleet.step / 60.0),
                 "members": members_of(u, sl) if members_of is not None else [str(names[u])],
             })
+        return out
+
+    def _held(self, memory: dict, level: str, names: np.ndarray, cond: np.ndarray, excess: np.ndarray,
+              times: np.ndarray, fleet: Fleet) -> np.ndarray:
+        """``cond`` with the cells a recent finding of the unit holds: from where an earlier run's finding of it
+        began, while its excess stays >= ``excess_c``, until ``hold_s`` after it was last urgent. Why: each run
+        re-fits R and the fleet's reference, so a node's excess at one instant moves ~0.5 C from run to run, and
+        the ramp test (each third of the trend window rising at half its rate) then fails at some samples: a
+        ramping node's early warning came and went from one run to the next (dcgm-exporter's default counters,
+        nodes against the fleet: 7 withdrawals over 9 rack-cooling runs)."""
+        last = memory.setdefault("urgent_last", {})
+        spans = memory.get("group_spans", {})
+        index = {f"{level}:{n}": u for u, n in enumerate(names)}
+        urgent = np.flatnonzero(cond.any(axis=1))
+        for u in urgent:
+            key = f"{level}:{names[u]}"
+            last[key] = max(last.get(key, -np.inf), float(times[np.flatnonzero(cond[u])[-1]]))
+        out = cond
+        for key, t_last in list(last.items()):
+            if fleet.end - t_last > self.hold_s:
+                del last[key]
+            elif key in index and spans.get(key):
+                u = index[key]
+                hold = (times >= spans[key][-1][0]) & (times <= t_last + self.hold_s) & (excess[u] >= self.excess_c)
+                if hold.any():
+                    out = out.copy() if out is cond else out
+                    out[u] |= hold
         return out
 
     def _rise_start(self, excess: np.ndarray, t0: int, step: float) -> int:
