@@ -1035,11 +1035,10 @@ def _fill_gaps(mask: np.ndarray, n: int) -> np.ndarray:
 
 def _spell_times(pg: PeerGroups, spell: np.ndarray, fleet: Fleet) -> dict[tuple, list[list[float]]]:
     """Per GPU slot with spells: their [start, end] times."""
-    keys = {s: k for k, s in _slots(pg).items()}
     out = {}
     for s in np.flatnonzero(spell.any(axis=1)):
         d = np.diff(np.concatenate(([0], spell[s].astype(np.int8), [0])))
-        out[keys[s]] = [[fleet.start + a * fleet.step, fleet.start + b * fleet.step]
+        out[_slot_key(pg, int(s))] = [[fleet.start + a * fleet.step, fleet.start + b * fleet.step]
                         for a, b in zip(np.flatnonzero(d == 1), np.flatnonzero(d == -1), strict=True)]
     return out
 
@@ -1118,10 +1117,14 @@ def _int(v: object) -> int | None:
     return int(v) if v is not None and str(v).isdigit() else None
 
 
+def _slot_key(pg: PeerGroups, s: int) -> tuple:
+    """(job, hostname, gpu, instance) of slot ``s``."""
+    return pg.group_labels[pg.slot_group[s]].get("job"), pg.slot_host[s], pg.slot_gpu[s], pg.slot_instance[s] or None
+
+
 def _slots(pg: PeerGroups) -> dict[tuple, int]:
     """(job, hostname, gpu, instance) -> slot."""
-    return {(pg.group_labels[pg.slot_group[s]].get("job"), pg.slot_host[s], pg.slot_gpu[s],
-             pg.slot_instance[s] or None): s for s in range(pg.n_slots)}
+    return {_slot_key(pg, s): s for s in range(pg.n_slots)}
 
 
 def _members(pg: PeerGroups) -> dict[tuple, int]:

@@ -351,7 +351,7 @@ class Thermal:
     paging = Paging(alert="GpuThermal", team="sre",
                     says="runs hot or throttles for heat (GPU, node or rack) ({score}); see the analyzer's finding "
                          "for the evidence.")
-    remembers = True  #: a service's runs carry the spans of node and rack findings (``_tails``)
+    remembers = True  #: a service's runs carry node and rack findings' spans and urgency (``_tails``, ``_held``)
     slowdown_c: float = 87.0
     #: Shared with the alert rules (analyzer.site.Thresholds; a site config sets both).
     at_limit_c: float = THRESHOLDS.gpu_temp_limit_celsius
