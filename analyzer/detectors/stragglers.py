@@ -845,7 +845,7 @@ class Straggler:
         window). Spells ending over ``spell_memory_s`` ago fold into one summary of the pattern they chain to
         (``spell_gap_s`` apart at most); a GPU with no spell for that long plus the gap is forgotten."""
         book = memory.setdefault("spells", {})
-        carried = {k: v for k, v in book.items()}
+        carried = dict(book)
         seen = _spell_times(pg, spell, fleet)
         for key in set(book) | set(seen):
             entry = book.get(key) or {"recent": [], "before": None}

@@ -218,6 +218,11 @@ def _steady_slope(y: np.ndarray, t: np.ndarray, k: int, candidates: np.ndarray |
     return out
 
 
+def _unit(level: str, name: object) -> str:
+    """The memory's key of a node or rack (``level``) named ``name``."""
+    return f"{level}:{name}"
+
+
 def _overlaps(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Do two episodes (start, end or None = open) share time?"""
     a_end = np.inf if a["end"] is None else a["end"]
@@ -579,10 +584,10 @@ class Thermal:
         nodes against the fleet: 7 withdrawals over 9 rack-cooling runs)."""
         last = memory.setdefault("urgent_last", {})
         spans = memory.get("group_spans", {})
-        index = {f"{level}:{n}": u for u, n in enumerate(names)}
+        index = {_unit(level, n): u for u, n in enumerate(names)}
         urgent = np.flatnonzero(cond.any(axis=1))
         for u in urgent:
-            key = f"{level}:{names[u]}"
+            key = _unit(level, names[u])
             last[key] = max(last.get(key, -np.inf), float(times[np.flatnonzero(cond[u])[-1]]))
         out = cond
         for key, t_last in list(last.items()):
@@ -773,7 +778,8 @@ class Thermal:
         and rack while they reach into the window."""
         spans = memory.setdefault("group_spans", {})
         for g in groups:
-            key = f"{g.evidence['level']}:{g.hostname if g.evidence['level'] == 'node' else g.rack}"
+            level = g.evidence["level"]
+            key = _unit(level, g.hostname if level == "node" else g.rack)
             spans.setdefault(key, []).append([g.start, fleet.end if g.end is None else g.end])
         for key in list(spans):
             kept = [sp for sp in union_spans(spans[key]) if sp[1] >= fleet.start]
@@ -783,7 +789,8 @@ class Thermal:
                 del spans[key]
 
         def held(f: Finding) -> bool:
-            homes = spans.get(f"node:{f.hostname}", []) + spans.get(f"rack:{host_rack.get(f.hostname or '')}", [])
+            rack = host_rack.get(f.hostname or "")
+            homes = spans.get(_unit("node", f.hostname), []) + spans.get(_unit("rack", rack), [])
             return f.end is not None and any(a <= f.start <= b for a, b in homes)
 
         return [f for f in gpu if not held(f)]

@@ -30,6 +30,14 @@ def _gauge(m: SchemaMetric, labels: tuple[str, ...] | None = None) -> GaugeMetri
     return GaugeMetricFamily(m.name, m.help, labels=m.labels if labels is None else labels, unit=unit)
 
 
+def _by_result(metric: SchemaMetric, ok: int, error: int) -> CounterMetricFamily:
+    """A counter of ``metric`` with its ``result`` label ok and error."""
+    family = CounterMetricFamily(metric.family_name, metric.help, labels=metric.labels)
+    family.add_metric(("ok",), float(ok))
+    family.add_metric(("error",), float(error))
+    return family
+
+
 def finding_labels(f: Finding) -> tuple[str, ...]:
     """Label values of a finding series, in FINDING_LABELS order ("" where not applicable)."""
     values = {
@@ -118,16 +126,9 @@ class ServiceCollector:
         if h.last_duration is not None:
             duration.add_metric((), h.last_duration)
         yield duration
-        runs = CounterMetricFamily(O.ANALYZER_RUNS.family_name, O.ANALYZER_RUNS.help, labels=O.ANALYZER_RUNS.labels)
-        runs.add_metric(("ok",), float(h.runs_ok))
-        runs.add_metric(("error",), float(h.runs_error))
-        yield runs
+        yield _by_result(O.ANALYZER_RUNS, h.runs_ok, h.runs_error)
         if h.state_file is not None:
-            writes = CounterMetricFamily(O.ANALYZER_STATE_WRITES.family_name, O.ANALYZER_STATE_WRITES.help,
-                                         labels=O.ANALYZER_STATE_WRITES.labels)
-            writes.add_metric(("ok",), float(h.state_writes_ok))
-            writes.add_metric(("error",), float(h.state_writes_error))
-            yield writes
+            yield _by_result(O.ANALYZER_STATE_WRITES, h.state_writes_ok, h.state_writes_error)
 
 
     def _prices(self, a: Analysis | None) -> GaugeMetricFamily:
