@@ -155,7 +155,21 @@ class DegradedGpu:
       least-drawing healthy GPU sits < 12% under the fit; 15% clears it and a failing VRM/sensor
       or a low limit (20-33% less) passes it. ``power_shift`` applies to the deficit as well.
     - ``baseline_windows`` 2: 20 min of the GPU's own history before a change point.
-    - ``busy_min`` 0.5: busy windows (util or GR engine) for clocks and power efficiency.
+    - ``busy_min`` 0.5: busy windows (util or GR engine) for clocks.
+    - ``power_busy_min`` 0.2: power excess and deficit are judged on windows at least this busy. What the
+      gate keeps out is idle, where the dynamic part is ~0 and the ratio reads per-GPU idle power (~4 % sd:
+      12 % of 66 W is 8 W nobody should be paged for); at 0.2 an H100's activity asks ~170 W, its idle spread
+      is ~1.6 % sd of that and the dynamic spread (+/-10 %) ~6 %, under the floors. At 0.5 an inference
+      replica at 40 % util drawing a fifth less than the fit at the same util, SM activity and clock (a
+      failing VRM, 19 % under it window after window) was never judged (a session's probe, 3 of 3 seeds).
+    - ``static_floor`` 1.25: where a GPU's own history is known and its power excess or deficit never moved
+      over it (its best change point shifted it less than half ``power_shift``), the level must pass 1.25x
+      the floor: a difference a GPU always had is a chip's trait, and healthy chips' leakage spreads dynamic
+      power +/-10 % on ~3 % efficiency differences, to the floor's edge across enough of them: over 20
+      never-used seeds (+7000..+7019) of all 25 scenarios, 3 healthy GPUs at 15-17 % more power than the
+      fit, each within 1 % of its own earlier level, were findings. A part that turns bad shifts (judged at
+      the plain floor); one bad since before the data must be 1.25x as far out. Temperatures keep their
+      floors: those already clear the hottest of 10,000 healthy GPUs.
     - ``temp_busy_min`` 0.1: temperatures are judged on windows at least this busy. An idle die sits at its
       fan curve's floor, off the line die = inlet + R x power, and a failing paste or fan shows only with heat
       flowing: an idle chat-service GPU at 65 W, its job peers at 150-260 W, read "11 C hotter than its peers
@@ -201,6 +215,8 @@ class DegradedGpu:
     min_duration_s: float = 1800.0
     throttle_c: float = THRESHOLDS.gpu_temp_limit_celsius
     busy_min: float = 0.5
+    power_busy_min: float = 0.2
+    static_floor: float = 1.25
     temp_busy_min: float = 0.1
     min_peers: int = 3
     min_model_gpus: int = 8
@@ -388,9 +404,8 @@ class DegradedGpu:
         # Thermal throttling belongs to the thermal detector: no verdict in those windows.
         thr = win["throttled"].to_numpy() > 0
         win.loc[thr, list(LEVEL)] = np.nan
-        # Power efficiency is judged on busy windows: at idle the dynamic part is ~0 and per-GPU idle
-        # power spreads ~4% (12% of 66 W is 8 W nobody should be paged for).
-        win.loc[~(win["busy"].to_numpy() >= self.busy_min), ["power_excess", "power_deficit"]] = np.nan
+        # Power efficiency is judged on working windows: at idle the dynamic part is ~0 (``power_busy_min``).
+        win.loc[~(win["busy"].to_numpy() >= self.power_busy_min), ["power_excess", "power_deficit"]] = np.nan
         win.loc[win["busy"].to_numpy() < self.temp_busy_min, ["temp_excess", "mem_temp_excess"]] = np.nan
         win.loc[~win["model_ok"].to_numpy(), list(FEATURES)] = np.nan
         return win, row_win, notes
@@ -416,7 +431,9 @@ class DegradedGpu:
         ref = win["reference"].to_numpy()
         for _, idx in win.groupby("model", sort=True, observed=True).indices.items():
             gate[idx] = self._mcd_gate(scaled[idx], ref[idx])
-        level = np.column_stack([win[c].to_numpy() / floors[c] for c in LEVEL])
+        static = self._static(win)
+        level = np.column_stack([win[c].to_numpy() / (floors[c] * np.where(static.get(c, False), self.static_floor,
+                                                                           1.0)) for c in LEVEL])
         soft = np.where(np.isnan(level), -np.inf, level).max(axis=1)
         soft = np.where(np.isnan(level).all(axis=1), np.nan, np.where(gate, np.maximum(soft, 0.0), 0.0))
         cap = win["cap_deficit"].to_numpy() / floors["cap_deficit"]
@@ -427,6 +444,20 @@ class DegradedGpu:
             above = win[c].to_numpy() >= fl / 2.0
             z = np.fmax(z, np.where(above & np.isfinite(sh), np.maximum(sh, 0.0) / fl, np.nan))
         return z
+
+    def _static(self, win: pd.DataFrame) -> dict[str, np.ndarray]:
+        """Per power feature and window: the GPU's own history is known (``own_shifts`` found a change point)
+        and the feature never rose over it by half its shift floor (``static_floor``)."""
+        gi, _, G, _ = _grid(win)
+        out = {}
+        for c in ("power_excess", "power_deficit"):
+            sh, fl = win[f"{c}_shift"].to_numpy(), self.power_shift
+            known = np.zeros(G, bool)
+            known[gi[np.isfinite(sh)]] = True
+            rose = np.zeros(G, bool)
+            rose[gi[sh >= fl / 2.0]] = True
+            out[c] = (known & ~rose)[gi]
+        return out
 
     def shift_floors(self) -> dict[str, float]:
         return {"temp_excess": self.temp_shift_c, "mem_temp_excess": self.mem_temp_shift_c,

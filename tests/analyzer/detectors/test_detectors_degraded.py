@@ -367,6 +367,34 @@ def test_a_gpu_drawing_a_fifth_to_a_third_less_power_is_degraded(deficit: float)
     assert f.start <= T0 + 50 * STEP
 
 
+def _light(d: dict[str, np.ndarray], s: slice) -> None:
+    """An inference replica at ~40 % util: activity and the dynamic part of its power at 45 % of the job's."""
+    d["gpu_util"][s] = 0.42
+    for k in ("sm_active", "tensor_active", "dram_active"):
+        d[k][s] *= 0.45
+    d["power"][s] = 66 + (d["power"][s] - 66) * 0.45
+
+
+def test_a_replica_at_forty_percent_util_drawing_a_fifth_less_power_is_degraded() -> None:
+    """``power_busy_min``: a lightly loaded GPU still has a dynamic part to fall short of (0.5 never judged it)."""
+    tweaks = {i: (0, _light) for i in range(16, 24)}
+    tweaks[19] = (0, _then(_light, more_power(-0.2), 40))
+    [f] = degraded(synthetic_fleet(seed=3, tweaks=tweaks))
+    assert (f.hostname, f.gpu) == ("n2", 3) and "power_deficit" in f.evidence["features_off"]
+    assert degraded(synthetic_fleet(seed=3, tweaks=tweaks), power_busy_min=0.5) == []
+    assert degraded(synthetic_fleet(seed=3, tweaks={i: (0, _light) for i in range(16, 24)})) == []
+
+
+def test_a_difference_a_gpu_always_had_must_pass_a_higher_floor_than_a_change() -> None:
+    """``static_floor``: drawing 16-18 % more than the fit all along (what healthy chips at the spread's edge
+    read) is a chip's trait; turning that much worse is a change, and ~27 % all along is past 1.25x the floor."""
+    always = synthetic_fleet(seed=5, tweaks={13: (0, more_power(0.2))})
+    assert degraded(always) == []
+    assert where(degraded(always, static_floor=1.0)) == {("n1", 5)}
+    assert where(degraded(synthetic_fleet(seed=5, tweaks={13: (40, more_power(0.2))}))) == {("n1", 5)}
+    assert where(degraded(synthetic_fleet(seed=5, tweaks={13: (0, more_power(0.3))}))) == {("n1", 5)}
+
+
 def test_power_deficit_while_held_at_its_own_limit_is_not_a_deficit() -> None:
     def at_own_cap(d: dict[str, np.ndarray], s: slice) -> None:  # capped at the peers' limit: policy, not a fault
         more_power(-0.25)(d, s)
