@@ -106,6 +106,8 @@ SOFT = ("temp_excess", "mem_temp_excess", "power_excess", "clock_deficit")
 FEATURES = (*SOFT, "power_deficit", "cap_deficit")
 #: Level features scored like the soft ones (gated by the MCD model, which sees power_excess in both directions).
 LEVEL = (*SOFT, "power_deficit")
+#: The power features: judged from ``power_busy_min`` and, where a GPU always had them, at ``static_floor``.
+POWER = ("power_excess", "power_deficit")
 _ACTIVITY = ("busy", "sm_active", "tensor_active", "dram_active")
 _MAX_FIT = 4000  # windows per model for the regressions (fixed-seed subsample): fit cost is flat in fleet size
 #: The most windows a GPU's carried earlier level weighs (``_remember``): 2 hours, so it follows a GPU's slow drift
@@ -409,7 +411,7 @@ class DegradedGpu:
         thr = win["throttled"].to_numpy() > 0
         win.loc[thr, list(LEVEL)] = np.nan
         # Power efficiency is judged on working windows: at idle the dynamic part is ~0 (``power_busy_min``).
-        win.loc[~(win["busy"].to_numpy() >= self.power_busy_min), ["power_excess", "power_deficit"]] = np.nan
+        win.loc[~(win["busy"].to_numpy() >= self.power_busy_min), list(POWER)] = np.nan
         win.loc[win["busy"].to_numpy() < self.temp_busy_min, ["temp_excess", "mem_temp_excess"]] = np.nan
         win.loc[~win["model_ok"].to_numpy(), list(FEATURES)] = np.nan
         return win, row_win, notes
@@ -435,9 +437,8 @@ class DegradedGpu:
         ref = win["reference"].to_numpy()
         for _, idx in win.groupby("model", sort=True, observed=True).indices.items():
             gate[idx] = self._mcd_gate(scaled[idx], ref[idx])
-        static = self._static(win)
-        level = np.column_stack([win[c].to_numpy() / (floors[c] * np.where(static.get(c, False), self.static_floor,
-                                                                           1.0)) for c in LEVEL])
+        scale = self._static_scale(win)
+        level = np.column_stack([win[c].to_numpy() / (floors[c] * scale.get(c, 1.0)) for c in LEVEL])
         soft = np.where(np.isnan(level), -np.inf, level).max(axis=1)
         soft = np.where(np.isnan(level).all(axis=1), np.nan, np.where(gate, np.maximum(soft, 0.0), 0.0))
         cap = win["cap_deficit"].to_numpy() / floors["cap_deficit"]
@@ -449,18 +450,17 @@ class DegradedGpu:
             z = np.fmax(z, np.where(above & np.isfinite(sh), np.maximum(sh, 0.0) / fl, np.nan))
         return z
 
-    def _static(self, win: pd.DataFrame) -> dict[str, np.ndarray]:
-        """Per power feature and window: the GPU's own history is known (``own_shifts`` found a change point)
-        and the feature never rose over it by half its shift floor (``static_floor``)."""
+    def _static_scale(self, win: pd.DataFrame) -> dict[str, np.ndarray]:
+        """Per power feature and window, what its floor is multiplied by: ``static_floor`` where the GPU's own
+        history is known (``own_shifts`` found a change point) and the feature never rose over it by half its
+        shift floor, else 1."""
         gi, _, G, _ = _grid(win)
         out = {}
-        for c in ("power_excess", "power_deficit"):
-            sh, fl = win[f"{c}_shift"].to_numpy(), self.power_shift
-            known = np.zeros(G, bool)
-            known[gi[np.isfinite(sh)]] = True
-            rose = np.zeros(G, bool)
-            rose[gi[sh >= fl / 2.0]] = True
-            out[c] = (known & ~rose)[gi]
+        for c in POWER:
+            sh = win[f"{c}_shift"].to_numpy()
+            known = np.bincount(gi[np.isfinite(sh)], minlength=G) > 0
+            rose = np.bincount(gi[sh >= self.power_shift / 2.0], minlength=G) > 0
+            out[c] = np.where((known & ~rose)[gi], self.static_floor, 1.0)
         return out
 
     def shift_floors(self) -> dict[str, float]:
