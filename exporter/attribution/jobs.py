@@ -71,7 +71,9 @@ STATEFULSET_POD_INDEX = "apps.kubernetes.io/pod-index"
 
 _SAFE = "[bcdfghjklmnpqrstvwxz2456789]"
 _POD_HASH = rf"(?=[^-]*[a-z]){_SAFE}{{5}}"
-_ROLE = re.compile(r"^(?P<job>.+?)-(?:worker|master|ps|chief|evaluator)-\d+$")
+#: A training operator's role pod (``<job>-worker-3``), also recreated by a Job with a new suffix
+#: (``<job>-worker-3-x7k2q``): the role and index are not part of the job's name either way.
+_ROLE = re.compile(rf"^(?P<job>.+?)-(?:worker|master|ps|chief|evaluator)-\d+(?:-{_POD_HASH})?$")
 _LAUNCHER = re.compile(rf"^(?P<job>.+?)-launcher(?:-{_POD_HASH})?$")
 _DEPLOYMENT = re.compile(rf"^(?P<job>.+?)-{_SAFE}{{6,10}}-{_POD_HASH}$")
 _HASHED = re.compile(rf"^(?P<job>.+?)(?:-\d+)?-{_POD_HASH}$")

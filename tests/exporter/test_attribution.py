@@ -361,6 +361,7 @@ def test_attribution_error_is_a_str_with_a_kind() -> None:
 @pytest.mark.parametrize(("pod", "job"), [
     ("pretrain-7b-worker-1", "pretrain-7b"),
     ("llama-worker-0", "llama"),
+    ("llama-worker-2-mnjnb", "llama"),  # the same pod recreated by a Job under a new suffix
     ("llama-master-0", "llama"),
     ("tf-dist-ps-12", "tf-dist"),
     ("tf-dist-chief-0", "tf-dist"),
