@@ -62,7 +62,10 @@ Thresholds (configurable; why these values):
   within ~2% of each other's boost clock (voltage/frequency binning, the simulator's
   2% jitter); 5% below the peers' median is outside that spread and already a 5% slower
   member. With a clock drop the lead needs only ``clock_lead_min`` 0.04 (the lower clock
-  must actually cost time: a throttled GPU that is not the limiter has no lead).
+  must actually cost time: a throttled GPU that is not the limiter has no lead). Once shown, it holds while
+  the member stays throttled with any lead (> 1): the members' kernel-mix drift swings a lead by +-5 % over
+  15-40 minutes, and a power-capped A100 slowing its 16-GPU gang 12 % (restart-mess) read 1.01-1.11, its one
+  problem split into three findings, the first 15 minutes late, with 0.04 the bar throughout.
 * ``lead_min`` 0.10 and ``z_min`` 3: without a clock explanation the activity lead alone
   must exceed the members' natural spread: per-sample noise of profiling counters is
   ~±5% and the kernel mix of members drifts by a few percent, so 10% and 3 robust
@@ -426,6 +429,11 @@ class Straggler:
         compute = (peers_busy & progress & peers_full & ahead
                    & ((throttled & (lead >= 1.0 + self.clock_lead_min))
                       | ((lead >= 1.0 + self.lead_min) & significant)))
+        # Hysteresis on the clock path: a member shown to limit its gang at a lower clock stays the limiter while
+        # it stays throttled and keeps any lead (``_alarm_runs``: the runs of that which hold a clock-path cell).
+        working = peers_busy & progress & peers_full & (self.busy_util <= U)
+        holds = np.where(np.isnan(lead) | np.isnan(clk_rel), np.nan, working & throttled & (lead > 1.0))
+        compute |= _alarm_runs(holds, compute & throttled)
         work = lead * np.where(np.isnan(clk_rel), 1.0, clk_rel)
         with np.errstate(invalid="ignore", divide="ignore"):
             kept = work >= 1.0 - (1.0 - self.work_kept) * (1.0 - U / rU)  # its work held up while its util fell

@@ -142,6 +142,31 @@ def test_power_cap_and_big_slowdown_is_critical() -> None:
     assert found.severity == "critical"
 
 
+def test_a_throttled_limiter_whose_lead_drifts_low_stays_one_finding_from_its_onset() -> None:
+    # Power-capped 7 % below its peers' clock from step 10 to 90; its kernel mix drifts its activity 6 % low
+    # from step 40 to 55: a lead of ~1.01, under the clock path's 0.04 but still ahead of its peers.
+    fl = gang_fleet(steps=100, slow={(0, 2): 0.93}, window=(10, 90), thermal=False)
+    f = fl.frame
+    gpu = f["uuid"] == "GPU-2"
+    f.loc[gpu & (f["sm_clock"] < 0.95 * MAXCLK), "power_throttle"] = 1.0
+    ts = (f["timestamp"] - T0) / STEP
+    f.loc[gpu & (ts >= 40) & (ts < 55), ["tensor_active", "sm_active"]] *= 0.94
+    (found,) = stragglers(fl)
+    assert (found.hostname, found.gpu, found.evidence["cause"]) == ("n01", 2, "power")
+    assert found.start == pytest.approx(T0 + 10 * STEP, abs=2 * STEP)
+    assert found.end == pytest.approx(T0 + 90 * STEP, abs=2 * STEP)
+    # Its drift as low as its peers' (no lead at all) for those minutes: the limiter is not shown there.
+    f.loc[gpu & (ts >= 40) & (ts < 55), ["tensor_active", "sm_active"]] *= 0.93
+    assert len(stragglers(fl)) == 2
+    # Throttled as much but never ahead of its peers (not what they wait for): nothing to hold.
+    fl = gang_fleet(steps=100, slow={(0, 2): 0.93}, window=(10, 90), thermal=False)
+    f = fl.frame
+    gpu = f["uuid"] == "GPU-2"
+    f.loc[gpu & (f["sm_clock"] < 0.95 * MAXCLK), "power_throttle"] = 1.0
+    f.loc[gpu, ["tensor_active", "sm_active"]] *= 0.93
+    assert stragglers(fl) == []
+
+
 def test_node_level_input_starvation_is_reported_on_the_node() -> None:
     fl = gang_fleet(hosts=3, starve={2: 0.5})
     (found,) = stragglers(fl)
