@@ -197,6 +197,8 @@ class Mess:
       replica's name (an HA Prometheus pair federated or remote-written without dedup);
     - ``pod_restarts``: ``(pod, at)``: the pod is recreated under a new name at ``at`` (a
       Deployment's or Job's pod: its random suffix changes; a StatefulSet's keeps its name);
+    - ``workload_restarts``: ``(workload, at)``: every pod of that workload recreated so at ``at`` (a Job's
+      pods after a failure: a scenario file cannot know the pods' generated names);
     - ``slow_scrapes``: ``(hostname, every)``: the node is scraped at every ``every``-th sample
       time only (its own scrape job with a longer interval: fleets mix them);
     - ``scrape_jitter_ms``: > 0: each node is scraped at its own phase in the step (Prometheus spreads
@@ -213,6 +215,7 @@ class Mess:
     replicas: tuple[str, ...] = ()
     replica_label: str = "prometheus_replica"
     pod_restarts: tuple[tuple[str, float], ...] = ()
+    workload_restarts: tuple[tuple[str, float], ...] = ()
     slow_scrapes: tuple[tuple[str, int], ...] = ()
     scrape_jitter_ms: float = 0.0
     scrape_jobs: tuple[str, ...] = ()
@@ -242,6 +245,7 @@ def _contract_mess(series: Iterable[SeriesItem], times: np.ndarray, mess: Mess) 
             restarts.setdefault(host, []).append(i)
             gap[host] = gap.get(host, np.zeros(len(t), bool)) | (np.arange(len(t)) == i)
     renames = {pod: int(np.searchsorted(t, at)) for pod, at in mess.pod_restarts}
+    restarted = {job: int(np.searchsorted(t, at)) for job, at in mess.workload_restarts}
     for family, labels, values in series:
         host = labels.get("hostname", "")
         values = np.asarray(values, dtype=np.float64)
@@ -253,8 +257,8 @@ def _contract_mess(series: Iterable[SeriesItem], times: np.ndarray, mess: Mess) 
         if host in gap:
             values = np.where(gap[host], np.nan, values)
         pod = labels.get("pod", "")
-        if pod in renames and 0 < renames[pod] < len(t):
-            i = renames[pod]
+        i = renames.get(pod, restarted.get(labels.get(S.WORKLOAD, ""), 0)) if pod else 0
+        if 0 < i < len(t):
             yield family, labels, np.where(np.arange(len(t)) < i, values, np.nan)
             yield family, {**labels, "pod": renamed_pod(pod)}, np.where(np.arange(len(t)) >= i, values, np.nan)
             continue

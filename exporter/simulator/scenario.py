@@ -18,6 +18,7 @@ Top-level keys::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -360,7 +361,7 @@ def _check_straggler(ctx: _Ctx, key: str, kind: str, params: dict[str, float]) -
 
 _TOP_KEYS = ("name", "description", "seed", "duration", "start", "topology", "workloads", "fill", "faults", "mess")
 _MESS_KEYS = ("node_gaps", "exporter_restarts", "repeat_every", "replicas", "slow_scrapes", "scrape_jitter_ms",
-              "scrape_jobs")
+              "scrape_jobs", "pod_restarts")
 _OVERRIDES = ("duration", "seed", "start", "sites", "racks", "racks_per_site", "nodes_per_rack", "gpus_per_node",
               "model")
 
@@ -417,11 +418,11 @@ def parse_scenario(data: Any, path: str = "<scenario>", **overrides: Any) -> Sce
         fill=_fill(ctx, data.get("fill")),
         faults=tuple(_fault(ctx, f, i) for i, f in enumerate(faults)),
         path=path,
-        mess=_mess(ctx, data.get("mess")),
+        mess=_mess(ctx, data.get("mess"), names),
     )
 
 
-def _mess(ctx: _Ctx, raw: Any) -> dict[str, Any]:
+def _mess(ctx: _Ctx, raw: Any, names: Sequence[str] = ()) -> dict[str, Any]:
     """``mess:`` -> history.Mess keyword arguments, times in seconds after the start::
 
         mess:
@@ -432,6 +433,9 @@ def _mess(ctx: _Ctx, raw: Any) -> dict[str, Any]:
           slow_scrapes: [{host: dc1-r2-n01, every: 4}]                 # scraped at every 4th sample time
           scrape_jitter_ms: 5                                          # each node at its own phase, +-5 ms
           scrape_jobs: [gpu-metrics, dcgm-exporter]                    # every exporter in two scrape jobs
+          pod_restarts: [{job: train-a, at: 1h10m}]                    # the job's pods recreated, new names
+
+    ``names``: the scenario's workloads, which ``pod_restarts`` must name.
     """
     m = ctx.mapping(raw, "mess", _MESS_KEYS)
     out: dict[str, Any] = {}
@@ -448,6 +452,12 @@ def _mess(ctx: _Ctx, raw: Any) -> dict[str, Any]:
         r = ctx.mapping(r, f"mess.slow_scrapes[{i}]", ("host", "every"))
         out.setdefault("slow_scrapes", []).append((ctx.str_(r.get("host"), f"mess.slow_scrapes[{i}].host"),
                                                   ctx.int_(r.get("every"), f"mess.slow_scrapes[{i}].every", 2)))
+    for i, r in enumerate(m.get("pod_restarts") or []):
+        r = ctx.mapping(r, f"mess.pod_restarts[{i}]", ("job", "at"))
+        job = ctx.str_(r.get("job"), f"mess.pod_restarts[{i}].job")
+        if job not in names:
+            raise ctx.err(f"mess.pod_restarts[{i}].job", f"no workload named {job!r}")
+        out.setdefault("workload_restarts", []).append((job, ctx.dur(r.get("at"), f"mess.pod_restarts[{i}].at")))
     if "repeat_every" in m:
         out["repeat_every"] = ctx.int_(m["repeat_every"], "mess.repeat_every", 2)
     if "scrape_jitter_ms" in m:

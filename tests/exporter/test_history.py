@@ -190,6 +190,12 @@ def test_mess_gaps_restarts_renames_repeats_and_replicas():
     assert a1["pod"] == "api-7c9d4b8f5-x2k9q" and a2["pod"] == renamed_pod("api-7c9d4b8f5-x2k9q")
     assert a2["pod"].startswith("api-7c9d4b8f5-") and a2["pod"] != a1["pod"]
     assert np.isnan(v1[7:]).all() and np.isnan(v2[:7]).all() and not np.isnan(v1[[0, 1, 2, 3, 4, 6]]).any()
+    # Every pod of a workload (a Job's restart): named by its workload label, the other series untouched.
+    job = {**alloc, "pod": "train-worker-1", schema.WORKLOAD: "train"}
+    out2 = list(_contract_mess([series[0], (schema.GPU_ALLOCATION_INFO, job, np.ones(10))], times,
+                               Mess(workload_restarts=(("train", 420.0),))))
+    assert [lab.get("pod") for _, lab, _ in out2] == [None, "train-worker-1", renamed_pod("train-worker-1")]
+    assert np.isnan(out2[1][2][7:]).all() and np.isnan(out2[2][2][:7]).all()
     pair = list(_copied(out[:1], Mess(replicas=("r0", "r1"))))
     assert [lab["prometheus_replica"] for _, lab, _ in pair] == ["r0", "r1"]
     buf = io.StringIO()

@@ -80,6 +80,8 @@ BASE = "name: bad\nduration: 1h\ntopology: {nodes_per_rack: 2}\n"
     ("mess: {repeat_every: 1}\n", "mess.repeat_every"),
     ("mess: {slow_scrapes: [{host: n1, every: 1}]}\n", "mess.slow_scrapes[0].every"),
     ("mess: {jitter: 3}\n", "mess.jitter"),
+    ("workloads:\n  - {name: a, kind: training, nodes: 1}\nmess: {pod_restarts: [{job: b, at: 10m}]}\n",
+     "mess.pod_restarts[0].job"),
 ])
 def test_bad_scenarios_name_file_and_key(tmp_path, body, key):
     p = _write(tmp_path, BASE + body)
@@ -223,3 +225,5 @@ def test_mess_section_is_history_mess_keywords():
     assert mess.repeat_every == 7 and mess.replicas == ("prom-a", "prom-b")
     assert mess.slow_scrapes == (("dc1-r1-n01", 2),)
     assert load_scenario("idle-waste").mess == {}
+    # A job's pods recreated under new names: the scenario names the job (its pods' names are generated).
+    assert Mess(**load_scenario("restart-mess").mess).workload_restarts == (("train-h", 4800.0), ("embed-a", 3600.0))
