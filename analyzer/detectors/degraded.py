@@ -108,7 +108,17 @@ FEATURES = (*SOFT, "power_deficit", "cap_deficit")
 LEVEL = (*SOFT, "power_deficit")
 #: The power features: judged from ``power_busy_min`` and, where a GPU always had them, at ``static_floor``.
 POWER = ("power_excess", "power_deficit")
+#: The die temperature feature, whose floors scale with the window's power (``temp_load_min``).
+TEMP = "temp_excess"
 _ACTIVITY = ("busy", "sm_active", "tensor_active", "dram_active")
+#: How far (|own - peers' median| / own power) a GPU's peers may run from its power for ``temp_load_min`` to
+#: lower its floors: the linear fit's curvature between 65 W and its peers' 150-260 W read 6-7 C (multi-fault +6).
+_PEER_POWER_BAND = 1.0 / 3.0
+#: A warning holds in the service's next run while its score stays this high (it becomes one at 2): runs a
+#: minute apart move a score by a few hundredths, and a GPU at 1.97-2.04 for an hour (degraded-gpus +8500,
+#: replayed) outlasted the service's 15-minute severity hold (IdMemory): each crossing resolved the warning's
+#: alert and started an info one.
+_WARN_HOLD = 1.5
 _MAX_FIT = 4000  # windows per model for the regressions (fixed-seed subsample): fit cost is flat in fleet size
 #: The most windows a GPU's carried earlier level weighs (``_remember``): 2 hours, so it follows a GPU's slow drift
 #: while a change of the last 30 minutes moves it by at most a quarter of the shift (it never takes the shifted
@@ -180,6 +190,19 @@ class DegradedGpu:
       fan curve's floor, off the line die = inlet + R x power, and a failing paste or fan shows only with heat
       flowing: an idle chat-service GPU at 65 W, its job peers at 150-260 W, read "11 C hotter than its peers
       at the same power" in serve's 30-minute windows (multi-fault, seed +1001, replayed).
+    - ``temp_load_min`` 0.5: the die temperature floors (``temp_excess_c``, ``temp_shift_c``) are for a GPU at
+      ~60 % of its power limit, where the healthy spread they clear was measured; that spread is one of thermal
+      resistance (~6 % from chip to chip), so it shrinks with the power through the die, as a failing paste's or
+      fan's excess does (R up a third: 13 C at 400 W, ~5 C at 130 W). Per window both floors scale with its power
+      over 60 % of the model's limit (where the limit is not collected, the model's highest window power stands
+      for it), to no less than half (4 C and 3 C: sensor offsets and the fit's residual do not shrink with power),
+      and only where its node and job peers run within a third of its power: against busier peers the residual
+      carries the linear fit's curvature, which does not shrink (an idle 65 W GPU among peers at 150-260 W read
+      6-7 C, multi-fault +6).
+      Before, an A100 inference GPU at ~40 % util (~110 W of 400 W) whose paste dried (R up ~50 %) read 4-6 C over
+      its node peers: found at 0 of 10 seeds at 4 C, at 6 C only at 60 s steps (4 of 6 at 15 s); now 10 of 10 at
+      both, and no healthy GPU is a finding over 20 never-used seeds of all 27 scenarios (+8300..+8319) nor at
+      15 s over 5 seeds of four healthy and inference-heavy ones, both dialects.
     - ``clock_deficit`` 0.10: unthrottled busy GPUs hold max clock within ~2%; 10% lower
       without a thermal reason is power- or clock-capping. Where the max clock is not reported
       (dcgm-exporter's default counters), the highest clock of the model stands in for it
@@ -224,6 +247,7 @@ class DegradedGpu:
     power_busy_min: float = 0.2
     static_floor: float = 1.25
     temp_busy_min: float = 0.1
+    temp_load_min: float = 0.5
     min_peers: int = 3
     min_model_gpus: int = 8
     random_state: int = 0
@@ -414,6 +438,7 @@ class DegradedGpu:
         win.loc[~(win["busy"].to_numpy() >= self.power_busy_min), list(POWER)] = np.nan
         win.loc[win["busy"].to_numpy() < self.temp_busy_min, ["temp_excess", "mem_temp_excess"]] = np.nan
         win.loc[~win["model_ok"].to_numpy(), list(FEATURES)] = np.nan
+        win["temp_floor_scale"] = self._load_scale(win)
         return win, row_win, notes
 
     def _peer_dev(self, win: pd.DataFrame, by: list[str], cols: list[str]) -> pd.DataFrame:
@@ -432,12 +457,14 @@ class DegradedGpu:
         ``own_shifts``), counted while the GPU is also above its peers' median.
         """
         floors = self.floors()
-        scaled = np.column_stack([win[c].to_numpy() / floors[c] for c in SOFT])
+        scale = self._static_scale(win)
+        scale[TEMP] = win["temp_floor_scale"].to_numpy()
+        scaled = np.column_stack([win[c].to_numpy() / (floors[c] * (scale[TEMP] if c == TEMP else 1.0))
+                                  for c in SOFT])
         gate = np.zeros(len(win), bool)
         ref = win["reference"].to_numpy()
         for _, idx in win.groupby("model", sort=True, observed=True).indices.items():
             gate[idx] = self._mcd_gate(scaled[idx], ref[idx])
-        scale = self._static_scale(win)
         level = np.column_stack([win[c].to_numpy() / (floors[c] * scale.get(c, 1.0)) for c in LEVEL])
         soft = np.where(np.isnan(level), -np.inf, level).max(axis=1)
         soft = np.where(np.isnan(level).all(axis=1), np.nan, np.where(gate, np.maximum(soft, 0.0), 0.0))
@@ -445,10 +472,33 @@ class DegradedGpu:
         z = np.fmax(soft, np.maximum(cap, 0.0))
         shifts = self.shift_floors()
         for c, fl in shifts.items():
+            fl = fl * scale[TEMP] if c == TEMP else fl
             sh = win[f"{c}_shift"].to_numpy()
             above = win[c].to_numpy() >= fl / 2.0
             z = np.fmax(z, np.where(above & np.isfinite(sh), np.maximum(sh, 0.0) / fl, np.nan))
         return z
+
+    def _load_scale(self, win: pd.DataFrame) -> np.ndarray:
+        """Per window, what the die temperature floors are multiplied by: its power over 60 % of its model's
+        power limit, within [``temp_load_min``, 1]; the model's highest window power stands in for the limit where
+        the limit is not collected (dcgm-exporter's default counters). Only where its peers (node and job, those
+        known) run at about its power: against peers at other powers its residual carries the linear fit's
+        curvature, which does not shrink with power."""
+        ref = win["reference"].to_numpy()
+        limit = win["peer_limit"].to_numpy(dtype=np.float64, copy=True)
+        power = win["power"].to_numpy(dtype=np.float64)
+        for _, idx in win.groupby("model", sort=False, observed=True).indices.items():
+            own = idx[ref[idx] & np.isfinite(power[idx])]
+            if len(own) and not np.isfinite(limit[idx]).any():
+                limit[idx] = power[own].max()
+        node = self._peer_dev(win, ["hostname", "model", "window"], ["power"])["power"].to_numpy()
+        job = self._peer_dev(win[win["job_code"] >= 0], ["job_code", "model", "window"],
+                             ["power"]).reindex(win.index)["power"].to_numpy()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            load = power / (0.6 * limit)
+            apart = np.abs(np.column_stack([node, job])) / power[:, None]  # |own - peers' median| / own
+        matched = (np.isfinite(apart).any(axis=1)) & ~(apart > _PEER_POWER_BAND).any(axis=1)
+        return np.where(matched & np.isfinite(load), np.clip(load, self.temp_load_min, 1.0), 1.0)
 
     def _static_scale(self, win: pd.DataFrame) -> dict[str, np.ndarray]:
         """Per power feature and window, what its floor is multiplied by: ``static_floor`` where the GPU's own
@@ -653,6 +703,7 @@ class DegradedGpu:
         gi, w, G, _ = _grid(win)
         names = _names(win, gi, G)
         cusum, level = self._carried(names, fleet, memory)
+        warned = set(memory.pop("warned", ())) if memory is not None else set()
         kept = self.own_shifts(win, self._prior(level))
         z = self.score_windows(win)
         s0 = cusum["s"].fillna(0.0).to_numpy(np.float64) if cusum is not None else np.zeros(G)
@@ -677,13 +728,16 @@ class DegradedGpu:
             return []
         rowvals = {c: np.where(row_win >= 0, win[c].to_numpy()[np.maximum(row_win, 0)], np.nan)
                    for c in (*FEATURES, *(f"{c}_shift" for c in self.shift_floors()), "power_limit", "peer_limit",
-                             "power_capped", "power", "temp")}
+                             "power_capped", "power", "temp", "temp_floor_scale")}
         means = {c: eps.mean(v) for c, v in rowvals.items()}
         zrow = np.where(row_win >= 0, z[np.maximum(row_win, 0)], np.nan)
         zmean = eps.mean(zrow)
-        floors, shifts = self.floors(), self.shift_floors()
         out = []
         for i, ep in enumerate(eps.table.itertuples(index=False)):
+            floors, shifts = self.floors(), self.shift_floors()  # the temperature's as this episode's load set it
+            load = means["temp_floor_scale"][i] if np.isfinite(means["temp_floor_scale"][i]) else 1.0
+            floors[TEMP] *= load
+            shifts[TEMP] *= load
             began = since.get(ep.uuid, np.nan) if float(ep.start) < fleet.start + self.window_s else np.nan
             before = max(float(ep.start) - began, 0.0) if np.isfinite(began) else 0.0
             ep = begun_earlier(ep, before)
@@ -704,7 +758,8 @@ class DegradedGpu:
                 floors={c: floors[c] for c in off},
             )
             score = float(np.clip(zmean[i] / 4.0, 0.0, 1.0)) if np.isfinite(zmean[i]) else 0.5
-            sev = "warning" if ("cap_deficit" in off or zmean[i] >= 2.0) else "info"
+            warn = _WARN_HOLD if ep.uuid in warned else 2.0
+            sev = "warning" if ("cap_deficit" in off or zmean[i] >= warn) else "info"
             out.append(Finding(
                 kind=self.kind, severity=sev, summary=self._summary(ep, off, means, i),
                 start=float(ep.start), end=None if ep.open else float(ep.end), score=score,
@@ -712,6 +767,8 @@ class DegradedGpu:
                 job=ep.job, namespace=ep.namespace, pod=ep.pod, rack=ep.rack or None,
                 confidence="high" if len(ev["unknown"]) <= 1 else "low", evidence=ev,
             ))
+        if memory is not None:
+            memory["warned"] = sorted({f.uuid for f in out if f.severity == "warning" and f.uuid})
         return out
 
     @staticmethod

@@ -395,6 +395,54 @@ def test_a_difference_a_gpu_always_had_must_pass_a_higher_floor_than_a_change() 
     assert where(degraded(synthetic_fleet(seed=5, tweaks={13: (0, more_power(0.3))}))) == {("n1", 5)}
 
 
+def _lighter(d: dict[str, np.ndarray], s: slice) -> None:
+    """An inference replica at a quarter of its job's dynamic power (~170 W of 700): its die cools with it."""
+    before = d["power"][s].copy()
+    _light(d, s)
+    d["power"][s] = 66 + (before - 66) * 0.3
+    d["temp"][s] -= 0.088 * (before - d["power"][s])
+    d["mem_temp"][s] -= 0.6 * 0.088 * (before - d["power"][s])
+
+
+def resistance_up(fraction: float) -> Tweak:
+    """Dried paste or a weak fan: the die's thermal resistance up by ``fraction``, so its excess grows with power."""
+    def fn(d: dict[str, np.ndarray], s: slice) -> None:
+        d["temp"][s] += 0.088 * fraction * d["power"][s]
+        d["mem_temp"][s] += 0.6 * 0.088 * fraction * d["power"][s]
+    return fn
+
+
+def test_a_lightly_loaded_gpu_whose_paste_dried_is_found_under_the_busy_floor() -> None:
+    """``temp_load_min``: at ~170 W thermal resistance up 40 % reads ~6 C, under the 8 C a busy GPU needs; the
+    floors scale with the power through the die (to half, 4 C), as the healthy spread they clear does."""
+    tweaks = {i: (0, _lighter) for i in range(16, 24)}
+    tweaks[19] = (0, _then(_lighter, resistance_up(0.4), 40))
+    [f] = degraded(synthetic_fleet(seed=4, tweaks=tweaks))
+    assert (f.hostname, f.gpu) == ("n2", 3) and "temp_excess" in f.evidence["features_off"]
+    assert f.evidence["floors"]["temp_excess"] == pytest.approx(4.0)  # the floor that load set, as said
+    assert degraded(synthetic_fleet(seed=4, tweaks=tweaks), temp_load_min=1.0) == []  # the busy floor: missed
+    # The same rise on a busy GPU is 15 C, found either way; 2.5 C at light load is under half the floor.
+    assert where(degraded(synthetic_fleet(seed=4, tweaks={19: (40, resistance_up(0.4))}))) == {("n2", 3)}
+    tweaks[19] = (0, _then(_lighter, hotter(2.5), 40))
+    assert degraded(synthetic_fleet(seed=4, tweaks=tweaks)) == []
+
+
+def test_a_warning_holds_while_its_score_stays_near_the_line() -> None:
+    """``_WARN_HOLD``: a service's run gives a warning at score 2 and keeps it on the same GPU down to 1.5, so a
+    score hovering at 2 from run to run does not resolve and re-fire its alert; lower, or without the run
+    before (a whole history), the score alone decides."""
+    def run(celsius: float, memory: dict) -> list[tuple[str, str]]:
+        found = DegradedGpu().detect(synthetic_fleet(seed=3, tweaks={13: (0, hotter(celsius))}), memory)
+        return [(f.uuid, f.severity) for f in found]
+
+    memory: dict = {}
+    assert run(16.0, memory) == [("GPU-n1-5", "warning")]  # score ~2.2
+    assert run(13.0, memory) == [("GPU-n1-5", "warning")]  # ~1.7: held
+    assert run(13.0, {}) == [("GPU-n1-5", "info")]
+    assert run(10.0, memory) == [("GPU-n1-5", "info")]  # ~1.3: dropped
+    assert run(13.0, memory) == [("GPU-n1-5", "info")] and memory["warned"] == []
+
+
 def test_power_deficit_while_held_at_its_own_limit_is_not_a_deficit() -> None:
     def at_own_cap(d: dict[str, np.ndarray], s: slice) -> None:  # capped at the peers' limit: policy, not a fault
         more_power(-0.25)(d, s)
