@@ -416,9 +416,9 @@ class DegradedGpu:
         for c in ("temp_res", "mem_res", "pow_res", "clk_res", "peer_limit"):
             if c not in win.columns:
                 win[c] = np.nan
-        node = self._peer_dev(win, ["hostname", "model", "window"], ["temp_res", "mem_res"])
+        node = self._peer_dev(win, ["hostname", "model", "window"], ["temp_res", "mem_res", "power"])
         job = self._peer_dev(win[win["job_code"] >= 0], ["job_code", "model", "window"],
-                             ["temp_res", "mem_res", "pow_res", "clk_res"]).reindex(win.index)
+                             ["temp_res", "mem_res", "pow_res", "clk_res", "power"]).reindex(win.index)
         win["temp_excess"] = np.fmin(node["temp_res"], job["temp_res"])
         win["mem_temp_excess"] = np.fmin(node["mem_res"], job["mem_res"])
         # A GPU's own temperature history is judged against its node (same inlet air): job peers in a
@@ -438,7 +438,7 @@ class DegradedGpu:
         win.loc[~(win["busy"].to_numpy() >= self.power_busy_min), list(POWER)] = np.nan
         win.loc[win["busy"].to_numpy() < self.temp_busy_min, ["temp_excess", "mem_temp_excess"]] = np.nan
         win.loc[~win["model_ok"].to_numpy(), list(FEATURES)] = np.nan
-        win["temp_floor_scale"] = self._load_scale(win)
+        win["temp_floor_scale"] = self._load_scale(win, node["power"].to_numpy(), job["power"].to_numpy())
         return win, row_win, notes
 
     def _peer_dev(self, win: pd.DataFrame, by: list[str], cols: list[str]) -> pd.DataFrame:
@@ -457,14 +457,13 @@ class DegradedGpu:
         ``own_shifts``), counted while the GPU is also above its peers' median.
         """
         floors = self.floors()
-        scale = self._static_scale(win)
-        scale[TEMP] = win["temp_floor_scale"].to_numpy()
-        scaled = np.column_stack([win[c].to_numpy() / (floors[c] * (scale[TEMP] if c == TEMP else 1.0))
-                                  for c in SOFT])
+        load = {TEMP: win["temp_floor_scale"].to_numpy()}
+        scaled = np.column_stack([win[c].to_numpy() / (floors[c] * load.get(c, 1.0)) for c in SOFT])
         gate = np.zeros(len(win), bool)
         ref = win["reference"].to_numpy()
         for _, idx in win.groupby("model", sort=True, observed=True).indices.items():
             gate[idx] = self._mcd_gate(scaled[idx], ref[idx])
+        scale = {**self._static_scale(win), **load}
         level = np.column_stack([win[c].to_numpy() / (floors[c] * scale.get(c, 1.0)) for c in LEVEL])
         soft = np.where(np.isnan(level), -np.inf, level).max(axis=1)
         soft = np.where(np.isnan(level).all(axis=1), np.nan, np.where(gate, np.maximum(soft, 0.0), 0.0))
@@ -472,18 +471,18 @@ class DegradedGpu:
         z = np.fmax(soft, np.maximum(cap, 0.0))
         shifts = self.shift_floors()
         for c, fl in shifts.items():
-            fl = fl * scale[TEMP] if c == TEMP else fl
+            fl = fl * load.get(c, 1.0)
             sh = win[f"{c}_shift"].to_numpy()
             above = win[c].to_numpy() >= fl / 2.0
             z = np.fmax(z, np.where(above & np.isfinite(sh), np.maximum(sh, 0.0) / fl, np.nan))
         return z
 
-    def _load_scale(self, win: pd.DataFrame) -> np.ndarray:
+    def _load_scale(self, win: pd.DataFrame, node: np.ndarray, job: np.ndarray) -> np.ndarray:
         """Per window, what the die temperature floors are multiplied by: its power over 60 % of its model's
         power limit, within [``temp_load_min``, 1]; the model's highest window power stands in for the limit where
-        the limit is not collected (dcgm-exporter's default counters). Only where its peers (node and job, those
-        known) run at about its power: against peers at other powers its residual carries the linear fit's
-        curvature, which does not shrink with power."""
+        the limit is not collected (dcgm-exporter's default counters). Only where its peers (``node``, ``job``: its
+        power minus theirs, NaN where unknown) run at about its power: against peers at other powers its residual
+        carries the linear fit's curvature, which does not shrink with power."""
         ref = win["reference"].to_numpy()
         limit = win["peer_limit"].to_numpy(dtype=np.float64, copy=True)
         power = win["power"].to_numpy(dtype=np.float64)
@@ -491,9 +490,6 @@ class DegradedGpu:
             own = idx[ref[idx] & np.isfinite(power[idx])]
             if len(own) and not np.isfinite(limit[idx]).any():
                 limit[idx] = power[own].max()
-        node = self._peer_dev(win, ["hostname", "model", "window"], ["power"])["power"].to_numpy()
-        job = self._peer_dev(win[win["job_code"] >= 0], ["job_code", "model", "window"],
-                             ["power"]).reindex(win.index)["power"].to_numpy()
         with np.errstate(invalid="ignore", divide="ignore"):
             load = power / (0.6 * limit)
             apart = np.abs(np.column_stack([node, job])) / power[:, None]  # |own - peers' median| / own
@@ -732,12 +728,13 @@ class DegradedGpu:
         means = {c: eps.mean(v) for c, v in rowvals.items()}
         zrow = np.where(row_win >= 0, z[np.maximum(row_win, 0)], np.nan)
         zmean = eps.mean(zrow)
+        load = np.nan_to_num(means["temp_floor_scale"], nan=1.0)
+        base, base_shifts = self.floors(), self.shift_floors()
         out = []
         for i, ep in enumerate(eps.table.itertuples(index=False)):
-            floors, shifts = self.floors(), self.shift_floors()  # the temperature's as this episode's load set it
-            load = means["temp_floor_scale"][i] if np.isfinite(means["temp_floor_scale"][i]) else 1.0
-            floors[TEMP] *= load
-            shifts[TEMP] *= load
+            # the temperature's floors as this episode's load set them
+            floors = {**base, TEMP: base[TEMP] * load[i]}
+            shifts = {**base_shifts, TEMP: base_shifts[TEMP] * load[i]}
             began = since.get(ep.uuid, np.nan) if float(ep.start) < fleet.start + self.window_s else np.nan
             before = max(float(ep.start) - began, 0.0) if np.isfinite(began) else 0.0
             ep = begun_earlier(ep, before)
