@@ -500,8 +500,9 @@ def test_memory_traffic_tells_a_first_spell_whose_kernel_mix_hides_it() -> None:
     """Where SM activity is not collected (dcgm-exporter's default counters) the change CUSUM reads tensor and
     DRAM activity averaged (first CUSUM out of the way): a member 11 % slow from more work per step (data
     imbalance), its kernel mix 3 % low through its first 4-minute spell (tensor activity per unit of work down,
-    memory traffic not), the data cut at the spell's end: with DRAM activity it is suspected at 7 of 8 seeds,
-    from tensor activity alone at 5. A member moving 11 % more memory in its own way while its gang
+    memory traffic not), the data cut at the spell's end: with DRAM activity it is suspected at 8 of 8 seeds,
+    from tensor activity alone at 6 (7 and 5 before a spell's first minute counted from its second). A member
+    moving 11 % more memory in its own way while its gang
     does not slow, and a healthy gang, raise nothing."""
     def first_spell(seed: int, dram: bool) -> Fleet:
         fl = gang_fleet(hosts=2, gpus=8, steps=24, slow={(1, 5): 1 / 1.11}, window=(20, 90), same_clock=True,
@@ -511,7 +512,7 @@ def test_memory_traffic_tells_a_first_spell_whose_kernel_mix_hides_it() -> None:
 
     found = {dram: sum(bool(stragglers(first_spell(seed, dram), cusum_h=10.0)) for seed in range(8))
              for dram in (True, False)}
-    assert found == {True: 7, False: 5}
+    assert found == {True: 8, False: 6}
     (early,) = stragglers(first_spell(0, True), cusum_h=10.0)
     assert (early.hostname, early.gpu, early.severity) == ("n02", 5, "info") and early.evidence["suspected"] is True
     for seed in range(4):
@@ -687,13 +688,17 @@ def test_a_member_scraped_less_often_is_compared_only_where_it_has_a_sample():
 
 
 @pytest.mark.parametrize("name, offset, job, minutes", [("straggler-intermittent", 2, "flaky-10", 4),
-                                                        ("straggler-silent", 6, "quiet-12", 6)])
+                                                        ("straggler-silent", 6, "quiet-12", 4),
+                                                        ("quiet-mess", 3, "big-32", 3)])
 def test_quiet_members_are_suspected_in_their_first_minutes(name: str, offset: int, job: str, minutes: int) -> None:
     """The change CUSUM as serve sees it (the last 30 minutes): flaky-10's 10 % member, on a chip ~2 % slower than
     its peers' median, suspected 4 minutes into its first 4-minute spell (its lead over the midpoint of its
     peers' level and its own: over each, it peaked at 0.10 and waited 18 minutes for its second spell);
-    quiet-12's lasting 12 % member 6 minutes in (a 10-minute baseline forgets the gang's fall after 5: 11
-    minutes)."""
+    quiet-12's lasting 12 % member 4 minutes in (6 before a first minute counted from the next; 11 with a 10-minute
+    baseline, which forgets the gang's fall after 5, before that); big-32's 15 % member of 32, at a drift low
+    (~5 % under its peers) when its first 3-minute spell
+    begins, 3 minutes in: that spell's first minute counts from its second, where some healthy member's noise peak
+    still led it (its second spell falls in its node's scrape gap: 27 minutes late before)."""
     from analyzer.analysis.evaluate import matches, named_scenario_fleet
 
     cluster, fleet = named_scenario_fleet(name, "truegpu", 60.0, seed_offset=offset)
@@ -701,8 +706,6 @@ def test_quiet_members_are_suspected_in_their_first_minutes(name: str, offset: i
     now = math.floor((t["start"] + minutes * 60) / STEP) * STEP
     found = [f for f in stragglers(_cut(fleet, now)) if matches(f, t, now)]
     assert [(f.evidence["suspected"], f.severity) for f in found] == [(True, "info")]
-    if name == "straggler-silent":
-        assert not any(matches(f, t, now) for f in stragglers(_cut(fleet, now), change_baseline_s=600.0))
 
 
 def test_the_peers_of_a_throttled_straggler_are_not_suspected_when_its_samples_are_held() -> None:
