@@ -58,7 +58,7 @@ counts when its robust Mahalanobis distance exceeds the chi^2 ``outlier_quantile
 a feature's excess passes its practical floor (statistically and practically off).
 
 A GPU's own behaviour: a GPU that always ran 4 C cool and now runs 7 C hot is under the
-peer floor but 11 C hotter than itself. Per GPU and feature (temperatures, power) the best
+peer floor but 11 C hotter than itself. Per GPU and feature (temperatures, power, clock) the best
 single change point of its window series (max standardized mean shift, with
 ``baseline_windows`` before it) gives its own earlier level; windows after it count as off
 when they rise ``*_shift`` over that level while above half the floor vs peers. Temperatures
@@ -136,7 +136,8 @@ _BASELINE_WINDOWS = 12.0
 #: under its own level) was withdrawn for 73 minutes (replayed, seed +1); at 0.25 every finding of 4 other seeds
 #: (+8002..+8005) of the six scenarios with inference services or degraded GPUs replays the same as at 0.1.
 _LOAD = {"temp_excess": ("power", 0.2, 0.0), "mem_temp_excess": ("power", 0.2, 0.0),
-         "power_excess": ("busy", 0.0, 0.25), "power_deficit": ("busy", 0.0, 0.25)}
+         "power_excess": ("busy", 0.0, 0.25), "power_deficit": ("busy", 0.0, 0.25),
+         "clock_deficit": ("busy", 0.0, 0.25)}
 _MAX_MCD = 500  # windows per model for MinCovDet: below 500 FastMCD needs no subset merging (~0.1 s, not 4 s)
 _IRLS_ITER = 8
 
@@ -207,6 +208,12 @@ class DegradedGpu:
       without a thermal reason is power- or clock-capping. Where the max clock is not reported
       (dcgm-exporter's default counters), the highest clock of the model stands in for it
       (``analyzer.detectors.clock_max``): with no power limit either, the clock is what shows a cap.
+    - ``clock_shift`` 0.05: a busy GPU's clock relative to its peers is its chip's (binning, leakage under a
+      cap) and holds within ~1 % window to window; 5 % below its own earlier level at the same load is a limit
+      or application clock changed under it. With dcgm-exporter's default counters (no limit, no clock-event
+      reasons) a limit lowered to about what the GPU drew shows only so: restart-mess's A100 capped at ~228 W
+      of 400 W, drawing ~210 W like its peers, clocks 7 % under them, under ``clock_deficit``: found at 7 of 10
+      seeds before (the other three a lower cap's larger deficit), 10 of 10 with the shift.
     - ``cap_deficit`` 0.10: power limits are configuration, identical across a model;
       10% below the model median (H100: <= 630 W of 700) is a deliberate or accidental -pl.
     - ``outlier_quantile`` 0.999: chi^2 gate on the MCD distance: 1 healthy window in 1000
@@ -237,6 +244,7 @@ class DegradedGpu:
     power_shift: float = 0.12
     baseline_windows: int = 2
     clock_deficit: float = 0.10
+    clock_shift: float = 0.05
     cap_deficit: float = 0.10
     outlier_quantile: float = 0.999
     cusum_k: float = 0.5
@@ -511,7 +519,8 @@ class DegradedGpu:
 
     def shift_floors(self) -> dict[str, float]:
         return {"temp_excess": self.temp_shift_c, "mem_temp_excess": self.mem_temp_shift_c,
-                "power_excess": self.power_shift, "power_deficit": self.power_shift}
+                "power_excess": self.power_shift, "power_deficit": self.power_shift,
+                "clock_deficit": self.clock_shift}
 
     def own_shifts(self, win: pd.DataFrame, prior: dict[str, tuple[np.ndarray, ...]] | None = None
                    ) -> dict[str, np.ndarray]:
@@ -806,7 +815,8 @@ class DegradedGpu:
                          f"{peer:.0f} W")
             actions.append("restore the limit (nvidia-smi -pl) and find who changed it")
         elif slow:
-            parts.append(f"clocks {means['clock_deficit'][i]:.0%} below its peers while busy")
+            parts.append(f"clocks {means['clock_deficit'][i]:.0%} below its peers while busy"
+                         + _since(means["clock_deficit_shift"][i], "%", "below"))
             if "power_deficit" not in off:  # else its action already says to compare limits and clocks
                 actions.append("check power limit and application clocks")
         what = "; ".join(parts) or "behaves unlike its peers"
@@ -814,11 +824,12 @@ class DegradedGpu:
 
 
 def _since(shift: float, unit: str, word: str = "over") -> str:
-    """`` (+10 C over its own earlier level)`` when a change point was found, else "" (``word``: over/below)."""
+    """`` (+10 C over its own earlier level)`` when a change point was found and the shift shows at the summary's
+    precision, else "" (``word``: over/below): "0 C over its own earlier level" says nothing."""
     if not np.isfinite(shift) or shift <= 0:
         return ""
     amount = f"{shift:.0f} C" if unit == "C" else f"{shift:.0%}"
-    return f" ({amount} {word} its own earlier level)"
+    return "" if amount in ("0 C", "0%") else f" ({amount} {word} its own earlier level)"
 
 
 def _rising_lstsq(A: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ import pytest
 
 from analyzer.data.frame import Fleet
 from analyzer.detectors import make_detector, run_detectors
-from analyzer.detectors.degraded import DegradedGpu
+from analyzer.detectors.degraded import DegradedGpu, _since
 from analyzer.findings import DEGRADED_GPU, Finding
 from tests.fleets import STEP, T0, timeline
 
@@ -181,6 +181,33 @@ def test_a_capped_gpu_shows_its_clock_deficit_without_a_max_clock_or_limit() -> 
     assert f.evidence["clock_deficit"] == pytest.approx(0.25, abs=0.03)
     assert "clocks 25% below its peers while busy" in f.summary and "check power limit" in f.summary
     assert degraded(synthetic_fleet(drop=DEFAULT_COUNTERS_LACK)) == []
+
+
+def slower_clock(ratio: float) -> Tweak:
+    def fn(d: dict[str, np.ndarray], s: slice) -> None:
+        d["sm_clock"][s] *= 1.0 - ratio
+    return fn
+
+
+def test_a_clock_that_falls_below_its_own_level_is_found_under_the_peer_floor() -> None:
+    """A limit lowered to about what the GPU draws (restart-mess's A100 at ~228 W of 400, drawing ~210 W like its
+    peers) shows with the default counters only as a clock ~7 % under its peers: under the 10 % level floor, but
+    7 % below the GPU's own level before. A GPU that always clocked 7 % lower is a chip's trait, not a finding."""
+    fleet = synthetic_fleet(tweaks={20: (40, slower_clock(0.07))}, drop=DEFAULT_COUNTERS_LACK)
+    (f,) = degraded(fleet)
+    assert (f.hostname, f.gpu) == ("n2", 4) and f.evidence["features_off"] == ["clock_deficit"]
+    assert f.evidence["clock_deficit"] < 0.10
+    assert f.evidence["clock_deficit_shift"] == pytest.approx(0.07, abs=0.015)
+    assert "(7% below its own earlier level)" in f.summary
+    assert abs(f.start - (T0 + 40 * STEP)) <= 600
+    assert degraded(fleet, clock_shift=0.10) == []
+    assert degraded(synthetic_fleet(tweaks={20: (0, slower_clock(0.07))}, drop=DEFAULT_COUNTERS_LACK)) == []
+
+
+def test_a_shift_that_rounds_to_nothing_is_not_told() -> None:
+    """healthy-fleet +9906: a GPU 8 C over its peers, 0.3 C over itself, read "(0 C over its own earlier level)"."""
+    assert _since(0.3, "C") == "" and _since(0.004, "%", "below") == ""
+    assert _since(6.4, "C") == " (6 C over its own earlier level)"
 
 
 def test_a_whole_memory_bound_job_is_a_workload_not_a_degraded_gpu() -> None:
