@@ -614,12 +614,18 @@ class Straggler:
                  "enable DCGM_FI_PROF_SM_ACTIVE")
         if not fleet.has("sm_active") and blind not in fleet.notes:
             fleet.notes.append(blind)
-        U, TEN, SM = pg.matrix(gpu_busy(fleet)), pg.matrix("tensor_active"), pg.matrix("sm_active")
+        # Activity is compared at one instant, so a held sample (a device scraped less often than the step,
+        # repeating a value of minutes ago) is unknown there: a node scraped every 4 minutes still showing its
+        # gang's start-up made the other node of a 2-node job "37 % ahead" (healthy-heterogeneous, dcgm's default
+        # counters, serve's replay: a false warning).
+        held = pg.held()
+        U = pg.matrix(gpu_busy(fleet))
+        TEN, SM = (np.where(held, np.nan, pg.matrix(s)) for s in ("tensor_active", "sm_active"))
         CLK, CLKMAX, NVL = pg.matrix("sm_clock"), pg.matrix(clock_max(fleet)), pg.matrix("nvlink_bps")
         steps = max(1, round(self.window_s / fleet.step))
         TEMP = pg.matrix("temp")
         gpu = self._cells(U, TEN, SM, CLK, CLKMAX, NVL, TEMP, pg.reference, steps, pg.blocks,
-                          fleet.step, pg.held(),
+                          fleet.step, held,
                           pg.matrix("dram_active") if fleet.has("dram_active") else None)
         gpu_cond = self._tristate(gpu, steps)
 
