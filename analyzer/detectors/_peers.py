@@ -23,6 +23,7 @@ huge z-score.
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from collections.abc import Sequence
@@ -91,11 +92,16 @@ class PeerGroups:
         out[self.slot_of_row[sel], self.ti[sel]] = v[sel]
         return out
 
+    @functools.cached_property
     def held(self) -> np.ndarray:
         """(slots, T) True where the value repeats the device's last sample (analyzer.data.coverage.HELD): a
         device scraped less often than the step. Levels may use it; a change against peers at one instant may
         not (a value of minutes ago reads as a lead its peers lost)."""
         return self.matrix(held_rows(self.fleet.frame)) > 0
+
+    def fresh(self, values: np.ndarray | str) -> np.ndarray:
+        """``matrix`` with the held cells unknown: for a change against peers at one instant (see ``held``)."""
+        return np.where(self.held, np.nan, self.matrix(values))
 
     def to_rows(self, m: np.ndarray, fill: float = np.nan) -> np.ndarray:
         """A (slots, T) matrix back onto the frame's rows (``fill`` outside any group)."""

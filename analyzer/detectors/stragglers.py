@@ -615,18 +615,16 @@ class Straggler:
         if not fleet.has("sm_active") and blind not in fleet.notes:
             fleet.notes.append(blind)
         # Activity is compared at one instant, so a held sample (a device scraped less often than the step,
-        # repeating a value of minutes ago) is unknown there: a node scraped every 4 minutes still showing its
-        # gang's start-up made the other node of a 2-node job "37 % ahead" (healthy-heterogeneous, dcgm's default
-        # counters, serve's replay: a false warning).
-        held = pg.held()
-        U = pg.matrix(gpu_busy(fleet))
-        TEN, SM = (np.where(held, np.nan, pg.matrix(s)) for s in ("tensor_active", "sm_active"))
+        # repeating a value of minutes ago) is unknown there (``PeerGroups.fresh``): a node scraped every 4 minutes
+        # still showing its gang's start-up made the other node of a 2-node job "37 % ahead" (healthy-heterogeneous,
+        # dcgm's default counters, serve's replay: a false warning).
+        U, TEN, SM = pg.matrix(gpu_busy(fleet)), pg.fresh("tensor_active"), pg.fresh("sm_active")
         CLK, CLKMAX, NVL = pg.matrix("sm_clock"), pg.matrix(clock_max(fleet)), pg.matrix("nvlink_bps")
         steps = max(1, round(self.window_s / fleet.step))
         TEMP = pg.matrix("temp")
         gpu = self._cells(U, TEN, SM, CLK, CLKMAX, NVL, TEMP, pg.reference, steps, pg.blocks,
-                          fleet.step, held,
-                          pg.matrix("dram_active") if fleet.has("dram_active") else None)
+                          fleet.step, pg.held,
+                          pg.fresh("dram_active") if fleet.has("dram_active") else None)
         gpu_cond = self._tristate(gpu, steps)
 
         # Node level: host medians of each group against the group's other hosts.
