@@ -279,8 +279,9 @@ def compute_scores(fleet: Fleet, *, window: float = 300.0) -> Scores:
             f"{why}: effective utilization is estimated as {FALLBACK_SM_PER_UTIL} x busy time (GPU util; "
             "GR engine activity on MIG instances) with low confidence; idle masking cannot be measured without it"
         )
-    if not (fleet.has("sm_clock") and fleet.has("sm_clock_max")):
-        notes.append("SM clocks unknown: throttling cannot be counted as lost capacity")
+    unclocked = [n for n, c in (("the SM clock", "sm_clock"), ("the max SM clock", "sm_clock_max")) if not fleet.has(c)]
+    if unclocked:  # say which: dcgm-exporter's default counters carry the SM clock but not its max
+        notes.append(f"{' and '.join(unclocked)} not collected: throttling cannot be counted as lost capacity")
     return Scores(
         rows=rows, levels=levels, allocated=allocated,
         bottlenecks={

@@ -38,6 +38,20 @@ def busy_gpu(**kw) -> dict:
     return d
 
 
+def test_the_clock_note_names_what_is_not_collected():
+    """dcgm-exporter's default counters carry the SM clock but not its max: the note says the max is missing."""
+    def note(**kw) -> list[str]:
+        gpu = busy_gpu(**kw)
+        for k in [k for k, v in gpu.items() if v is None]:
+            del gpu[k]
+        return [n for n in compute_scores(make_fleet([gpu])).notes if "throttling" in n]
+
+    assert note() == []
+    assert note(sm_clock_max=None) == ["the max SM clock not collected: throttling cannot be counted as lost capacity"]
+    assert note(sm_clock=None, sm_clock_max=None) == [
+        "the SM clock and the max SM clock not collected: throttling cannot be counted as lost capacity"]
+
+
 # Row formulas ----------------------------------------------------------------------------------
 
 
