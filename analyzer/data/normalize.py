@@ -168,6 +168,9 @@ def _report_notes(report: IngestReport | None) -> list[str]:
             f"{sum(report.out_of_range.values())} values outside the metric contract's valid range (or infinite) "
             f"dropped as unknown: {parts}"
         )
+    if report.nans:
+        parts = ", ".join(f"{name} ({n})" for name, n in sorted(report.nans.items()))
+        notes.append(f"{sum(report.nans.values())} samples whose value was NaN taken as unknown: {parts}")
     if report.conflicts:
         parts = ", ".join(f"{name} ({n})" for name, n in sorted(report.conflicts.items()))
         notes.append(

@@ -59,6 +59,8 @@ class IngestReport:
     sentinels: dict[str, int] = field(default_factory=dict)
     #: metric name -> values outside the contract's valid range (or +-Inf) turned into NaN.
     out_of_range: dict[str, int] = field(default_factory=dict)
+    #: metric name -> samples whose value was NaN as given (unknown, like a missing sample).
+    nans: dict[str, int] = field(default_factory=dict)
     #: metric name -> (series, time) pairs given more than once with different values (averaged).
     conflicts: dict[str, int] = field(default_factory=dict)
     #: The first conflict, as "metric{labels} at T: v1 vs v2", for the note.
@@ -101,6 +103,7 @@ class IngestReport:
         room = max(self.max_examples - len(self.bad_lines), 0)
         self.bad_lines += [replace(b, line_number=b.line_number + line_offset) for b in other.bad_lines[:room]]
         for mine, theirs in ((self.sentinels, other.sentinels), (self.out_of_range, other.out_of_range),
+                             (self.nans, other.nans),
                              (self.conflicts, other.conflicts), (self.duplicates, other.duplicates)):
             for k, v in theirs.items():
                 mine[k] = mine.get(k, 0) + v
@@ -131,6 +134,8 @@ class IngestReport:
             parts.append(f"{self.sentinel_count} DCGM sentinel values -> NaN")
         if self.out_of_range:
             parts.append(f"{sum(self.out_of_range.values())} out-of-range values -> NaN")
+        if self.nans:
+            parts.append(f"{sum(self.nans.values())} NaN values")
         if self.conflicts:
             parts.append(f"{sum(self.conflicts.values())} conflicting duplicate samples")
         if self.duplicates:
@@ -461,12 +466,13 @@ class FrameBuilder:
         return self._space.names[self._space.group.array[sid]]
 
     def add(self, sids: np.ndarray, timestamps: np.ndarray, values: np.ndarray) -> None:
-        """Append samples (arrays of equal length). DCGM sentinels, then values outside the
-        contract's valid range (+-Inf included), become NaN (unknown) and are counted."""
+        """Append samples (arrays of equal length). NaN values as given are counted; DCGM sentinels, then
+        values outside the contract's valid range (+-Inf included), become NaN (unknown) and are counted."""
         if not len(sids):
             return
         values = np.array(values, dtype=np.float64)  # a copy: masked values are overwritten
         if self.sentinels:
+            self._drop(values, sids, np.isnan(values), self.report.nans)
             group = self._space.group.array[sids]
             self._drop(values, sids, sentinel_mask(values) & self._space.dcgm[group], self.report.sentinels)
             lo, hi = self._space.range[:, group]

@@ -92,3 +92,18 @@ def test_conflicting_duplicates_are_reported_not_silently_merged(tmp_path) -> No
     fleet = load_files(path)
     note = next(n for n in fleet.notes if "conflicting duplicate" in n)
     assert "1 conflicting duplicate samples" in note and "0.5 vs 0.9" in note and 'uuid="G0"' in note
+
+
+def test_nan_samples_are_unknown_and_named_in_the_notes(tmp_path, capsys, cluster) -> None:
+    """A NaN value (an exporter's division by zero, a tool that writes NaN for "no reading") is a sample the user
+    gave us: taken as unknown like a missing one, and said so, never silently."""
+    path = tmp_path / "nan.om"
+    write_history(path, cluster, cluster.start, cluster.start + 1800, STEP)
+    temps = _corrupt(path, {S.TEMPERATURE.name: ["NaN"]})
+    powers = (_corrupt(path, {S.POWER.name: ["NaN", "250"]}) + 1) // 2  # every other one NaN, from the first
+    assert temps > 0 and powers > 0
+    out = _analyze(capsys, path)
+    note = next(n for n in out["summary"]["input_notes"] if "NaN" in n)
+    assert note == (f"{temps + powers} samples whose value was NaN taken as unknown: "
+                    f"{S.POWER.name} ({powers}), {S.TEMPERATURE.name} ({temps})")
+    assert out["summary"]["effective_util"] is not None
