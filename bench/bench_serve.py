@@ -21,12 +21,14 @@ ticks, analyzer.data.shard.KeptReads), prefixed ``serve_shard_`` and ``serve_sha
 ``serve_shard_gpus`` (the GPUs it owns) and ``serve_shard_full_loads`` (its reads' whole-window loads).
 
     .venv/bin/python bench/bench_serve.py [--gpus 256,1000] [--ticks 100] [--full-ticks 100] [--shard I/N]
+                                          [--baseline DIR]
 
 The fleet is healthy-fleet rescaled to 8-GPU nodes (256 is the nearest to 250) scraped every
 ``--scrape`` s; the service analyzes the default 30-minute window at a 60 s step every 60 s. The
 history (window + ticks) is written and backfilled in 10-minute pieces, so ``--gpus 10000`` fits
 on disk. Each mode runs in its own child process (its RSS is its own). Other work on the machine
-makes the seconds noisy: compare the two modes of one run.
+makes the seconds noisy: compare the two modes of one run, or with ``--baseline DIR`` another checkout's
+ticks on the same Prometheus (lines prefixed ``baseline_``).
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def measure(url: str, start: float, interval: float, ticks: int, mode: str, gpus
           file=sys.stderr)
 
 
-def run(gpus: int, ticks: int, full_ticks: int, interval: float, scrape: float, shard: str) -> None:
+def run(gpus: int, ticks: int, full_ticks: int, interval: float, scrape: float, shard: str,
+        baseline: Path | None = None) -> None:
     from bench.benchutil import healthy_cluster, simulated_prometheus
 
     history = WINDOW + max(ticks, full_ticks) * interval + STEP
@@ -101,11 +104,17 @@ def run(gpus: int, ticks: int, full_ticks: int, interval: float, scrape: float, 
         with simulated_prometheus(sim, sim.start, sim.start + history + scrape, scrape, Path(tmp)) as url:
             print(f"serve_backfill_seconds {time.perf_counter() - t0:.1f}", flush=True)
             print(f"serve_gpus {n}", flush=True)
-            for part in ("", shard) if shard else ("",):
-                for mode, count in (("incremental", ticks), ("full", full_ticks)):
-                    if count:
-                        subprocess.run([sys.executable, __file__, "--measure", url, repr(sim.start), repr(interval),
-                                        str(count), mode, str(n), part], check=True)  # fmt: skip
+            runs = {"": ROOT, **({"baseline_": baseline.resolve()} if baseline else {})}
+            for prefix, code in runs.items():
+                for part in ("", shard) if shard else ("",):
+                    for mode, count in (("incremental", ticks), ("full", full_ticks)):
+                        if count:
+                            done = subprocess.run(
+                                [sys.executable, str(code / "bench" / "bench_serve.py"), "--measure", url,
+                                 repr(sim.start), repr(interval), str(count), mode, str(n), part],
+                                check=True, cwd=code, stdout=subprocess.PIPE, text=True)
+                            print("".join(prefix + line for line in done.stdout.splitlines(keepends=True)),
+                                  end="", flush=True)
 
 
 def main() -> None:
@@ -116,6 +125,8 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=60.0, help="seconds between ticks (default 60)")
     ap.add_argument("--scrape", type=float, default=15.0, help="history sample interval in seconds (default 15)")
     ap.add_argument("--shard", default="", metavar="I/N", help="also replay this shard's replica's ticks")
+    ap.add_argument("--baseline", type=Path, help="another checkout (e.g. a git worktree of an older commit) to "
+                    "replay on the same Prometheus after this one: its lines are prefixed baseline_")
     ap.add_argument("--measure", nargs=7, metavar=("URL", "START", "INTERVAL", "TICKS", "MODE", "GPUS", "SHARD"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -124,7 +135,7 @@ def main() -> None:
         measure(url, float(start), float(interval), int(ticks), mode, int(gpus), shard)
         return
     for gpus in (int(g) for g in args.gpus.split(",")):
-        run(gpus, args.ticks, args.full_ticks, args.interval, args.scrape, args.shard)
+        run(gpus, args.ticks, args.full_ticks, args.interval, args.scrape, args.shard, args.baseline)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -67,6 +68,7 @@ from analyzer.data.signals import ALLOCATION_COLUMNS, SIGNALS, Signal
 from exporter import schema as S
 from exporter.attribution.jobs import KNOWN_JOB_LABELS, derive_job, sanitized_job_labels
 
+_T = TypeVar("_T")
 _EPS = 1e-9
 #: A counter that goes down by less than this share of its value was rounded, not reset. VictoriaMetrics
 #: stores values as decimals of ~15 significant digits with a scale chosen per block, so a flat counter
@@ -338,9 +340,26 @@ class _Input:
         self.tl_rep[self.tl_series[::-1]] = np.arange(self.n_series)[::-1]
         self._targets()
         self.metric = table["metric"]
+        #: What later steps work out from the series alone (``once``): kept with this table.
+        self.series_memo: dict[object, object] = {}
         self.dialect_of_series = np.array([D.dialect_of(m) or "" for m in self.metric], dtype=object)
         used = {d for d in self.dialect_of_series if d}
         self.dialect = "mixed" if len(used) > 1 else (used.pop() if used else "truegpu")
+
+    def once(self, key: object, make: Callable[[], _T]) -> _T:
+        """``make()`` worked out once per series table: serve's ticks hand the same table out again, and
+        comparing ~630 k series' strings for each signal cost a second of each tick at 10,000 GPUs."""
+        if key not in self.series_memo:
+            self.series_memo[key] = make()
+        return self.series_memo[key]
+
+    def of_metric(self, *names: str) -> np.ndarray:
+        """Per series, whether its metric is one of ``names`` (read-only: it is kept)."""
+        def make() -> np.ndarray:
+            mask = np.isin(self.metric, list(names)) if len(names) > 1 else self.metric == names[0]
+            mask.flags.writeable = False
+            return mask
+        return self.once(("metric", *sorted(names)), make)
 
     def _targets(self) -> None:
         """``series_target``: each series' scrape target (TARGET_LABELS, a code); ``tl_copies``: how many targets a
@@ -543,7 +562,7 @@ class _Input:
         return pd.DataFrame({"hostname": host, "gpu": g, "gpu_instance": i, "own": row_own, "par": row_par})
 
     def topology(self) -> pd.DataFrame:
-        sel = (self.metric == S.GPU_TOPOLOGY_INFO.name) & self.has_gpu
+        sel = self.of_metric(S.GPU_TOPOLOGY_INFO.name) & self.has_gpu
         if not sel.any():
             return pd.DataFrame(columns=list(TOPOLOGY_COLUMNS))
         t, blank = self.table, _blank(self.n_series)
@@ -557,7 +576,7 @@ class _Input:
 
     def accounting(self) -> pd.DataFrame:
         """Slurm accounting per workload (ACCOUNTING_COLUMNS); a job's last series in input order wins."""
-        sel = self.metric == S.SLURM_JOB_INFO.name
+        sel = self.of_metric(S.SLURM_JOB_INFO.name)
         if not sel.any():
             return pd.DataFrame(columns=list(ACCOUNTING_COLUMNS))
         t, blank = self.table, _blank(self.n_series)
@@ -699,7 +718,7 @@ class _State:
         samples, series = np.zeros(n), np.zeros(n)
         spacing = np.full(self.n_src, self.g.spacing)
         srcs, gaps = [], []
-        for p in d.picks(np.isin(d.metric, list(_SHARE_NAMES))):  # a series is never split between chunks
+        for p in d.picks(d.of_metric(*_SHARE_NAMES)):  # a series is never split between chunks
             keep = (p.bf >= 0) & (p.bf < T)
             b = p.bf[keep]
             samples += np.bincount(p.src[keep] * T + b, minlength=n)
@@ -732,13 +751,19 @@ class _State:
     def _label_mask(self, signal: Signal) -> tuple[np.ndarray, np.ndarray]:
         """(series feeding ``signal`` as truegpu primary, as truegpu fallback ``total``)."""
         t, n = self.d.table, self.d.n_series
-        ok = self.d.metric == signal.metric.name
-        total = np.zeros(n, dtype=bool)
-        for label, accepted in signal.labels:
-            v = t.get(label, _blank(n))
-            ok &= np.isin(v, list(accepted))
-            total |= v == "total"
-        return ok & ~total, ok & total
+
+        def make() -> tuple[np.ndarray, np.ndarray]:
+            ok = self.d.of_metric(signal.metric.name).copy()
+            total = np.zeros(n, dtype=bool)
+            for label, accepted in signal.labels:
+                v = t.get(label, _blank(n))
+                ok &= np.isin(v, list(accepted))
+                total |= v == "total"
+            masks = ok & ~total, ok & total
+            for m in masks:
+                m.flags.writeable = False
+            return masks
+        return self.d.once(("labels", signal.metric.name, signal.labels), make)
 
     # per-kind aggregation into dense (n_src, T) arrays, a chunk of samples at a time
     def _mean(self, picks: Iterable[_Picked], value: _Value) -> np.ndarray:
@@ -851,7 +876,7 @@ class _State:
                     primary, fallback = self._label_mask(signal)
                     groups = [(primary, False), (fallback, True)]
                 else:
-                    groups = [(self.d.metric == name, src.fallback)]
+                    groups = [(self.d.of_metric(name), src.fallback)]
                 for mask, is_fallback in groups:
                     arr = self._group(src.kind, mask, (src.scale, src.div), src.bits, name)
                     if arr is not None:
@@ -879,7 +904,7 @@ class _State:
         parts = {}
         for name, base in D.FB_PARTS.items():
             if name in self.metric_idx:
-                mask = self.d.metric == name
+                mask = self.d.of_metric(name)
                 arr = self._group("gauge", mask, (S.MIB, 1.0), 0, name)
                 parts[base] = arr if base not in parts else np.where(np.isnan(parts[base]), arr, parts[base])
         used, free, reserved = parts.get(D.FB_USED), parts.get(D.DCGM_FB_FREE), parts.get(D.DCGM_FB_RESERVED)
@@ -981,7 +1006,7 @@ class _State:
 
     def _placement(self, hosts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         t = self.d.table
-        sel = self.d.metric == S.NODE_INFO.name
+        sel = self.d.of_metric(S.NODE_INFO.name)
         n = self.d.n_series
         site = dict(zip(self.d.lab["hostname"][sel], t.get("site", _blank(n))[sel], strict=True))
         rack = dict(zip(self.d.lab["hostname"][sel], t.get("rack", _blank(n))[sel], strict=True))
@@ -992,30 +1017,7 @@ class _State:
     def _allocation(self) -> dict[str, pd.Categorical]:
         """namespace/pod/container/job per row from allocation info or dcgm pod labels."""
         d, T = self.d, self.g.T
-        lab, t, n = d.lab, d.table, d.n_series
-        job_label = d.job_label
-        explicit = t.get(job_label, _blank(n)) if job_label else _blank(n)
-        hpc = t.get(D.HPC_JOB_LABEL, _blank(n))
-        alloc_info = d.metric == S.GPU_ALLOCATION_INFO.name
-        # The workload holding the GPU: ``workload``, or ``job`` in data from before the rename
-        # (``exported_job`` where Prometheus renamed it because it clashed with the scrape job).
-        own_job = _workload_label(t, n)
-        is_dcgm = d.dialect_of_series == "dcgm"
-        dcgm_rate = np.isin(d.metric, [s.name for ss in D.SOURCES.values() for s in ss if s.kind == "dcgm_rate"])
-        pods = lab["pod"]
-        job = np.where(explicit != "", explicit, "")
-        job = np.where((job == "") & alloc_info, own_job, job)
-        job = np.where((job == "") & is_dcgm, hpc, job)
-        carries = (alloc_info | (is_dcgm & ~dcgm_rate)) & ((pods != "") | (job != ""))
-        derive = carries & (job == "") & (pods != "")
-        if derive.any():
-            job = job.copy()
-            job[derive] = self._derive_jobs(lab["namespace"][derive], pods[derive], derive)
-        tuples = np.array([f"{a}\x00{b}\x00{c}\x00{j}" for a, b, c, j in
-                           zip(lab["namespace"], pods, lab["container"], job, strict=True)], dtype=object)
-        alloc_id = np.full(n, -1, dtype=np.int64)
-        uniq_tuples = pd.Index(pd.unique(tuples[carries]))
-        alloc_id[carries] = uniq_tuples.get_indexer(tuples[carries])
+        alloc_info, alloc_id, uniq_tuples = d.once("allocation", self._allocation_series)
         dense = np.full(self.n_src * T, -1, dtype=np.int64)
         for p in d.picks((alloc_id >= 0) & (d.series_own >= 0), known=False):
             use = ~alloc_info[p.sid] | (p.val > 0.5)
@@ -1037,6 +1039,36 @@ class _State:
                 np.full(len(per_row), -1)
             out[col] = pd.Categorical.from_codes(codes, cats)
         return out
+
+    def _allocation_series(self) -> tuple[np.ndarray, np.ndarray, pd.Index]:
+        """Per series, whether it is allocation info and which (namespace, pod, container, job) it carries (an
+        index into the unique tuples, -1: none): from the labels alone."""
+        d = self.d
+        lab, t, n = d.lab, d.table, d.n_series
+        job_label = d.job_label
+        explicit = t.get(job_label, _blank(n)) if job_label else _blank(n)
+        hpc = t.get(D.HPC_JOB_LABEL, _blank(n))
+        alloc_info = d.of_metric(S.GPU_ALLOCATION_INFO.name)
+        # The workload holding the GPU: ``workload``, or ``job`` in data from before the rename
+        # (``exported_job`` where Prometheus renamed it because it clashed with the scrape job).
+        own_job = _workload_label(t, n)
+        is_dcgm = d.dialect_of_series == "dcgm"
+        dcgm_rate = d.of_metric(*[s.name for ss in D.SOURCES.values() for s in ss if s.kind == "dcgm_rate"])
+        pods = lab["pod"]
+        job = np.where(explicit != "", explicit, "")
+        job = np.where((job == "") & alloc_info, own_job, job)
+        job = np.where((job == "") & is_dcgm, hpc, job)
+        carries = (alloc_info | (is_dcgm & ~dcgm_rate)) & ((pods != "") | (job != ""))
+        derive = carries & (job == "") & (pods != "")
+        if derive.any():
+            job = job.copy()
+            job[derive] = self._derive_jobs(lab["namespace"][derive], pods[derive], derive)
+        tuples = np.array([f"{a}\x00{b}\x00{c}\x00{j}" for a, b, c, j in
+                           zip(lab["namespace"], pods, lab["container"], job, strict=True)], dtype=object)
+        alloc_id = np.full(n, -1, dtype=np.int64)
+        uniq_tuples = pd.Index(pd.unique(tuples[carries]))
+        alloc_id[carries] = uniq_tuples.get_indexer(tuples[carries])
+        return alloc_info, alloc_id, uniq_tuples
 
     def _derive_jobs(self, namespaces: np.ndarray, pods: np.ndarray, sel: np.ndarray) -> list[str]:
         """Workloads of dcgm-exporter pods: a training operator's label where dcgm-exporter (pod labels)
@@ -1071,7 +1103,7 @@ class _State:
     def _holder_means(self, metric: S.Metric, name: str) -> pd.DataFrame | None:
         """A per-holder family's mean per (step, GPU, holder); None when the input has none."""
         d, T = self.d, self.g.T
-        sel = d.metric == metric.name
+        sel = d.of_metric(metric.name)
         if not sel.any():
             return None
         keys, vals = [], []
@@ -1095,7 +1127,7 @@ class _State:
         d, T = self.d, self.g.T
         parts = []
         xids = d.table.get("xid", _blank(d.n_series))
-        for p in d.picks(d.metric == S.XID_ERRORS.name):
+        for p in d.picks(d.of_metric(S.XID_ERRORS.name)):
             v = p.val
             if S.XID_ERRORS.name in self.increase:
                 b, cnt, ok = p.be, np.round(v), v > 0.5
@@ -1114,7 +1146,7 @@ class _State:
                 parts.append((sel, b, cnt, xids[sel]))
         gpu_key = np.char.add(np.char.add(d.lab["hostname"].astype(str), "\x00"), d.lab["gpu"].astype(str))
         counted = np.zeros(d.n_series, bool)  # series of GPUs whose XIDs the count collector reports
-        xc = np.isin(d.metric, list(D.XID_DCGM_COUNT))
+        xc = d.of_metric(*D.XID_DCGM_COUNT)
         if xc.any():
             # XIDs within dcgm-exporter's sliding window: each rise is that many new XIDs (it sees repeats)
             seen, already = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
@@ -1133,7 +1165,7 @@ class _State:
                     "XIDs already in dcgm-exporter's count window at the first sample (time unknown, not counted "
                     "as events): " + ", ".join(sorted({f"{h}/{g} XID {x}" for h, g, x in zip(
                         d.lab["hostname"][s], d.lab["gpu"][s], xids[s], strict=True)})))
-        dc = np.isin(d.metric, list(D.XID_DCGM)) & ~counted
+        dc = d.of_metric(*D.XID_DCGM) & ~counted
         if dc.any() and not xc.any():
             self.notes.append(
                 "XIDs come from dcgm-exporter's last-XID gauge: the same XID repeating is not seen; enable its XID "
