@@ -113,6 +113,24 @@ def _build() -> dict[str, list[Source]]:
 #: Input metric name -> the signal sources it feeds.
 SOURCES: dict[str, list[Source]] = _build()
 
+
+def _label_filters() -> dict[str, dict[str, tuple[str, ...]]]:
+    """truegpu metric -> label -> the values its signals accept (normalize's ``_label_mask``), for every label each
+    of its signals filters on: the series a Prometheus read leaves on the server (three of the nine clock-event
+    reasons and ECC's aggregate scope, ~8 % of a fleet's series; each costs the server and the analyzer at every
+    serve tick, and normalize never reads them)."""
+    out = {}
+    for name, sources in SOURCES.items():
+        own = [dict(s.signal.labels) for s in sources if s.dialect == "truegpu"]
+        if own and all(own):
+            common = sorted(set.intersection(*(set(labels) for labels in own)))
+            out[name] = {k: tuple(sorted({v for labels in own for v in labels[k]})) for k in common}
+    return {name: filters for name, filters in out.items() if filters}
+
+
+#: truegpu metric name -> label -> the values normalize reads (``_label_filters``).
+LABEL_FILTERS: dict[str, dict[str, tuple[str, ...]]] = _label_filters()
+
 #: dcgm-exporter framebuffer fields: memory total = FB_USED + FB_FREE + FB_RESERVED (MiB)
 #: when FB_TOTAL is not collected (it is not in the default counter list).
 FB_USED = S.MEMORY_USED.dcgm[0].field

@@ -158,13 +158,14 @@ def load_prometheus(
             samples, report = query_prometheus(
                 client, rest, start + step - _EDGE, end + step - _EDGE, step, matchers,
                 functions={n: _function(n) for n in rest}, window=step, compact=True, labelsets=labelsets,
+                label_filters=D.LABEL_FILTERS,
             )  # fmt: skip
             parts.append(samples)
             reports.append(report)
         if rates:
             samples, report = query_prometheus(
                 client, rates, start + step, end, step, matchers, functions={n: "avg_over_time" for n in rates},
-                compact=True, labelsets=labelsets,
+                compact=True, labelsets=labelsets, label_filters=D.LABEL_FILTERS,
             )  # fmt: skip
             parts.append(samples)
             reports.append(report)

@@ -704,6 +704,7 @@ def query_prometheus(
     plan: bool = True,
     compact: bool = False,
     labelsets: LabelSets | None = None,
+    label_filters: Mapping[str, Mapping[str, MatcherValue]] | None = None,
 ) -> tuple[pd.DataFrame | Samples, IngestReport]:
     """Fetch ``metrics`` over [start, end] every ``step`` seconds into the long frame (``compact``: Samples).
 
@@ -721,6 +722,7 @@ def query_prometheus(
     request refused for its size is halved and retried. Requests run ``client.concurrency`` at a
     time; the frame does not depend on how they were cut or in what order they came back.
     ``labelsets``: the series as earlier reads knew them (serve's ticks read the same ones).
+    ``label_filters``: per metric, matchers its selector adds (``matchers`` win on a label both name).
     Note: DCGM sentinels are turned into NaN after the server aggregated, so an average
     that mixed a sentinel with real values is not caught; use ``aggregate=False`` or a
     ``last_over_time``/``max_over_time`` function for such fields.
@@ -729,10 +731,14 @@ def query_prometheus(
     builder = FrameBuilder(report, sentinels=sentinels, labelsets=labelsets)
     names = _metric_names(client, metrics, start, end)
     functions = dict(functions or {})
+    filters = label_filters or {}
+
+    def of(name: str) -> dict[str, MatcherValue]:
+        return {**filters.get(name, {}), **(matchers or {})}
 
     def build(name: str) -> Callable[[Shard], str]:
         def promql(shard: Shard) -> str:
-            narrowed = _shard_matchers(matchers, shard)
+            narrowed = _shard_matchers(of(name), shard)
             if aggregate:
                 return aggregate_query(name, step, narrowed, functions.get(name), window)
             return selector(name, narrowed)
@@ -757,7 +763,7 @@ def query_prometheus(
         # small by the count (twice it: series that ended before ``end`` are not counted): no lookup
         if not plan or (counts is not None and cost(2 * counts.get(name, 0), steps) <= client.budget):
             return whole
-        found = client.series([selector(name, matchers)], start - reach, end)
+        found = client.series([selector(name, of(name))], start - reach, end)
         return plan_requests(found, start, end, step, client.budget, max_points=client.max_points,
                              max_series=MAX_SERIES_PER_ANSWER, candidates=candidates)  # fmt: skip
 
