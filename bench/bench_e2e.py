@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.benchutil import checkouts  # noqa: E402
 from exporter.simulator import Cluster, load_scenario  # noqa: E402
 from exporter.simulator.history import write_history  # noqa: E402
 
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             info = write_fleet(path, args.gpus, args.hours, args.step)
             print(f"# wrote {path} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-        runs = {"": ROOT, **({"baseline_": args.baseline.resolve()} if args.baseline else {})}
+        runs = checkouts(ROOT, args.baseline)
         best = {prefix: (float("inf"), float("inf"), float("inf")) for prefix in runs}
         for _ in range(max(1, args.repeat)):
             for prefix, code in runs.items():

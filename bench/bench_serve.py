@@ -94,7 +94,7 @@ def measure(url: str, start: float, interval: float, ticks: int, mode: str, gpus
 
 def run(gpus: int, ticks: int, full_ticks: int, interval: float, scrape: float, shard: str,
         baseline: Path | None = None) -> None:
-    from bench.benchutil import healthy_cluster, simulated_prometheus
+    from bench.benchutil import checkouts, healthy_cluster, simulated_prometheus
 
     history = WINDOW + max(ticks, full_ticks) * interval + STEP
     sim = healthy_cluster(gpus, history + scrape)
@@ -104,7 +104,7 @@ def run(gpus: int, ticks: int, full_ticks: int, interval: float, scrape: float, 
         with simulated_prometheus(sim, sim.start, sim.start + history + scrape, scrape, Path(tmp)) as url:
             print(f"serve_backfill_seconds {time.perf_counter() - t0:.1f}", flush=True)
             print(f"serve_gpus {n}", flush=True)
-            runs = {"": ROOT, **({"baseline_": baseline.resolve()} if baseline else {})}
+            runs = checkouts(ROOT, baseline)
             for prefix, code in runs.items():
                 for part in ("", shard) if shard else ("",):
                     for mode, count in (("incremental", ticks), ("full", full_ticks)):

@@ -59,7 +59,7 @@ def measure(url: str, start: float, end: float, step: float, shard: str, out: Pa
 
 
 def run(gpus: int, shards: int, hours: float, step: float, baseline: Path | None = None) -> None:
-    from bench.benchutil import simulated_prometheus
+    from bench.benchutil import checkouts, simulated_prometheus
     from exporter.simulator import Cluster, load_scenario
 
     nodes = gpus // GPUS_PER_NODE
@@ -80,7 +80,7 @@ def run(gpus: int, shards: int, hours: float, step: float, baseline: Path | None
                                 repr(end), repr(step), shard, str(out)], check=True, cwd=code)  # fmt: skip
                 return json.loads(out.read_text())
 
-            runs = {"": ROOT, **({"baseline_": baseline.resolve()} if baseline else {})}
+            runs = checkouts(ROOT, baseline)
             measured = {prefix: (child("", code), [child(f"{i}/{shards}", code) for i in range(shards)])
                         for prefix, code in runs.items()}
     for prefix, (whole, parts) in measured.items():

@@ -1,5 +1,5 @@
-"""What the benchmark scripts share: memory readings from /proc (Linux), and a simulated fleet's
-history served by a real Prometheus."""
+"""What the benchmark scripts share: memory readings from /proc (Linux), a simulated fleet's
+history served by a real Prometheus, and the checkouts measured side by side."""
 
 from __future__ import annotations
 
@@ -12,6 +12,11 @@ from typing import Any
 GPUS_PER_NODE = 8
 #: History is written and backfilled in pieces this long: a 10,000-GPU hour (~150 M samples) is never on disk at once.
 PIECE_S = 600.0
+
+
+def checkouts(root: Path, baseline: Path | None) -> dict[str, Path]:
+    """Output line prefix -> source tree to measure: this one, then ``--baseline DIR`` (lines ``baseline_...``)."""
+    return {"": root, **({"baseline_": baseline.resolve()} if baseline else {})}
 
 
 def healthy_cluster(gpus: int, seconds: float) -> Any:

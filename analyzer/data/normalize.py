@@ -329,6 +329,10 @@ class _Input:
             table[name] = np.where(pd.isna(v), "", v).astype(object)
         self.table = table
         self.n_series = len(rows)
+        self.metric = table["metric"]
+        #: Per series, its metric as a code into ``metric_names`` (``of_metric`` compares codes, not strings).
+        self.metric_code, names = pd.factorize(self.metric)
+        self.metric_names = pd.Index(names)
         self._canonical(pods)
         # timeline: series of one device and one contract label combination, whatever its
         # attribution labels (dcgm-exporter splits a GPU's series by pod; err_code changes)
@@ -339,28 +343,27 @@ class _Input:
         self.tl_rep = np.zeros(self.n_tl, dtype=np.int64)
         self.tl_rep[self.tl_series[::-1]] = np.arange(self.n_series)[::-1]
         self._targets()
-        self.metric = table["metric"]
         #: What later steps work out from the series alone (``once``): kept with this table.
         self.series_memo: dict[object, object] = {}
-        self.dialect_of_series = np.array([D.dialect_of(m) or "" for m in self.metric], dtype=object)
+        self.dialect_of_series = np.array([D.dialect_of(m) or "" for m in names], dtype=object)[self.metric_code]
         used = {d for d in self.dialect_of_series if d}
         self.dialect = "mixed" if len(used) > 1 else (used.pop() if used else "truegpu")
 
     def once(self, key: object, make: Callable[[], _T]) -> _T:
         """``make()`` worked out once per series table: serve's ticks hand the same table out again, and
-        comparing ~630 k series' strings for each signal cost a second of each tick at 10,000 GPUs."""
+        comparing ~630 k series' label strings for each signal cost a second of each tick at 10,000 GPUs."""
         if key not in self.series_memo:
             self.series_memo[key] = make()
         return self.series_memo[key]
 
     def of_metric(self, *names: str) -> np.ndarray:
         """Per series, whether its metric is one of ``names``."""
-        return self.series_mask(("metric", *sorted(names)), lambda: np.isin(self.metric, list(names)) if len(names) > 1
-                                else self.metric == names[0])
+        at = self.metric_names.get_indexer(list(names))
+        return np.isin(self.metric_code, at[at >= 0])
 
     def series_mask(self, key: object, make: Callable[[], np.ndarray]) -> np.ndarray:
-        """A fresh copy of the boolean series mask ``make()``, kept (``once``) as the positions it holds: a metric
-        holds ~3 % of the series, and ~80 masks of 630 k series would keep 50 MB."""
+        """A fresh copy of the boolean series mask ``make()``, kept (``once``) as the positions it holds: a
+        signal holds a few % of the series, and ~50 masks of 630 k series would keep 30 MB."""
         at = self.once(key, lambda: np.flatnonzero(make()).astype(np.int32))
         mask = np.zeros(self.n_series, dtype=bool)
         mask[at] = True
@@ -379,7 +382,7 @@ class _Input:
             c, uniq = pd.factorize(self.table[k])
             code = code * (len(uniq) + 1) + c
         self.series_target = code
-        telemetry = ~np.isin(self.table["metric"], list(_INFO_NAMES))
+        telemetry = ~self.of_metric(*_INFO_NAMES)
         width = int(code.max()) + 1
         pairs = np.unique(self.tl_series[telemetry].astype(np.int64) * width + code[telemetry])
         copies = np.bincount(pairs // width, minlength=self.n_tl)
@@ -510,7 +513,7 @@ class _Input:
         return fixed
 
     def grid(self, step: float | None, start: float | None, end: float | None, notes: list[str]) -> _Grid:
-        telemetry = np.array([m not in _INFO_NAMES for m in self.metric], dtype=bool)
+        telemetry = ~self.of_metric(*_INFO_NAMES)
         if not telemetry.any():
             telemetry[:] = True
         spacings, counts = [], []

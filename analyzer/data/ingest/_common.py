@@ -466,8 +466,9 @@ class FrameBuilder:
         return self._space.names[self._space.group.array[sid]]
 
     def add(self, sids: np.ndarray, timestamps: np.ndarray, values: np.ndarray) -> None:
-        """Append samples (arrays of equal length). NaN values as given are counted; DCGM sentinels, then
-        values outside the contract's valid range (+-Inf included), become NaN (unknown) and are counted."""
+        """Append samples (arrays of equal length). Unless read raw (``sentinels=False``), NaN values as given
+        are counted, and DCGM sentinels, then values outside the contract's valid range (+-Inf included), become
+        NaN (unknown) and are counted."""
         if not len(sids):
             return
         values = np.array(values, dtype=np.float64)  # a copy: masked values are overwritten
