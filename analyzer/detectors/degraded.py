@@ -10,7 +10,7 @@ with SMs idle), so every feature is *load-adjusted* and *peer-relative*:
 Features, per physical GPU (uuid) and window (``window_s``, aggregates, never raw rows):
 
 - ``temp_excess`` (C): residual of die temperature ~ power (robust linear fit per GPU
-  model: die = inlet + R x power), minus the median residual of the GPUs of the same
+  model: die = inlet + R x power, on windows off the throttle), minus the median residual of the GPUs of the same
   model on the same node (they share the inlet air, which no exporter reports).
 - ``mem_temp_excess`` (C): residual of HBM temperature ~ die temperature + DRAM activity,
   minus the node peers' median: HBM hotter than its own die and load explain.
@@ -396,10 +396,15 @@ class DegradedGpu:
                              f"baseline, no verdict for them")
                 continue
             win.loc[win.index[idx], "model_ok"] = True
-            # Temperature ~ power (die = inlet + R * power).
+            # Temperature ~ power (die = inlet + R * power), fitted on windows off the throttle: a throttled die
+            # is pinned near its limit whatever its power, off the line. A failing rack's busy GPUs, pinned hot at
+            # high power, tilted the slope from 0.088 C/W to 0.36 (rack-cooling +10600, replayed: half the
+            # 30-minute window throttled), and a healthy-rack GPU drawing 12 W less than its node peers at their
+            # temperature read 3-4 C hotter "at the same power" (two false findings over six seeds).
             pw = sub["power"].to_numpy()
+            cool = ~(sub["throttled"].to_numpy() > 0)
             win.loc[win.index[idx], "temp_res"] = sub["temp"].to_numpy() - self._robust_fit(
-                pw[:, None], sub["temp"].to_numpy(), ref)
+                pw[:, None], sub["temp"].to_numpy(), ref & cool)
             # HBM ~ die temperature + DRAM activity.
             dram = sub["dram_active"].to_numpy()
             # Whether DRAM activity is collected, judged on the fitted (reference) rows like the activities below: a
