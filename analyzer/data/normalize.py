@@ -117,7 +117,9 @@ def normalize(
                   node_zones(samples.frame([S.KUBE_NODE_LABELS])))
     absent = _absent(report.missing, data.dialect) if report is not None else []
     if absent:
-        notes.append(f"queried but absent from the source: {', '.join(absent)}")
+        # A file was read, not asked: "queried" is the Prometheus read's word.
+        where = "read but absent from the files" if report.files else "queried but absent from the source"
+        notes.append(f"{where}: {', '.join(absent)}")
     grid = data.grid(step, start, end, notes)
     devices = data.devices()
     check_rows(len(devices), grid.T, grid.step)

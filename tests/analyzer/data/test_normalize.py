@@ -356,6 +356,9 @@ def test_absent_fields_named_once_in_the_inputs_dialect():
                                  ("DCGM_FI_DEV_GPU_TEMP", labels, times(2), [40, 40])), report=report)
     (note,) = [n for n in fleet.notes if n.startswith("queried but absent")]
     assert note == f"queried but absent from the source: {sm}"
+    report.files = ["history.om"]  # what a file read lacks was never asked for: no "queried" there
+    fleet = normalize(long_frame((S.GPU_UTILIZATION.dcgm[0].field, labels, times(2), [50, 50])), report=report)
+    assert [n for n in fleet.notes if "absent" in n] == [f"read but absent from the files: {sm}"]
 
 
 def test_workload_label_and_the_older_job_spellings():
