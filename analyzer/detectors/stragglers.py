@@ -44,7 +44,9 @@ Both are judged per GPU and per node (node medians against the job's other nodes
 the node stands out (all its GPUs late: input starvation, a node cooling problem) one
 node finding (``gpu`` None) replaces its GPU findings. It starts where one of its GPUs began to straggle
 when that runs without a break into the node's condition (a warming node's hottest card throttles minutes
-before the node median does: the rack-cooling scenario's node finding came 4-9 minutes late before).
+before the node median does: the rack-cooling scenario's node finding came 4-9 minutes late before), and is judged
+with that lead-in (confirmed once both together last ``min_duration_s``); its GPUs' findings give way to it once
+the node's condition has lasted ``suspect_after_s``, when its finding can be shown.
 
 Thresholds (configurable; why these values):
 
@@ -682,7 +684,12 @@ class Straggler:
             on_node = node_cond == 1.0
             any_gpu = block_max(hosts.hosts, (gpu_cond == 1.0).astype(np.float64)) == 1.0
             joined = _alarm_runs((on_node | any_gpu).astype(np.float64), on_node)
-            gpu_cond = np.where(on_node, 0.0, gpu_cond)
+            # ... once the node's condition has lasted long enough to be reported (``suspect_after_s``), and the
+            # node's finding is judged with that lead-in (``_node_findings``): before, its GPUs' suspects vanished
+            # a run or two before the node's finding came, and a node finding whose GPUs had been confirmed came
+            # as a suspect (rack-cooling, replayed: the problem withdrawn, or its warning fell to info).
+            shown = _runs_at_least(on_node, max(1, round(min(self.suspect_after_s, self.min_duration_s) / fleet.step)))
+            gpu_cond = np.where(shown, 0.0, gpu_cond)
             out += self._node_findings(fleet, pg, hosts, node, node_cond, joined)
         return out + _inside_node(out, _merge_intermittent(self._gpu_findings(fleet, pg, gpu, gpu_cond),
                                                            self._intermittent_findings(fleet, pg, gpu, memory)))
@@ -797,13 +804,13 @@ class Straggler:
         out = []
         for i, ep in enumerate(eps.table.itertuples(index=False)):
             v = {k: float(a[i]) for k, a in m.items()}
-            status = self._status(ep, v, fleet.start)
-            if status is None:
-                continue
             s = idx[np.flatnonzero((pg.slot_host[idx] == ep.hostname)
                                    & np.array([pg.group_labels[g].get("job") == ep.job
                                                for g in pg.slot_group[idx]]))[0]]
             ep = _lead_in(ep, joined[s], fleet)
+            status = self._status(ep, v, fleet.start)
+            if status is None:
+                continue
             g = pg.slot_group[s]
             n_here = int(size[s])
             n_group = int(pg.bounds[g + 1] - pg.bounds[g])

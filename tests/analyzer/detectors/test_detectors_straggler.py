@@ -794,3 +794,19 @@ def test_a_member_reporting_its_power_cap_stays_the_limiter_under_the_5_percent_
     assert found and all(f.evidence["cause"] == "power" for f in found)
     assert abs(found[0].start - truth["start"]) <= 300.0
     assert capped(clock_spread=0.05) == []  # the reason not counted: the 5 % line alone
+
+
+@pytest.mark.parametrize("offset", [11300, 11500])
+def test_a_warming_node_takes_over_from_its_gpus_without_a_flap(offset: int) -> None:
+    """rack-cooling, replayed the way serve runs: a warming node's hottest GPUs are suspected (or confirmed) first,
+    then the node. Their findings were cleared as soon as the node's condition began, though its finding needs 3
+    minutes (+11300: the problem withdrawn for a run), and the node's finding was judged without its GPUs'
+    lead-in (+11500: their warnings fell to an info suspect). It now takes over at once, as urgent as they were."""
+    from analyzer.analysis.evaluate import named_scenario_fleet, replay
+
+    cluster, fleet = named_scenario_fleet("rack-cooling", "truegpu", 60.0, seed_offset=offset)
+    truth = [t for t in cluster.ground_truth() if t["kind"] == STRAGGLER]
+    part = fleet.between(fleet.start + 4800.0, fleet.start + 6600.0)  # 80-110 min: its GPUs, then the node
+    [p] = replay(part, truth, [STRAGGLER], interval=60.0, window=1800.0)["kinds"][STRAGGLER]["problems"]
+    assert p["hostname"] == "dc1-r1-n03" and p["ttd_s"] is not None and p["ttd_s"] <= 300.0
+    assert (p["withdrawn"], p["downgraded"]) == (0, 0)
