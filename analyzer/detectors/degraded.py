@@ -387,6 +387,7 @@ class DegradedGpu:
         for c in FEATURES:
             win[c] = np.nan
         win["model_ok"] = False
+        throttled = win["throttled"].to_numpy() > 0  # off the temperature fit, and no verdict (the thermal detector's)
         for model, idx in win.groupby("model", sort=True, observed=True).indices.items():
             sub = win.iloc[idx]
             ref = sub["reference"].to_numpy()  # fitted on the fleet's reference hosts, applied to every GPU
@@ -402,9 +403,8 @@ class DegradedGpu:
             # 30-minute window throttled), and a healthy-rack GPU drawing 12 W less than its node peers at their
             # temperature read 3-4 C hotter "at the same power" (two false findings over six seeds).
             pw = sub["power"].to_numpy()
-            cool = ~(sub["throttled"].to_numpy() > 0)
             win.loc[win.index[idx], "temp_res"] = sub["temp"].to_numpy() - self._robust_fit(
-                pw[:, None], sub["temp"].to_numpy(), ref & cool)
+                pw[:, None], sub["temp"].to_numpy(), ref & ~throttled[idx])
             # HBM ~ die temperature + DRAM activity.
             dram = sub["dram_active"].to_numpy()
             # Whether DRAM activity is collected, judged on the fitted (reference) rows like the activities below: a
@@ -445,8 +445,7 @@ class DegradedGpu:
         win.loc[win["power_capped"].to_numpy() > 0.5, "power_deficit"] = np.nan
         win["clock_deficit"] = np.fmin(win["clk_res"], job["clk_res"])
         # Thermal throttling belongs to the thermal detector: no verdict in those windows.
-        thr = win["throttled"].to_numpy() > 0
-        win.loc[thr, list(LEVEL)] = np.nan
+        win.loc[throttled, list(LEVEL)] = np.nan
         # Power efficiency is judged on working windows: at idle the dynamic part is ~0 (``power_busy_min``).
         win.loc[~(win["busy"].to_numpy() >= self.power_busy_min), list(POWER)] = np.nan
         win.loc[win["busy"].to_numpy() < self.temp_busy_min, ["temp_excess", "mem_temp_excess"]] = np.nan

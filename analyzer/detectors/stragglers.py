@@ -688,7 +688,7 @@ class Straggler:
             # node's finding is judged with that lead-in (``_node_findings``): before, its GPUs' suspects vanished
             # a run or two before the node's finding came, and a node finding whose GPUs had been confirmed came
             # as a suspect (rack-cooling, replayed: the problem withdrawn, or its warning fell to info).
-            shown = _runs_at_least(on_node, max(1, round(min(self.suspect_after_s, self.min_duration_s) / fleet.step)))
+            shown = _runs_at_least(on_node, max(1, round(self._shortest_s / fleet.step)))
             gpu_cond = np.where(shown, 0.0, gpu_cond)
             out += self._node_findings(fleet, pg, hosts, node, node_cond, joined)
         return out + _inside_node(out, _merge_intermittent(self._gpu_findings(fleet, pg, gpu, gpu_cond),
@@ -717,10 +717,15 @@ class Straggler:
             m[k] = eps.mean(signal(k))
         return m
 
+    @property
+    def _shortest_s(self) -> float:
+        """The shortest episode reported: a suspect's ``suspect_after_s`` (at most ``min_duration_s``)."""
+        return min(self.suspect_after_s, self.min_duration_s)
+
     def _episodes(self, fleet: Fleet, cond: np.ndarray) -> Any:
         """Episodes of a condition, suspected ones (open, >= ``suspect_after_s``) included."""
         return find_episodes(fleet, cond, max_gap_steps=self.max_gap_steps, max_unknown_steps=self.max_unknown_steps,
-                             min_duration_s=min(self.suspect_after_s, self.min_duration_s), split_on=("job",))
+                             min_duration_s=self._shortest_s, split_on=("job",))
 
     def _status(self, ep: Any, v: dict[str, float] | None = None, data_start: float | None = None) -> str | None:
         """"confirmed" (lasted ``min_duration_s``), "suspected" (still open, shorter) or None (withdrawn:
