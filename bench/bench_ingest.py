@@ -9,6 +9,8 @@ series key to exploit), and prints one ``name value`` line per measurement:
     ingest_openmetrics_samples_per_second <N>             (plain text)
     ingest_openmetrics_gzip_samples_per_second <N>        (same file, gzip)
     ingest_prometheus_text_time_major_samples_per_second <N>
+    ingest_dcgm_exporter_labels_samples_per_second <N>    (dcgm-exporter's label set: spaced modelName)
+    ingest_dcgm_exporter_labels_compact_samples_per_second <N>   (the same, read as analyze reads it)
 
 Usage: python bench/bench_ingest.py [--gpus 200] [--metrics 10] [--points 720] [--repeat 3]
 """
@@ -40,14 +42,21 @@ METRICS = (
 )  # fmt: skip
 
 
-def _series(gpus: int, n_metrics: int, points: int):
+def _labels(g: int, dcgm: bool) -> dict[str, str]:
+    """One GPU's labels: ours, or the set dcgm-exporter attaches (its ``modelName`` holds spaces)."""
+    host, uuid = f"gpu-node-{g // 8:04d}.cluster.local", f"GPU-{g:08x}-1c2d-4e5f-8a9b-{g * 7919:012x}"
+    if not dcgm:
+        return {schema.HOSTNAME: host, schema.GPU: str(g % 8), schema.UUID: uuid}
+    return {"gpu": str(g % 8), "UUID": uuid, "pci_bus_id": f"00000000:{0x18 + g % 8:02X}:00.0",
+            "device": f"nvidia{g % 8}", "modelName": "NVIDIA H100 80GB HBM3", "Hostname": host,
+            "DCGM_FI_DRIVER_VERSION": "550.127.05", "namespace": "llm", "pod": f"pretrain-worker-{g // 8}",
+            "container": "pytorch"}  # fmt: skip
+
+
+def _series(gpus: int, n_metrics: int, points: int, dcgm: bool = False):
     """``(metric, labels, values)`` for ``n_metrics`` families x ``gpus`` series x ``points`` samples."""
     rng = np.random.default_rng(7)
-    labels = [
-        {schema.HOSTNAME: f"gpu-node-{g // 8:04d}.cluster.local", schema.GPU: str(g % 8),
-         schema.UUID: f"GPU-{g:08x}-1c2d-4e5f-8a9b-{g * 7919:012x}"}
-        for g in range(gpus)
-    ]  # fmt: skip
+    labels = [_labels(g, dcgm) for g in range(gpus)]
     for metric in METRICS[:n_metrics]:
         for lab in labels:
             values = rng.random(points)
@@ -60,10 +69,10 @@ def _times(points: int) -> np.ndarray:
     return 1_700_000_000.0 + 15.0 * np.arange(points)
 
 
-def write_file(path: Path, gpus: int, n_metrics: int, points: int) -> int:
+def write_file(path: Path, gpus: int, n_metrics: int, points: int, dcgm: bool = False) -> int:
     """Write the history file, series after series; return the sample count."""
     with open(path, "w", encoding="utf-8") as out:
-        stats = write_openmetrics(out, _series(gpus, n_metrics, points), _times(points))
+        stats = write_openmetrics(out, _series(gpus, n_metrics, points, dcgm), _times(points))
     return stats.samples
 
 
@@ -79,13 +88,14 @@ def write_scrapes(path: Path, gpus: int, n_metrics: int, points: int) -> int:
     return len(series) * points
 
 
-def measure(path: Path, repeat: int) -> tuple[float, int]:
-    """Best-of-``repeat`` samples per second for reading ``path``."""
+def measure(path: Path, repeat: int, compact: bool = False) -> tuple[float, int]:
+    """Best-of-``repeat`` samples per second for reading ``path`` (into the long frame, or with ``compact``
+    into the Samples ``analyze`` reads)."""
     best = float("inf")
     samples = 0
     for _ in range(repeat):
         t0 = time.perf_counter()
-        frame, report = read_openmetrics(path, workers=1)  # one core: the per-core rate
+        frame, report = read_openmetrics(path, workers=1, compact=compact)  # one core: the per-core rate
         best = min(best, time.perf_counter() - t0)
         samples = len(frame)
         assert report.bad_line_count == 0, report.bad_lines
@@ -121,6 +131,13 @@ def main(argv: list[str] | None = None) -> int:
         rate_tm, samples_tm = measure(scrapes, args.repeat)
         assert samples_tm == expected, (samples_tm, expected)
         print(f"ingest_prometheus_text_time_major_samples_per_second {rate_tm:.0f}")
+        scrapes.unlink()
+        dcgm = Path(tmp) / "dcgm.om"
+        expected = write_file(dcgm, args.gpus, args.metrics, args.points, dcgm=True)
+        for compact, name in ((False, ""), (True, "_compact")):
+            rate_d, samples_d = measure(dcgm, args.repeat, compact)
+            assert samples_d == expected, (samples_d, expected)
+            print(f"ingest_dcgm_exporter_labels{name}_samples_per_second {rate_d:.0f}")
     return 0
 
 

@@ -4,7 +4,8 @@ These are history files (what ``promtool tsdb create-blocks-from openmetrics`` b
 and what ``truegpu simulate`` writes): millions of lines in which the same few thousand
 series keys repeat. The fast path therefore works on bytes, ~128 KiB of lines at a time
 (small enough to stay in the CPU cache): one split on spaces gives every line's series
-key / value / timestamp, each run of lines with one key (files written series by series)
+key / value / timestamp (a key in several parts where label values hold spaces, as
+dcgm-exporter's ``modelName`` does), each run of lines with one key (files written series by series)
 is looked up once and other keys in a dict of already-parsed keys, and values and
 timestamps are converted to float64 in bulk (one orjson call per column: its C number
 parser rounds exactly like ``float()`` and is ~6x faster per token). At ~2 M samples/s
@@ -62,6 +63,10 @@ DEFAULT_CHUNK_BYTES = 1 << 22
 FAST_BYTES = 1 << 17
 #: Fewer lines of one series key in a row than this are looked up line by line (a run costs a bisection).
 MIN_RUN = 32
+#: A bulk piece whose lines change their field count more often than this is read line by line.
+MAX_STRETCHES = 8
+#: What a newline becomes in the bulk path's token list.
+_MARK = b"\x00"
 #: Samples are handed to the FrameBuilder about this many at a time (pieces are ~1,000 lines each).
 BUILDER_BATCH = 1 << 16
 
@@ -490,20 +495,34 @@ class OpenMetricsReader:
         """Read a run of plain ``key value timestamp`` lines in bulk; return 0 (nothing done) if it isn't one.
 
         Newlines become a `` \\x00 `` token (the run has no NUL byte), so after one split on
-        spaces every newline marker sits at a position 3 mod 4 exactly when every line has
-        exactly three space-separated fields.
+        spaces a stretch of lines with f fields each has its newline markers every f + 1 tokens:
+        the last two fields are value and timestamp, the first f - 2 the series key (more than one
+        where label values hold spaces, as dcgm-exporter's ``modelName="NVIDIA H100 80GB HBM3"``).
         """
         marked = run.replace(b"\n", b" \x00 ")
         toks = marked.split(b" ")
         n = (len(marked) - len(run)) // 2 + 1  # each newline grew by two bytes
-        if len(toks) != 4 * n - 1 or toks[3::4].count(b"\x00") != n - 1:
+        stretches = _stretches(toks, n - 1)
+        if stretches is None:
             return 0
-        sids = self._series_ids(toks[0::4])
-        if (sids == _INVALID).any():
-            return 0
+        sids_l, vals_l, ts_l = [], [], []
+        for start, stop, fields in stretches:
+            step = fields + 1
+            pieces = [toks[start + j:stop:step] for j in range(fields - 2)]
+            if fields > 3 and self._keys[b" ".join(p[0] for p in pieces)] == _INVALID:
+                return 0  # e.g. spaced label values and no timestamp: not worth looking up line by line
+            sids = self._series_ids(pieces)
+            if (sids == _INVALID).any():
+                return 0
+            sids_l.append(sids)
+            vals_l.append(toks[start + fields - 2:stop:step])
+            ts_l.append(toks[start + fields - 1:stop:step])
+        if len(stretches) == 1:
+            (sids,), (vals_b,), (ts_b,) = sids_l, vals_l, ts_l
+        else:
+            sids, vals_b, ts_b = np.concatenate(sids_l), list(chain(*vals_l)), list(chain(*ts_l))
         keep = sids >= 0
         n_keep = int(np.count_nonzero(keep))
-        vals_b, ts_b = toks[1::4], toks[2::4]
         if n_keep != n:
             mask = keep.tolist()
             vals_b, ts_b, sids = list(compress(vals_b, mask)), list(compress(ts_b, mask)), sids[keep]
@@ -519,39 +538,43 @@ class OpenMetricsReader:
             state.add(sids, ts, vals)
         return n
 
-    def _series_ids(self, keys: list[bytes]) -> np.ndarray:
-        """Series ids of key tokens (_INVALID where one does not parse).
+    def _series_ids(self, pieces: list[list[bytes]]) -> np.ndarray:
+        """Series ids of key tokens (_INVALID where one does not parse); ``pieces`` holds the keys'
+        space-separated parts, one list per part (one list where keys have no spaces).
 
         Files written series by series repeat one key for hundreds of lines: such a run is found by
-        bisection and checked with one ``list.count`` (a memcmp per line, ~5x cheaper than hashing
-        a new 100-byte token for the dict); the rest is looked up token by token.
+        bisection and checked with one ``list.count`` (a memcmp per line, ~5x cheaper than
+        hashing a new 100-byte token for the dict); the rest is looked up token by token.
         """
-        n = len(keys)
+        rows: list[Any] = pieces[0] if len(pieces) == 1 else list(zip(*pieces, strict=True))
+        n = len(rows)
         runs: list[tuple[int, int]] = []  # (start, end) of each run of one key
         i = 0
         while i < n:
-            key = keys[i]
+            key = rows[i]
             lo, hi = i + 1, n
             while lo < hi:  # first index past the run, were the key's lines contiguous
                 mid = (lo + hi) // 2
-                if keys[mid] == key:
+                if rows[mid] == key:
                     lo = mid + 1
                 else:
                     hi = mid
-            if lo - i < MIN_RUN or keys[i:lo].count(key) != lo - i:
+            if lo - i < MIN_RUN or rows[i:lo].count(key) != lo - i:
                 break
             runs.append((i, lo))
             i = lo
-        heads = [keys[a] for a, _ in runs]
-        got = np.fromiter(map(self._keys.get, chain(heads, keys[i:]), repeat(_MISS)), np.int64, len(heads) + n - i)
+        heads, rest = [rows[a] for a, _ in runs], rows[i:]
+        if len(pieces) > 1:
+            heads, rest = [b" ".join(h) for h in heads], list(map(b" ".join, rest))
+        got = np.fromiter(map(self._keys.get, chain(heads, rest), repeat(_MISS)), np.int64, len(heads) + len(rest))
         miss = got == _MISS
         if miss.any():  # new keys, numbered together in the order they come
-            missed = list(compress(chain(heads, keys[i:]), miss.tolist()))
+            missed = list(compress(chain(heads, rest), miss.tolist()))
             new = list(dict.fromkeys(missed))
             learnt = dict(zip(new, self._keys.learn(new), strict=True))
             got[miss] = [learnt[k] for k in missed]
         # the runs cover [0, i) one after another; the rest is one id a token
-        return np.concatenate([np.repeat(got[:len(heads)], [b - a for a, b in runs]), got[len(heads):]])
+        return np.concatenate([np.repeat(got[:len(runs)], [b - a for a, b in runs]), got[len(runs):]])
 
     def _parse_lines(self, lines: list[bytes], first_lineno: int, state: _FileState) -> None:
         parts = [line.rsplit(b" ", 2) for line in lines]
@@ -707,6 +730,42 @@ class OpenMetricsReader:
             self.builder.divide_times(state.mark, 1000.0)
         for sids, vals in state.defaulted:
             self.builder.add(sids, np.full(len(sids), self.default_timestamp), vals)
+
+
+def _stretches(toks: list[bytes], markers: int) -> list[tuple[int, int, int]] | None:
+    """Cut a marked token list (see _fast_run) into stretches of lines with one field count:
+    ``(first token, end, fields)`` each; None where a line has fewer than three fields or the
+    count changes more than MAX_STRETCHES times (that piece is read line by line).
+
+    A stretch's k lines have their markers at every ``fields + 1``-th token and no others, checked
+    with two ``list.count`` calls; where the rest of the run is not one stretch, its length in lines
+    is found by bisection."""
+    out: list[tuple[int, int, int]] = []
+    pos, total = 0, len(toks)
+    while len(out) < MAX_STRETCHES:
+        try:
+            fields = toks.index(_MARK, pos) - pos
+        except ValueError:
+            fields = total - pos
+        if fields < 3:
+            return None
+        step = fields + 1
+        lines = (total - pos + 1) // step
+        if lines * step == total - pos + 1 and toks[pos + fields:total:step].count(_MARK) == markers:
+            out.append((pos, total, fields))
+            return out
+        lo, hi = 1, min(lines, markers)  # the first ``lo`` lines have ``fields`` fields each
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            end = pos + mid * step  # past line mid's marker
+            if toks[pos + fields:end:step].count(_MARK) == mid == toks[pos:end].count(_MARK):
+                lo = mid
+            else:
+                hi = mid - 1
+        out.append((pos, pos + lo * step - 1, fields))
+        markers -= lo
+        pos += lo * step
+    return None
 
 
 def _floats_marking_bad(tokens: list[bytes], bad: np.ndarray) -> np.ndarray:

@@ -26,6 +26,9 @@ _KEYS = [
     'm{a="1",b="2"}',
     'm{b="2",a="1"}',
     'm{a="with space"}',
+    'm{modelName="NVIDIA H100 80GB HBM3",gpu="0"}',  # dcgm-exporter's: three spaces in a key
+    'm{a="two  spaces",b=" edge "}',
+    'm{a="x y"} 1',  # a key with a space and a number in it: looks like one more field
     'm{a="brace } here"}',
     r'm{a="quote \" here",b="back\\slash",c="new\nline"}',
     'm{a="# hash, comma"}',
@@ -212,6 +215,25 @@ def test_label_values_with_space_brace_and_quote(tmp_path):
     assert report.bad_line_count == 0 and report.series == 4 and len(frame) == 200
     got = dict(zip(frame["value"], frame["a"], strict=True))
     assert got == {float(i): ["one two", "}", 'say "hi"', "# x, y"][i % 4] for i in range(200)}
+
+
+def test_spaced_label_values_are_read_in_bulk_whatever_their_count(tmp_path, monkeypatch):
+    """dcgm-exporter's keys hold spaces (``modelName="NVIDIA H100 80GB HBM3"``), and a mixed fleet
+    changes their count from host to host: such lines were all read one at a time (half the speed)."""
+    models = ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA L40S", "Tesla T4 (PCIe)  x"]
+    lines = [f'DCGM_FI_DEV_POWER_USAGE{{gpu="{g}",modelName="{models[g // 8 % 4]}",Hostname="h{g // 8}"}} '
+             f"{g + i / 8} {T0 + 15 * i}" for g in range(64) for i in range(40)]  # fmt: skip
+    path = _write(tmp_path, "\n".join(lines) + "\n")
+    by_line: list[int] = []
+    careful = openmetrics.OpenMetricsReader._parse_lines
+    monkeypatch.setattr(openmetrics.OpenMetricsReader, "_parse_lines",
+                        lambda self, lines, *a: by_line.append(len(lines)) or careful(self, lines, *a))  # fmt: skip
+    monkeypatch.setattr(openmetrics, "FAST_BYTES", 4096)  # pieces that cross from one model to the next
+    frame, report = read_openmetrics(path, timestamp_unit="s")
+    assert by_line == [] and report.bad_line_count == 0 and report.series == 64 and len(frame) == 64 * 40
+    got = frame.set_index(["gpu", "timestamp"])
+    assert got.loc[("9", float(T0 + 15 * 3)), "value"] == 9 + 3 / 8
+    assert dict(zip(frame["gpu"], frame["modelName"], strict=True)) == {str(g): models[g // 8 % 4] for g in range(64)}
 
 
 def test_series_written_one_after_another_and_a_key_that_breaks_a_run(tmp_path):
