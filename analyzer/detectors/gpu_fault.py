@@ -89,7 +89,9 @@ after an XID 79, a remap turning pending) land within a scrape interval or two, 
 hardware/driver XID (not an application one) holds the problem for ``xid_hold_s`` (10 min)
 after the event: the GPU stays suspect until it is reset, which the data can only show
 through state signals (remap pending, telemetry back); where those are not collected the
-finding would otherwise close one scrape after the page, before anyone could act. The
+finding would otherwise close one scrape after the page, before anyone could act. In ``serve`` an
+episode that opens the window and continues one an earlier run showed keeps that finding's start and its
+hardware XIDs (``_carried``): the XID that slid out of the window still names the problem. The
 finding's severity is the worst cause's and its ``attribution`` the worst cause (XIDs first
 on a tie: they name the problem); signal causes an XID explains (``CONSEQUENCES``: ECC
 counters and remap state after 48/63/94/95, lost telemetry after 79) are listed as its
@@ -179,6 +181,7 @@ class GpuFault:
     """
 
     kind = GPU_FAULT
+    remembers = True  #: a service's runs carry each GPU's finding's start and hardware XIDs (``_carried``)
     paging = Paging(alert="GpuFault", team="training", says="has a hardware fault (XID, ECC, NVLink, PCIe, lost GPU) "
                     "({score}); see the analyzer's finding for the evidence.")
     nvlink_error_rate_min: float = 1.0
@@ -201,7 +204,8 @@ class GpuFault:
     application_xids: bool = True
 
     # per-row causes ----------------------------------------------------------------------
-    def detect(self, fleet: Fleet) -> list[Finding]:
+    def detect(self, fleet: Fleet, memory: dict | None = None) -> list[Finding]:
+        """Findings of the data; ``memory``: the service's part for this kind (``_carried``)."""
         self._note_missing(fleet)
         frame = fleet.frame
         if not len(frame):
@@ -291,14 +295,43 @@ class GpuFault:
                                             * eps.table["true_steps"].to_numpy()),
         }
         out = []
+        book = self._book(memory, fleet)
         for i, ep in enumerate(eps.table.itertuples(index=False)):
             sel = ev_ep == i
-            xids = _xid_summary(ev_code[sel], ev_count[sel], ev_time[sel])
+            ep, xids = self._carried(book, ep, _xid_summary(ev_code[sel], ev_count[sel], ev_time[sel]), fleet)
             found = [c for c in CAUSES if present[c][i]]
             f = self._finding(fleet, ep, i, found, xids, stats)
             if f is not None:
                 out.append(f)
+                if book is not None:
+                    book[_gpu_key(f.hostname, ep.gpu)] = {
+                        "start": f.start, "end": fleet.end if f.end is None else f.end,
+                        "xids": [x for x in f.evidence["xids"] if x["category"] != "application"]}
         return out
+
+    def _book(self, memory: dict | None, fleet: Fleet) -> dict[str, dict[str, Any]] | None:
+        """The findings earlier runs showed, per GPU, that can still run into this window (None: no service)."""
+        if memory is None:
+            return None
+        book = memory.setdefault("episodes", {})
+        for key in [k for k, e in book.items() if e["end"] < fleet.start - self.merge_gap_s]:
+            del book[key]
+        return book
+
+    def _carried(self, book: dict[str, dict[str, Any]] | None, ep: Any, xids: list[dict[str, Any]],
+                 fleet: Fleet) -> tuple[Any, list[dict[str, Any]]]:
+        """An episode that opens the window and continues one an earlier run showed: its start and hardware
+        XIDs. Why: serve's window cuts a fault at its start, so an XID 95 (the GPU needs a reset) slid out of it
+        half an hour later and its critical finding fell to the warning of the row remap it left pending, and
+        the finding's start moved with the window ("since" the window's first minute), though nothing was
+        reset. A whole-history analysis holds the XID and the start; this gives serve the same finding."""
+        entry = None if book is None else book.get(_gpu_key(ep.hostname, ep.gpu))
+        if entry is None or ep.start > fleet.start + self.merge_gap_s or entry["end"] < ep.start - self.merge_gap_s:
+            return ep, xids
+        have = {x["code"] for x in xids}
+        xids = sorted(xids + [x for x in entry["xids"] if x["code"] not in have], key=lambda x: x["code"])
+        start = min(float(ep.start), float(entry["start"]))
+        return ep._replace(start=start, duration_s=float(ep.duration_s) + float(ep.start) - start), xids
 
     def _finding(self, fleet: Fleet, ep: Any, i: int, found: list[str], xids: list[dict[str, Any]],
                  stats: dict[str, np.ndarray]) -> Finding | None:
@@ -502,6 +535,10 @@ def _ep_reduce(eps: Episodes, values: np.ndarray, ufunc: np.ufunc) -> np.ndarray
     out = np.full(len(eps), np.nan)
     ufunc.at(out, eps.member[sel], v[sel])
     return out
+
+
+def _gpu_key(hostname: Any, gpu: Any) -> str:
+    return f"{hostname}/{gpu}"
 
 
 def _xid_summary(codes: np.ndarray, counts: np.ndarray, times: np.ndarray) -> list[dict[str, Any]]:

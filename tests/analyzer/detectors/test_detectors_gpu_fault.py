@@ -11,7 +11,7 @@ import pytest
 from analyzer.analysis.evaluate import evaluate_scenarios
 from analyzer.analysis.xid import APPLICATION_XIDS, describe
 from analyzer.data.frame import Fleet
-from analyzer.detectors import make_detector
+from analyzer.detectors import Memory, make_detector, run_detectors
 from analyzer.detectors.gpu_fault import GpuFault
 from analyzer.findings import GPU_FAULT
 from exporter.simulator.scenario import list_scenarios
@@ -62,6 +62,35 @@ def test_xid48_ecc_and_pending_remap_are_one_critical_finding_with_all_evidence(
     assert ev["row_remap_pending"] is True
     assert "reset" in f.summary and "XID 48" in f.summary
     json.dumps(f.to_json())
+
+
+def test_an_xid_that_slides_out_of_serves_window_keeps_its_finding_critical_and_its_start() -> None:
+    """serve analyzes the last 30 minutes every minute: 30 minutes after an XID 95 the event left the window
+    while the remap it left pending stayed, and the critical finding fell to the remap's warning (its page
+    resolved, nothing was reset), its start moving with the window. The service's memory keeps both."""
+    bad = series(120, BUSY, ecc_uncorrectable_rate=(20, 21, 1 / 60), row_remap_pending=(21, 120, 1.0))
+    fleet = fleet_of({**bad, **OWNER}, {**BUSY, **OWNER}, steps=120)
+    fleet.events = xid(0, 20, 95)
+    detector, memory = make_detector(GPU_FAULT, {}), Memory()
+    for cut in range(22, 121, 3):
+        window = fleet.between(T0 + (cut - 30) * STEP, T0 + cut * STEP)
+        [alone] = detector.detect(window)
+        [f] = run_detectors(window, [GPU_FAULT], memory=memory)
+        assert (f.severity, f.evidence["attribution"], f.start) == ("critical", "xid95", T0 + 20 * STEP), cut
+        assert f.summary.startswith("XID 95 (uncontained ECC error)") and "since 2026-01-05T00:20:00Z" in f.summary
+        if cut > 55:  # the XID has left the window: the window alone reads only the pending remap
+            assert (alone.severity, alone.evidence["attribution"], alone.start) == (
+                "warning", "row_remap_pending", window.start)
+    # the remap applied (the GPU was reset), the finding ends: a later fault on that GPU starts afresh
+    healed = series(200, BUSY, ecc_uncorrectable_rate=(20, 21, 1 / 60), row_remap_pending=(21, 120, 1.0),
+                    remapped_rows_rate=(170, 171, 1 / 60))
+    fleet = fleet_of(healed, steps=200)
+    fleet.events = xid(0, 20, 95)
+    memory = Memory()
+    for cut in range(22, 201):
+        found = run_detectors(fleet.between(T0 + (cut - 30) * STEP, T0 + cut * STEP), [GPU_FAULT], memory=memory)
+    [f] = found
+    assert (f.severity, f.evidence["attribution"], f.start) == ("warning", "remapped_rows", T0 + 170 * STEP)
 
 
 def test_contained_ecc_xid94_keeps_its_own_warning_severity() -> None:
