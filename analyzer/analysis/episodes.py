@@ -141,6 +141,53 @@ def begun_earlier(ep: Any, seconds: float) -> Any:
                        evidence_s=float(ep.evidence_s) + seconds)
 
 
+class EarlierRuns:
+    """The episodes a service's previous run showed, per entity key (a detector's memory part, ``episodes``:
+    ``start``, ``end`` and what the detector keeps), and this run's, kept for the next. Only the previous run's
+    count: a run that no longer shows an episode saw it end. None of it without a service (``memory`` None: a
+    whole-history analysis holds its episodes whole)."""
+
+    def __init__(self, memory: dict | None) -> None:
+        self.before: dict[str, dict[str, Any]] = {} if memory is None else memory.get("episodes", {})
+        self.now: dict[str, dict[str, Any]] | None = None if memory is None else {}
+        if memory is not None:
+            memory["episodes"] = self.now
+
+    def continued(self, key: str, ep: Any, fleet: Fleet, gap_s: float) -> dict[str, Any] | None:
+        """The previous run's episode that ``ep`` continues, or None: ``ep`` opens this window (begins within
+        ``gap_s`` of its start) and the earlier one reached its start. Why: serve's window cuts every long problem
+        at its start, so without this a finding's start, duration and hours moved with the window (a notebook
+        idle for hours read "idle for 30 min"), though nothing had changed; the caller counts the time before
+        with ``begun_earlier``: the same finding a whole-history analysis gives."""
+        entry = self.before.get(key)
+        if entry is None or float(ep.start) > fleet.start + gap_s or entry["end"] < float(ep.start):
+            return None
+        return entry if entry["start"] < float(ep.start) else None
+
+    def keep(self, key: str, ep: Any, fleet: Fleet, **kept: Any) -> None:
+        """Remember ``ep`` (as shown: after ``begun_earlier``) for the next run."""
+        if self.now is not None:
+            self.now[key] = {"start": float(ep.start), "end": fleet.end if ep.open else float(ep.end), **kept}
+
+
+def device_key(ep: Any) -> str:
+    """An episode's device and holder as one key of ``EarlierRuns`` (episodes split where the job changes)."""
+    return f"{ep.hostname}/{ep.gpu}/{ep.gpu_instance}/{ep.job}"
+
+
+def carried_hours(runs: EarlierRuns, ep: Any, hours: float, fleet: Fleet, gap_s: float) -> tuple[Any, float]:
+    """``ep`` and its GPU-hours with the previous run's episode it continues counted in (``EarlierRuns.continued``:
+    its time before this window, at the rate of GPU-hours earlier runs counted), kept for the next run."""
+    key = device_key(ep)
+    entry = runs.continued(key, ep, fleet, gap_s)
+    if entry is not None:
+        before = float(ep.start) - entry["start"]
+        hours += before * entry["hours"] / max(entry["end"] - entry["start"], fleet.step)
+        ep = begun_earlier(ep, before)
+    runs.keep(key, ep, fleet, hours=hours)
+    return ep, hours
+
+
 def union_spans(spans: list[list[float]]) -> list[list[float]]:
     """[start, end] spans sorted, those that overlap or touch joined (what a service's runs saw, kept apart)."""
     out: list[list[float]] = []

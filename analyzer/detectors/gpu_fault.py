@@ -113,7 +113,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.analysis.episodes import Episodes, column, find_episodes, format_duration
+from analyzer.analysis.episodes import (
+    EarlierRuns,
+    Episodes,
+    begun_earlier,
+    column,
+    find_episodes,
+    format_duration,
+)
 from analyzer.analysis.xid import APPLICATION_XIDS, describe
 from analyzer.data.frame import Fleet, category_codes
 from analyzer.data.signals import NAMES
@@ -295,43 +302,29 @@ class GpuFault:
                                             * eps.table["true_steps"].to_numpy()),
         }
         out = []
-        book = self._book(memory, fleet)
+        runs = EarlierRuns(memory)
         for i, ep in enumerate(eps.table.itertuples(index=False)):
             sel = ev_ep == i
-            ep, xids = self._carried(book, ep, _xid_summary(ev_code[sel], ev_count[sel], ev_time[sel]), fleet)
+            ep, xids = self._carried(runs, ep, _xid_summary(ev_code[sel], ev_count[sel], ev_time[sel]), fleet)
             found = [c for c in CAUSES if present[c][i]]
             f = self._finding(fleet, ep, i, found, xids, stats)
             if f is not None:
                 out.append(f)
-                if book is not None:
-                    book[_gpu_key(f.hostname, ep.gpu)] = {
-                        "start": f.start, "end": fleet.end if f.end is None else f.end,
-                        "xids": [x for x in f.evidence["xids"] if x["category"] != "application"]}
+                runs.keep(_gpu_key(ep), ep, fleet,
+                          xids=[x for x in f.evidence["xids"] if x["category"] != "application"])
         return out
 
-    def _book(self, memory: dict | None, fleet: Fleet) -> dict[str, dict[str, Any]] | None:
-        """The findings earlier runs showed, per GPU, that can still run into this window (None: no service)."""
-        if memory is None:
-            return None
-        book = memory.setdefault("episodes", {})
-        for key in [k for k, e in book.items() if e["end"] < fleet.start - self.merge_gap_s]:
-            del book[key]
-        return book
-
-    def _carried(self, book: dict[str, dict[str, Any]] | None, ep: Any, xids: list[dict[str, Any]],
+    def _carried(self, runs: EarlierRuns, ep: Any, xids: list[dict[str, Any]],
                  fleet: Fleet) -> tuple[Any, list[dict[str, Any]]]:
-        """An episode that opens the window and continues one an earlier run showed: its start and hardware
-        XIDs. Why: serve's window cuts a fault at its start, so an XID 95 (the GPU needs a reset) slid out of it
-        half an hour later and its critical finding fell to the warning of the row remap it left pending, and
-        the finding's start moved with the window ("since" the window's first minute), though nothing was
-        reset. A whole-history analysis holds the XID and the start; this gives serve the same finding."""
-        entry = None if book is None else book.get(_gpu_key(ep.hostname, ep.gpu))
-        if entry is None or ep.start > fleet.start + self.merge_gap_s or entry["end"] < ep.start - self.merge_gap_s:
+        """An episode that continues one the previous run showed (``EarlierRuns.continued``): its start and
+        hardware XIDs. Why: an XID 95 (the GPU needs a reset) slid out of serve's window half an hour later and its
+        critical finding fell to the warning of the row remap it left pending, though nothing was reset."""
+        entry = runs.continued(_gpu_key(ep), ep, fleet, self.merge_gap_s)
+        if entry is None:
             return ep, xids
         have = {x["code"] for x in xids}
         xids = sorted(xids + [x for x in entry["xids"] if x["code"] not in have], key=lambda x: x["code"])
-        start = min(float(ep.start), float(entry["start"]))
-        return ep._replace(start=start, duration_s=float(ep.duration_s) + float(ep.start) - start), xids
+        return begun_earlier(ep, float(ep.start) - entry["start"]), xids
 
     def _finding(self, fleet: Fleet, ep: Any, i: int, found: list[str], xids: list[dict[str, Any]],
                  stats: dict[str, np.ndarray]) -> Finding | None:
@@ -537,8 +530,9 @@ def _ep_reduce(eps: Episodes, values: np.ndarray, ufunc: np.ufunc) -> np.ndarray
     return out
 
 
-def _gpu_key(hostname: Any, gpu: Any) -> str:
-    return f"{hostname}/{gpu}"
+def _gpu_key(ep: Any) -> str:
+    """A physical GPU as one key of ``EarlierRuns`` (a fault outlasts its job)."""
+    return f"{ep.hostname}/{ep.gpu}"
 
 
 def _xid_summary(codes: np.ndarray, counts: np.ndarray, times: np.ndarray) -> list[dict[str, Any]]:

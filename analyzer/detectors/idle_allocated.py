@@ -29,6 +29,10 @@ False). Thresholds (configurable fields):
   been reset since (``nvidia-smi -r`` needs every process off the GPU, DCGM's too, and a restarted
   exporter shows no XID until the next one). A pod that got the GPU without a reset and sits idle
   is then missed until the exporter restarts; a reset GPU handed out again is not.
+
+In ``serve`` an episode that opens the window and continues one the previous run showed keeps its start,
+duration and idle GPU-hours (``EarlierRuns``, ``carried_hours``): a notebook idle for hours reads so, and its
+score grows with them, as in a whole-history analysis, not "idle for 30 min" for ever.
 """
 
 from __future__ import annotations
@@ -38,7 +42,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.analysis.episodes import MAX_UNKNOWN_S, Episodes, column, find_episodes, format_duration
+from analyzer.analysis.episodes import (
+    MAX_UNKNOWN_S,
+    EarlierRuns,
+    Episodes,
+    carried_hours,
+    column,
+    find_episodes,
+    format_duration,
+)
 from analyzer.analysis.xid import RESET_PENDING_XIDS
 from analyzer.data.frame import Fleet
 from analyzer.detectors import Paging, gpu_busy, register
@@ -66,6 +78,7 @@ class IdleAllocated:
     max_gap_steps: int = 2
     max_unknown_steps: int = 2
     max_unknown_s: float = MAX_UNKNOWN_S
+    remembers = True  #: a service's runs carry each held GPU's episode (``continued``): its start and idle hours
 
     def condition(self, fleet: Fleet) -> tuple[np.ndarray, np.ndarray]:
         """Per row: 1/0/NaN idle-while-allocated, and whether the fallback proxy decided it."""
@@ -100,7 +113,8 @@ class IdleAllocated:
                 out[i] = bool(np.any(np.abs(ts - start) <= self.fault_window_s))
         return out
 
-    def detect(self, fleet: Fleet) -> list[Finding]:
+    def detect(self, fleet: Fleet, memory: dict | None = None) -> list[Finding]:
+        """Findings of the data; ``memory``: the service's part for this kind (earlier runs' episodes)."""
         cond, use_fb = self.condition(fleet)
         eps = find_episodes(fleet, cond, max_gap_steps=self.max_gap_steps, max_unknown_steps=self.max_unknown_steps,
                             max_unknown_s=self.max_unknown_s, timer_unknown_s=self.max_unknown_s,
@@ -114,10 +128,12 @@ class IdleAllocated:
         u, gr, sm = (eps.mean(column(fleet, s)) for s in ("gpu_util", "gr_active", "sm_active"))
         low = eps.mean(use_fb.astype(np.float64)) > 0.5
         out = []
+        gap = max(self.max_gap_steps * fleet.step, self.max_unknown_s)
+        runs = EarlierRuns(memory)
         for i, ep in enumerate(eps.table.itertuples(index=False)):
             if fault[i]:
                 continue
-            hours = float(ep.gpu_hours)
+            ep, hours = carried_hours(runs, ep, float(ep.gpu_hours), fleet, gap)
             evidence = {
                 "gpu_hours_idle": hours, "minutes": float(ep.duration_s) / 60.0,
                 "gpu_util": float(u[i]), "gr_active": float(gr[i]), "sm_active": float(sm[i]),

@@ -40,6 +40,9 @@ simulator) and leave tensor pipes idle; compute-bound training shows tensor ~0.2
 (small-kernel) masking, hence "low". MIG instances report no GPU util; DCGM's GR engine
 activity (the same "a kernel is resident" time, per instance) stands in for it
 (``gpu_busy``). Rows with neither are unknown, never flagged: no util, nothing masked.
+
+In ``serve`` an episode that opens the window and continues one the previous run showed keeps its start,
+duration and GPU-hours (``EarlierRuns``, ``carried_hours``), as a whole-history analysis reports it.
 """
 
 from __future__ import annotations
@@ -49,7 +52,14 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzer.analysis.episodes import MAX_UNKNOWN_S, column, find_episodes, format_duration
+from analyzer.analysis.episodes import (
+    MAX_UNKNOWN_S,
+    EarlierRuns,
+    carried_hours,
+    column,
+    find_episodes,
+    format_duration,
+)
 from analyzer.data.frame import Fleet
 from analyzer.detectors import Paging, gpu_busy, register
 from analyzer.detectors._peers import communicating
@@ -80,6 +90,7 @@ class IdleMasking:
     max_gap_steps: int = 2
     max_unknown_steps: int = 2
     max_unknown_s: float = MAX_UNKNOWN_S
+    remembers = True  #: a service's runs carry each GPU's episode (``carried_hours``): its start and hours
 
     def condition(self, fleet: Fleet) -> tuple[np.ndarray, np.ndarray]:
         """Per row: 1/0/NaN idle masking, and whether the row was judged by the fallback proxy."""
@@ -115,7 +126,8 @@ class IdleMasking:
             out &= ~f["job"].isin(apart).to_numpy()
         return out
 
-    def detect(self, fleet: Fleet) -> list[Finding]:
+    def detect(self, fleet: Fleet, memory: dict | None = None) -> list[Finding]:
+        """Findings of the data; ``memory``: the service's part for this kind (earlier runs' episodes)."""
         cond, use_fb = self.condition(fleet)
         eps = find_episodes(fleet, cond, max_gap_steps=self.max_gap_steps, max_unknown_steps=self.max_unknown_steps,
                             max_unknown_s=self.max_unknown_s,
@@ -127,10 +139,12 @@ class IdleMasking:
         busy = eps.mean(gpu_busy(fleet))
         low = eps.mean(use_fb.astype(np.float64)) > 0.5
         out = []
+        gap = max(self.max_gap_steps * fleet.step, self.max_unknown_s)
+        runs = EarlierRuns(memory)
         for i, ep in enumerate(eps.table.itertuples(index=False)):
             u = float(busy[i])  # GPU util, or GR engine activity where util is not reported (MIG)
             sm, ten, dram = (float(means[s][i]) for s in ("sm_active", "tensor_active", "dram_active"))
-            hours = float(ep.gpu_hours)
+            ep, hours = carried_hours(runs, ep, float(ep.gpu_hours), fleet, gap)
             # Share of the held GPU-time that util reports busy but the SMs do not use (unknown without SM).
             masked = None if low[i] else hours * max(u - sm, 0.0)
             evidence = {

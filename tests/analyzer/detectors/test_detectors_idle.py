@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from analyzer.data.frame import Fleet
-from analyzer.detectors import DETECTORS, Detector, load_detectors, make_detector, register, run_detectors
+from analyzer.detectors import DETECTORS, Detector, Memory, load_detectors, make_detector, register, run_detectors
 from analyzer.detectors.idle_allocated import IdleAllocated
 from analyzer.detectors.idle_masking import IdleMasking
 from analyzer.findings import IDLE_ALLOCATED, IDLE_MASKING, Finding
@@ -141,6 +141,33 @@ def test_allocated_idle_gpu_is_idle_allocated() -> None:
     assert f.evidence["gpu_hours_idle"] == pytest.approx(40 / 60)
     assert (f.evidence["pod"], f.evidence["namespace"], f.evidence["job"]) == ("embed-0", "batch", "embed")
     assert "batch/embed-0" in f.summary and "idle for 40 min" in f.summary and "release" in f.summary
+
+
+@pytest.mark.parametrize("kind,levels,hours_key", [(IDLE_ALLOCATED, IDLE, "gpu_hours_idle"),
+                                                    (IDLE_MASKING, MEMORY_BOUND, "gpu_hours")])
+def test_serves_sliding_window_reports_the_whole_episode_not_its_last_30_minutes(kind: str, levels: dict,
+                                                                                hours_key: str) -> None:
+    """serve analyzes the last 30 minutes every minute: a notebook holding its GPU idle for 3 hours read "idle
+    for 30 min (0.5 GPU-hours)", its start moving with the window (and its score, which grows with the hours,
+    stayed at a half hour's). With the service's memory it reads as a whole-history analysis does; a GPU
+    used in between starts a new episode."""
+    gpu = {**phases(240, (10, COMPUTE), (190, levels), (5, COMPUTE), (35, levels)), **OWNER}
+    fleet = fleet_of(gpu, steps=240)
+    memory, detector = Memory(), make_detector(kind, {})
+    shown = {}
+    for cut in range(31, 241):  # serve running since before the episode began
+        window = fleet.between(T0 + (cut - 30) * STEP, T0 + cut * STEP)
+        shown[cut] = run_detectors(window, [kind], memory=memory)
+        [alone] = detector.detect(window) if cut in (120, 199) else [None]
+        if alone is not None:  # the window alone: its 30 minutes
+            assert (alone.start, alone.evidence["minutes"]) == (window.start, 30.0)
+    whole = detector.detect(fleet.between(T0, T0 + 199 * STEP))
+    [f], [w] = shown[199], whole
+    assert (f.start, f.evidence["minutes"]) == (w.start, w.evidence["minutes"]) == (T0 + 10 * STEP, 189.0)
+    assert f.evidence[hours_key] == pytest.approx(w.evidence[hours_key]) and f.score == pytest.approx(w.score)
+    assert "3.1 h" in f.summary and f.summary == w.summary
+    [late] = shown[240]  # after the 5 busy minutes: a new episode
+    assert late.start == T0 + 205 * STEP and late.evidence["minutes"] == 35.0
 
 
 def test_unallocated_idle_gpu_is_capacity_not_a_finding() -> None:
