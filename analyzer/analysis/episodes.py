@@ -175,17 +175,20 @@ def device_key(ep: Any) -> str:
     return f"{ep.hostname}/{ep.gpu}/{ep.gpu_instance}/{ep.job}"
 
 
-def carried_hours(runs: EarlierRuns, ep: Any, hours: float, fleet: Fleet, gap_s: float) -> tuple[Any, float]:
-    """``ep`` and its GPU-hours with the previous run's episode it continues counted in (``EarlierRuns.continued``:
-    its time before this window, at the rate of GPU-hours earlier runs counted), kept for the next run."""
+def carried_totals(runs: EarlierRuns, ep: Any, fleet: Fleet, gap_s: float,
+                   **totals: float) -> tuple[Any, dict[str, float]]:
+    """``ep`` and its ``totals`` (GPU-hours, throttled seconds) with the previous run's episode it continues counted
+    in (``EarlierRuns.continued``: its time before this window, each total at the rate earlier runs counted it),
+    kept for the next run under the episode's ``device_key``."""
     key = device_key(ep)
     entry = runs.continued(key, ep, fleet, gap_s)
     if entry is not None:
         before = float(ep.start) - entry["start"]
-        hours += before * entry["hours"] / max(entry["end"] - entry["start"], fleet.step)
+        span = max(entry["end"] - entry["start"], fleet.step)
+        totals = {k: v + before * entry[k] / span for k, v in totals.items()}
         ep = begun_earlier(ep, before)
-    runs.keep(key, ep, fleet, hours=hours)
-    return ep, hours
+    runs.keep(key, ep, fleet, **totals)
+    return ep, totals
 
 
 def union_spans(spans: list[list[float]]) -> list[list[float]]:

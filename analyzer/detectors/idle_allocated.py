@@ -31,7 +31,7 @@ False). Thresholds (configurable fields):
   is then missed until the exporter restarts; a reset GPU handed out again is not.
 
 In ``serve`` an episode that opens the window and continues one the previous run showed keeps its start,
-duration and idle GPU-hours (``EarlierRuns``, ``carried_hours``): a notebook idle for hours reads so, and its
+duration and idle GPU-hours (``EarlierRuns``, ``carried_totals``): a notebook idle for hours reads so, and its
 score grows with them, as in a whole-history analysis, not "idle for 30 min" for ever.
 """
 
@@ -46,7 +46,7 @@ from analyzer.analysis.episodes import (
     MAX_UNKNOWN_S,
     EarlierRuns,
     Episodes,
-    carried_hours,
+    carried_totals,
     column,
     find_episodes,
     format_duration,
@@ -133,7 +133,8 @@ class IdleAllocated:
         for i, ep in enumerate(eps.table.itertuples(index=False)):
             if fault[i]:
                 continue
-            ep, hours = carried_hours(runs, ep, float(ep.gpu_hours), fleet, gap)
+            ep, totals = carried_totals(runs, ep, fleet, gap, hours=float(ep.gpu_hours))
+            hours = totals["hours"]
             evidence = {
                 "gpu_hours_idle": hours, "minutes": float(ep.duration_s) / 60.0,
                 "gpu_util": float(u[i]), "gr_active": float(gr[i]), "sm_active": float(sm[i]),

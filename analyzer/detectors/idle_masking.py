@@ -42,7 +42,7 @@ activity (the same "a kernel is resident" time, per instance) stands in for it
 (``gpu_busy``). Rows with neither are unknown, never flagged: no util, nothing masked.
 
 In ``serve`` an episode that opens the window and continues one the previous run showed keeps its start,
-duration and GPU-hours (``EarlierRuns``, ``carried_hours``), as a whole-history analysis reports it.
+duration and GPU-hours (``EarlierRuns``, ``carried_totals``), as a whole-history analysis reports it.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ import pandas as pd
 from analyzer.analysis.episodes import (
     MAX_UNKNOWN_S,
     EarlierRuns,
-    carried_hours,
+    carried_totals,
     column,
     find_episodes,
     format_duration,
@@ -90,7 +90,7 @@ class IdleMasking:
     max_gap_steps: int = 2
     max_unknown_steps: int = 2
     max_unknown_s: float = MAX_UNKNOWN_S
-    remembers = True  #: a service's runs carry each GPU's episode (``carried_hours``): its start and hours
+    remembers = True  #: a service's runs carry each GPU's episode (``carried_totals``): its start and hours
 
     def condition(self, fleet: Fleet) -> tuple[np.ndarray, np.ndarray]:
         """Per row: 1/0/NaN idle masking, and whether the row was judged by the fallback proxy."""
@@ -144,7 +144,8 @@ class IdleMasking:
         for i, ep in enumerate(eps.table.itertuples(index=False)):
             u = float(busy[i])  # GPU util, or GR engine activity where util is not reported (MIG)
             sm, ten, dram = (float(means[s][i]) for s in ("sm_active", "tensor_active", "dram_active"))
-            ep, hours = carried_hours(runs, ep, float(ep.gpu_hours), fleet, gap)
+            ep, totals = carried_totals(runs, ep, fleet, gap, hours=float(ep.gpu_hours))
+            hours = totals["hours"]
             # Share of the held GPU-time that util reports busy but the SMs do not use (unknown without SM).
             masked = None if low[i] else hours * max(u - sm, 0.0)
             evidence = {

@@ -81,7 +81,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.analysis.episodes import MAX_UNKNOWN_S, Episodes, column, find_episodes, format_duration, union_spans
+from analyzer.analysis.episodes import (
+    MAX_UNKNOWN_S,
+    EarlierRuns,
+    Episodes,
+    carried_totals,
+    column,
+    find_episodes,
+    format_duration,
+    union_spans,
+)
 from analyzer.data.frame import Fleet, category_codes
 from analyzer.detectors import Paging, register
 from analyzer.findings import THERMAL, Finding
@@ -357,6 +366,7 @@ class Thermal:
                     says="runs hot or throttles for heat (GPU, node or rack) ({score}); see the analyzer's finding "
                          "for the evidence.")
     remembers = True  #: a service's runs carry node and rack findings' spans and urgency (``_tails``, ``_held``)
+    #: and the GPU episodes that run into the window (``EarlierRuns``: their start and throttled minutes)
     slowdown_c: float = 87.0
     #: Shared with the alert rules (analyzer.site.Thresholds; a site config sets both).
     at_limit_c: float = THRESHOLDS.gpu_temp_limit_celsius
@@ -519,7 +529,7 @@ class Thermal:
                                 max_unknown_s=self.max_unknown_s, min_duration_s=self.min_throttle_s,
                                 split_on=())
             gpu_findings = self._gpu_findings(fleet, g, eps, temp, power, limit, proxy, gpu_excess, gpu_slope, clk,
-                                              clkmax, memt)
+                                              clkmax, memt, EarlierRuns(memory))
         return self._fold(gpu_findings, groups, fleet, memory)
 
     # -- helpers ---------------------------------------------------------------------------
@@ -666,7 +676,10 @@ class Thermal:
 
     def _gpu_findings(self, fleet: Fleet, g: _Grid, eps: Episodes, temp: np.ndarray, power: np.ndarray,
                       limit: np.ndarray, proxy: np.ndarray, excess: np.ndarray,
-                      slope: np.ndarray, clk: np.ndarray, clkmax: np.ndarray, memt: np.ndarray) -> list[Finding]:
+                      slope: np.ndarray, clk: np.ndarray, clkmax: np.ndarray, memt: np.ndarray,
+                      runs: EarlierRuns) -> list[Finding]:
+        """GPU findings; ``runs``: the episodes the service's previous run showed, which an episode opening the
+        window continues (``carried_totals``: its start, minutes and throttled minutes as a whole history gives)."""
         if not len(eps):
             return []
         lim_rows = g.rows(limit.astype(float))
@@ -693,8 +706,10 @@ class Thermal:
             throttled = float(lim_share[i]) > 0
             if not throttled and float(ep.duration_s) < self.min_hot_s:
                 continue  # hot-at-same-load without throttling must persist min_hot_s
-            minutes = float(ep.duration_s) / 60.0
-            lim_min = float(lim_share[i]) * float(ep.true_steps) * fleet.step / 60.0
+            gap = max(self.max_gap_steps * fleet.step, self.max_unknown_s)
+            ep, totals = carried_totals(runs, ep, fleet, gap,
+                                        throttled_s=float(lim_share[i]) * float(ep.true_steps) * fleet.step)
+            minutes, lim_min = float(ep.duration_s) / 60.0, totals["throttled_s"] / 60.0
             low = float(proxy_share[i]) > 0.5
             eta = float(self._eta(np.array(onset_temp[i]), np.array(onset_slope[i])))
             ev = {

@@ -87,6 +87,28 @@ def test_throttled_hot_gpu_reports_excess_over_peers_and_lost_clock() -> None:
     assert "above its peers at the same power" in f.summary and "SM clock at 61% of max" in f.summary
 
 
+def test_serve_runs_report_a_gpu_throttling_for_hours_as_such_not_for_the_windows_30_minutes() -> None:
+    """serve analyzes the last 30 minutes every minute: a GPU throttling for 90 minutes read "thermally throttled
+    for 30 min", its start moving with the window. The runs carry the episode (``EarlierRuns``)."""
+    steps = 130
+    thr = np.r_[np.zeros(10), np.ones(100), np.zeros(20)]
+    devs = [gpu("node-a", 0, steps, power=np.where(thr == 1, 300.0, 400.0), extra=30.0 * thr, throttle=thr),
+            *[gpu("node-a", i, steps) for i in (1, 2, 3)]]
+    fl, det, memory = fleet(devs, steps), Thermal(), {}
+    for cut in range(31, steps + 1):
+        window = fl.between(T0 + (cut - 30) * STEP, T0 + cut * STEP)
+        found = det.detect(window, memory)
+        if cut == 100:
+            f = only(found)
+            assert (f.start, f.end, f.evidence["throttled_minutes"]) == (T0 + 10 * STEP, None, 90.0)
+            assert "thermally throttled for 1.5 h" in f.summary
+            assert only(det.detect(window)).evidence["throttled_minutes"] == 30.0  # the window alone
+    f = only(found)  # ended: the whole episode, as a whole-history analysis gives it
+    whole = only(det.detect(fl))
+    assert (f.start, f.end, f.evidence["throttled_minutes"]) == (whole.start, whole.end, 100.0)
+    assert f.summary == whole.summary
+
+
 def test_without_throttle_reasons_the_die_at_the_slowdown_point_counts_with_low_confidence() -> None:
     """dcgm-exporter's default counters omit clock-event reasons; temperature is still there."""
     steps = 30
